@@ -1,0 +1,1 @@
+"""Engines that the plugin can measure: the embedded reference engine and SGLang."""

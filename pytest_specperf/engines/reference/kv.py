@@ -1,0 +1,148 @@
+"""Paged KV cache of the reference engine: page pools, a page allocator, page tables.
+
+Layout: for every layer, K and V pools of shape ``(num_kv_heads, num_slots, head_dim)``,
+where ``slot = page * page_size + offset``. A run of physically consecutive pages is then
+a plain slice of the pool (a view, no copy); scattered pages must be gathered.
+
+The allocator hands out pages from the head of its free list and puts freed pages back
+at the head, as SGLang's ``PagedTokenToKVPoolAllocator`` does. A fragmented layout is
+a permuted free list, as a long-running server's allocator is after churn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_specperf.engines.reference.config import ModelConfig
+
+LAYOUTS = ("contiguous", "fragmented")
+
+
+class AllocatorError(RuntimeError):
+    """Out of pages, or a page freed that is not owned: a bug or an over-full pool."""
+
+
+def fragmentation(pages: Sequence[int]) -> float:
+    """Share of logically adjacent page pairs that are not physically adjacent (0..1)."""
+    if len(pages) < 2:
+        return 0.0
+    breaks = sum(1 for a, b in zip(pages, pages[1:]) if b != a + 1)
+    return breaks / (len(pages) - 1)
+
+
+class PageAllocator:
+    """Free-list page allocator with ownership tracking."""
+
+    def __init__(self, num_pages: int) -> None:
+        if num_pages < 1:
+            raise ValueError("num_pages must be positive")
+        self.num_pages = num_pages
+        self._free: deque[int] = deque(range(num_pages))
+        self._owned = bytearray(num_pages)
+
+    @property
+    def free_count(self) -> int:
+        return len(self._free)
+
+    def free_list(self) -> list[int]:
+        return list(self._free)
+
+    def alloc(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise AllocatorError(f"KV pool exhausted: need {n} pages, {len(self._free)} free")
+        out = [self._free.popleft() for _ in range(n)]
+        for p in out:
+            if self._owned[p]:
+                raise AllocatorError(f"page {p} handed out twice")
+            self._owned[p] = 1
+        return out
+
+    def free(self, pages: Sequence[int]) -> None:
+        """Return pages to the head of the free list, keeping their order."""
+        for p in pages:
+            if not self._owned[p]:
+                raise AllocatorError(f"page {p} freed but not owned")
+            self._owned[p] = 0
+        self._free.extendleft(reversed(pages))
+
+    def reset(self) -> None:
+        """Sorted free list, as after ``/flush_cache``. Only valid with nothing allocated."""
+        if any(self._owned):
+            raise AllocatorError("reset with pages still allocated")
+        self._free = deque(range(self.num_pages))
+
+    def fragment(self, level: float, seed: int) -> None:
+        """Permute the free list so that a share ``level`` of adjacent pairs is broken.
+
+        The sorted free list is cut at ``round(level * (n - 1))`` randomly chosen links
+        and the resulting runs are shuffled, then repaired so that no two runs that
+        follow each other in the new order happen to be physically adjacent. A request
+        that takes any prefix of the list therefore sees a fragmentation close to
+        ``level``: 0 is contiguous, 1 is a full permutation with no adjacent pair.
+        """
+        if not 0.0 <= level <= 1.0:
+            raise ValueError(f"fragmentation level {level!r} is outside [0, 1]")
+        self.reset()
+        n = self.num_pages
+        rng = random.Random(seed)
+        cuts = sorted(rng.sample(range(1, n), round(level * (n - 1))))
+        runs: list[list[int]] = []
+        start = 0
+        for c in [*cuts, n]:
+            runs.append(list(range(start, c)))
+            start = c
+        rng.shuffle(runs)
+        if len(runs) > 2:
+            for _ in range(8):
+                bad = [i for i in range(len(runs) - 1) if runs[i][-1] + 1 == runs[i + 1][0]]
+                if not bad:
+                    break
+                for i in bad:
+                    j = rng.randrange(len(runs))
+                    runs[i + 1], runs[j] = runs[j], runs[i + 1]
+        self._free = deque(p for run in runs for p in run)
+
+    def check(self, tables: Sequence[Sequence[int]]) -> None:
+        """Invariants: every page is either free or in exactly one table, never both."""
+        seen = bytearray(self.num_pages)
+        for p in self._free:
+            if seen[p]:
+                raise AllocatorError(f"page {p} is twice in the free list")
+            seen[p] = 1
+        for table in tables:
+            for p in table:
+                if seen[p]:
+                    raise AllocatorError(f"page {p} is owned twice (or owned and free)")
+                seen[p] = 1
+        if not all(seen):
+            missing = [i for i in range(self.num_pages) if not seen[i]][:5]
+            raise AllocatorError(f"pages leaked (neither free nor owned), e.g. {missing}")
+
+
+class KVPool:
+    """K and V page pools for every target layer and every drafter layer."""
+
+    def __init__(self, cfg: ModelConfig, *, device: Any, dtype: Any) -> None:
+        import torch
+
+        shape = (cfg.num_kv_heads, cfg.kv_pool_tokens, cfg.head_dim)
+        n = cfg.num_layers + cfg.draft_num_layers
+        self.page_size = cfg.page_size
+        self.k: list[torch.Tensor] = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n)]
+        self.v: list[torch.Tensor] = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n)]
+        self.num_target_layers = cfg.num_layers
+
+    def draft_layer(self, i: int) -> int:
+        """Pool index of drafter layer ``i`` (drafter pools follow the target's)."""
+        return self.num_target_layers + i
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` of shape ``(tokens, kv_heads, head_dim)`` at ``slots``."""
+        self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slots, v.transpose(0, 1))

@@ -1,0 +1,97 @@
+"""One record per decode step, as written by the sink and read by the plugin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Bumped when a field changes meaning; readers refuse newer versions.
+RECORD_VERSION = 1
+
+
+@dataclass
+class GraphCount:
+    """CUDA-graph replays and eager forwards of one runner within one step."""
+
+    replay: int = 0
+    eager: int = 0
+
+
+@dataclass
+class StepRecord:
+    """Timings of one decode step of one batch, on one rank.
+
+    Host times are ``perf_counter_ns`` differences. Device times are CUDA-event
+    intervals on the forward stream (``None`` on a CPU). Phase times are exclusive:
+    a phase nested in another is subtracted from the outer one, so that the phases
+    and ``unaccounted_ns`` add up to ``step_ns``.
+    """
+
+    step: int
+    wall_ns: int
+    mode: str
+    rids: list[str]
+    context_len: int
+    batch_size: int
+    accepted_tokens: int
+    step_ns: int
+    host_ns: dict[str, int]
+    unaccounted_ns: int
+    device_ns: dict[str, int] | None = None
+    device_step_ns: int | None = None
+    graphs: dict[str, GraphCount] = field(default_factory=dict)
+    rank: int = 0
+    pid: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": RECORD_VERSION,
+            "step": self.step,
+            "wall_ns": self.wall_ns,
+            "mode": self.mode,
+            "rids": self.rids,
+            "context_len": self.context_len,
+            "batch_size": self.batch_size,
+            "accepted_tokens": self.accepted_tokens,
+            "step_ns": self.step_ns,
+            "host_ns": self.host_ns,
+            "unaccounted_ns": self.unaccounted_ns,
+            "device_ns": self.device_ns,
+            "device_step_ns": self.device_step_ns,
+            "graphs": {k: [g.replay, g.eager] for k, g in self.graphs.items()},
+            "rank": self.rank,
+            "pid": self.pid,
+            "labels": self.labels,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepRecord:
+        version = data.get("v")
+        if version != RECORD_VERSION:
+            raise ValueError(
+                f"step record version {version!r} is not supported (expected {RECORD_VERSION}); "
+                "the server and the plugin come from different pytest-specperf versions"
+            )
+        graphs = {str(k): GraphCount(int(v[0]), int(v[1])) for k, v in data["graphs"].items()}
+        device = data.get("device_ns")
+        return cls(
+            step=int(data["step"]),
+            wall_ns=int(data["wall_ns"]),
+            mode=str(data["mode"]),
+            rids=[str(r) for r in data["rids"]],
+            context_len=int(data["context_len"]),
+            batch_size=int(data["batch_size"]),
+            accepted_tokens=int(data["accepted_tokens"]),
+            step_ns=int(data["step_ns"]),
+            host_ns={str(k): int(v) for k, v in data["host_ns"].items()},
+            unaccounted_ns=int(data["unaccounted_ns"]),
+            device_ns=None if device is None else {str(k): int(v) for k, v in device.items()},
+            device_step_ns=(
+                None if data.get("device_step_ns") is None else int(data["device_step_ns"])
+            ),
+            graphs=graphs,
+            rank=int(data.get("rank", 0)),
+            pid=int(data.get("pid", 0)),
+            labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
+        )
