@@ -1,0 +1,85 @@
+"""The embedded reference engine as a plugin backend."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.engines.base import (
+    ENV_INJECT,
+    BackendSettings,
+    BackendUnavailable,
+    LaunchSpec,
+)
+from pytest_specperf.server.client import ServerClient
+
+#: Server flags the plugin sets itself; passing them through would be ambiguous.
+_RESERVED = ("--host", "--port", "--run-dir", "--config")
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def check(self, settings: BackendSettings) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise BackendUnavailable(
+                "the reference engine needs PyTorch, which is not installed; "
+                "install it with: pip install torch (CPU build: pip install torch "
+                "--index-url https://download.pytorch.org/whl/cpu)"
+            )
+        from pytest_specperf.engines.reference.config import CONFIGS
+
+        if settings.model is not None and settings.model not in CONFIGS:
+            raise BackendUnavailable(
+                f"--specperf-model {settings.model!r} is not a reference-engine config; "
+                f"choose one of: {', '.join(CONFIGS)}"
+            )
+        if settings.draft_model is not None:
+            raise BackendUnavailable(
+                "--specperf-draft-model applies to the sglang backend only; the reference "
+                "engine builds its drafter from the target (use "
+                "--specperf-server-arg=--speculative-num-draft-tokens=N to size it)"
+            )
+        for arg in settings.server_args:
+            flag = arg.split("=", 1)[0]
+            if flag in _RESERVED:
+                raise BackendUnavailable(
+                    f"--specperf-server-arg {arg!r} sets {flag}, which the plugin controls"
+                )
+
+    def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
+        cmd = [
+            sys.executable, "-m", "pytest_specperf.engines.reference.server",
+            "--host", "127.0.0.1", "--port", str(port), "--run-dir", str(run_dir),
+            "--config", settings.model or "tiny", "--quiet",
+        ]
+        if settings.device:
+            cmd += ["--device", settings.device]
+        cmd += list(settings.server_args)
+        env = {ENV_INJECT: settings.inject} if settings.inject else {}
+        return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=120.0, name="reference server")
+
+    def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
+        ctx: int | list[int] = context_len if batch_size == 1 else [context_len] * batch_size
+        seeds: int | list[int] = seed if batch_size == 1 else [seed + i for i in range(batch_size)]
+        return {"context_len": ctx, "synthetic_seed": seeds}
+
+    def set_kv_layout(
+        self, client: ServerClient, run_dir: Path | None, layout: str, level: float, seed: int
+    ) -> None:
+        client.flush_cache()
+        client.post("/specperf/kv_layout", {"layout": layout, "level": level, "seed": seed})
+
+    def kv_fragmentation(self, meta_info: dict[str, Any], run_dir: Path | None) -> float | None:
+        sp = meta_info.get("specperf") or {}
+        value = sp.get("kv_fragmentation")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
+        fp = server_info.get("fingerprint")
+        if not isinstance(fp, dict):
+            raise BackendUnavailable("the server did not report an engine fingerprint in /server_info")
+        return dict(fp)
