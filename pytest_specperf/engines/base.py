@@ -63,6 +63,11 @@ class Backend(Protocol):
     def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
         """Engine identity a baseline is valid for (backend, version, model, draft settings)."""
 
+    def capacity_reason(
+        self, server_info: dict[str, Any], context_len: int, batch_size: int
+    ) -> str | None:
+        """Why the server cannot hold ``batch_size`` requests of ``context_len`` (or None)."""
+
 
 def get_backend(name: str) -> Backend:
     if name == "reference":

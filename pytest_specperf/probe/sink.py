@@ -106,3 +106,30 @@ def read_records(
         out.append(rec)
     out.sort(key=lambda r: (r.wall_ns, r.rank, r.step))
     return out
+
+
+class RecordTail:
+    """Incremental reader of a run directory: each ``poll`` parses only new lines."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[StepRecord]:
+        out: list[StepRecord] = []
+        for path in sorted(self.run_dir.glob("steps-rank*-pid*.jsonl")):
+            start = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(start)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            for line in chunk[: end + 1].splitlines():
+                if line.strip():
+                    out.append(StepRecord.from_json(json.loads(line)))
+            self._offsets[path] = start + end + 1
+        return out

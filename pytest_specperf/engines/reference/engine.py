@@ -33,6 +33,7 @@ from pytest_specperf.engines.reference.kv import (
     KVPool,
     PageAllocator,
     fragmentation,
+    pool_tokens,
 )
 from pytest_specperf.engines.reference.model import Drafter, PlannedReads, SeqRows, TargetModel
 from pytest_specperf.probe import NullProbe, StepProbe
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 ALGORITHMS = ("DFLASH", "NONE")
 #: Token id that ends a generation unless ``ignore_eos`` (as Llama's ``</s>``).
 EOS_TOKEN_ID = 2
+#: Synthetic prefill copies K/V from a seeded bank of this many random tokens.
+SYNTH_BANK_TOKENS = 65536
 #: Real prefill runs in chunks of this many tokens.
 PREFILL_CHUNK = 1024
 ENGINE_NAME = "specperf-reference"
@@ -145,9 +148,12 @@ class Engine:
         torch.set_grad_enabled(False)
         self.target = TargetModel(cfg, device=self.device, dtype=self.dtype)
         self.drafter = Drafter(self.target, self.block) if algorithm == "DFLASH" else None
-        self.kv = KVPool(cfg, device=self.device, dtype=self.dtype)
-        self.allocator = PageAllocator(cfg.num_pages)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        self.pool_tokens = pool_tokens(cfg, self.device, itemsize)
+        self.kv = KVPool(cfg, device=self.device, dtype=self.dtype, tokens=self.pool_tokens)
+        self.allocator = PageAllocator(self.pool_tokens // cfg.page_size)
         self._pending_layout: tuple[str, float, int] | None = None
+        self._bank: torch.Tensor | None = None
         self._layout_name = "contiguous"
         self.graphs: Any = None
         if self.device.type == "cuda" and cuda_graphs:
@@ -354,9 +360,12 @@ class Engine:
     def _synthetic_fill(self, lr: _Live, n: int) -> None:
         """Fill KV for positions ``[0, n)`` with seeded values, in O(n), without a forward.
 
-        Documented stand-in for the prefill of a long prompt: every target and drafter
+        Documented stand-in for the prefill of a long prompt. Every target and drafter
         layer gets N(0, 1) keys and values (the scale real projections produce here),
-        written through the page table exactly where a real prefill would put them.
+        written through the page table exactly where a real prefill would put them. The
+        values are copied from a bank of ``SYNTH_BANK_TOKENS`` seeded random tokens,
+        starting at an offset drawn from the request's seed and wrapping around, with a
+        different offset per layer, K and V: O(n) copying, no per-token generation.
         """
         import torch
 
@@ -364,16 +373,28 @@ class Engine:
             return
         self._ensure_pages(lr, n)
         p = self.cfg.page_size
-        gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        gen = torch.Generator(device=gen_device).manual_seed(lr.req.seed)
-        shape = (n, self.cfg.num_kv_heads, self.cfg.head_dim)
+        bank = self._synth_bank()
+        size = bank.shape[0]
         pages = _tensor(lr.pages, self.device)
         slots = (pages[:, None] * p + torch.arange(p, device=self.device)[None, :]).reshape(-1)[:n]
+        rng = random.Random(zlib.crc32(f"{lr.req.seed}:synthetic".encode()))
         for layer in range(len(self.kv.k)):
-            k = torch.randn(shape, generator=gen, device=gen_device, dtype=torch.float32)
-            v = torch.randn(shape, generator=gen, device=gen_device, dtype=torch.float32)
-            self.kv.write(layer, slots, k.to(self.device, self.dtype), v.to(self.device, self.dtype))
+            kv = []
+            for _ in range(2):
+                start = rng.randrange(size)
+                idx = (torch.arange(n, device=self.device) + start) % size
+                kv.append(bank.index_select(0, idx))
+            self.kv.write(layer, slots, kv[0], kv[1])
         lr.seq_len = n
+
+    def _synth_bank(self) -> torch.Tensor:
+        import torch
+
+        if self._bank is None:
+            gen = torch.Generator(device="cpu").manual_seed(self.cfg.seed + 1)
+            shape = (SYNTH_BANK_TOKENS, self.cfg.num_kv_heads, self.cfg.head_dim)
+            self._bank = torch.randn(shape, generator=gen).to(self.device, self.dtype)
+        return self._bank
 
     # -- decode steps ------------------------------------------------------------------------
     def _count_graph(self, runner: str, replay: bool) -> None:

@@ -89,7 +89,7 @@ class GraphRunner:
         p = self.engine.cfg.page_size
         pages = max(-(-c // p) for c in context_lens)
         bucket = page_bucket(max(pages, 1))
-        if bucket * p > self.engine.cfg.kv_pool_tokens:
+        if bucket * p > self.engine.pool_tokens:
             self._fallback("context beyond the largest page bucket")
             return None
         return (runner, b, tokens, bucket)

@@ -128,10 +128,10 @@ class PageAllocator:
 class KVPool:
     """K and V page pools for every target layer and every drafter layer."""
 
-    def __init__(self, cfg: ModelConfig, *, device: Any, dtype: Any) -> None:
+    def __init__(self, cfg: ModelConfig, *, device: Any, dtype: Any, tokens: int) -> None:
         import torch
 
-        shape = (cfg.num_kv_heads, cfg.kv_pool_tokens, cfg.head_dim)
+        shape = (cfg.num_kv_heads, tokens, cfg.head_dim)
         n = cfg.num_layers + cfg.draft_num_layers
         self.page_size = cfg.page_size
         self.k: list[torch.Tensor] = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n)]
@@ -146,3 +146,36 @@ class KVPool:
         """Store ``k``/``v`` of shape ``(tokens, kv_heads, head_dim)`` at ``slots``."""
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
+
+
+def pool_bytes_per_token(cfg: ModelConfig, itemsize: int) -> int:
+    """K and V bytes per token over every target and drafter layer."""
+    return 2 * (cfg.num_layers + cfg.draft_num_layers) * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
+def available_memory(device: Any) -> int | None:
+    """Free bytes on ``device`` (CUDA: free device memory; CPU: MemAvailable)."""
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def pool_tokens(cfg: ModelConfig, device: Any, itemsize: int, share: float = 0.6) -> int:
+    """KV pool size: the config's, or less if only ``share`` of free memory would hold it."""
+    want = cfg.kv_pool_tokens
+    free = available_memory(device)
+    if free is None:
+        return want
+    fit = int(free * share) // pool_bytes_per_token(cfg, itemsize)
+    fit -= fit % cfg.page_size
+    return max(cfg.page_size * 64, min(want, fit))

@@ -9,8 +9,10 @@ Endpoints: ``GET /health``, ``GET /health_generate``, ``GET /get_model_info``,
 ``GET /server_info``, ``POST /generate``, ``POST /flush_cache``,
 ``POST /specperf/kv_layout``. Built on the standard library's ``http.server``
 (``ThreadingHTTPServer``), so the server runs wherever torch runs, GPU boxes without
-internet included. Requests are served one at a time by the engine; a bad request gets
-a 4xx JSON error and the server keeps serving.
+internet included. HTTP is parsed on handler threads; all engine work runs on the main
+thread, one job at a time (PyTorch's CPU kernels run about half as fast when called from
+a thread other than the one whose OpenMP pool is warm). A bad request gets a 4xx JSON
+error and the server keeps serving.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import signal
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_specperf import __version__
 from pytest_specperf.engines.reference.config import CONFIGS, get_config
@@ -175,6 +179,25 @@ def result_json(res: GenResult) -> dict[str, Any]:
     }
 
 
+_T = TypeVar("_T")
+
+
+class _Job:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as e:  # handed back to the handler thread
+            self.error = e
+        finally:
+            self.done.set()
+
+
 class ReferenceServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -186,9 +209,27 @@ class ReferenceServer(ThreadingHTTPServer):
         self.run_dir = run_dir
         self.max_body_bytes = max_body_bytes
         self.quiet = quiet
-        self.lock = threading.Lock()
+        self.jobs: queue.Queue[_Job | None] = queue.Queue()
         self.started = time.time()
         self.http_counters = {"requests": 0, "errors": 0}
+
+    def on_engine(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` on the engine thread (the main thread) and return its result."""
+        job = _Job(fn)
+        self.jobs.put(job)
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        result: _T = job.result
+        return result
+
+    def run_engine_loop(self) -> None:
+        """Execute engine jobs until ``None`` is queued (called on the main thread)."""
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            job.run()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -282,8 +323,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _health_generate(self) -> None:
         req = GenRequest(rid=f"health-{uuid.uuid4().hex[:8]}", max_new_tokens=1,
                          input_ids=[3, 4, 5, 6], ignore_eos=True)
-        with self.server.lock:
-            self.server.engine.generate([req])
+        self.server.on_engine(lambda: self.server.engine.generate([req]))
         self._send(200, {"status": "ok"})
 
     def _model_info(self) -> None:
@@ -293,8 +333,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _server_info(self) -> None:
         eng = self.server.engine
-        with self.server.lock:
-            info = eng.info()
+        info = self.server.on_engine(eng.info)
         info.update({
             "version": __version__,
             "run_dir": self.server.run_dir,
@@ -309,18 +348,16 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         eng = self.server.engine
         reqs, batch = parse_generate(body, eng)
-        with self.server.lock:
-            try:
-                results = eng.generate(reqs)
-            except RequestError as e:
-                raise _bad(str(e)) from None
+        try:
+            results = self.server.on_engine(lambda: eng.generate(reqs))
+        except RequestError as e:
+            raise _bad(str(e)) from None
         out = [result_json(r) for r in results]
         self._send(200, out if batch else out[0])
 
     def _flush_cache(self) -> None:
         self._body()
-        with self.server.lock:
-            self.server.engine.flush_cache()
+        self.server.on_engine(self.server.engine.flush_cache)
         self._send(200, {"success": True, "message": "Cache flushed."})
 
     def _kv_layout(self) -> None:
@@ -337,8 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 <= level <= 1:
             raise _bad(f"level must be a number in [0, 1], got {level!r:.40}")
         seed = _int(body.get("seed", 0), "seed", lo=0, hi=2**63 - 1)
-        with self.server.lock:
-            self.server.engine.set_kv_layout(layout, float(level), seed)
+        self.server.on_engine(lambda: self.server.engine.set_kv_layout(layout, float(level), seed))
         self._send(200, {"success": True, "layout": layout, "level": float(level), "seed": seed,
                          "applies_to": "next /generate"})
 
@@ -360,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate-accept-len", type=float, default=None,
                    help="pin the mean accepted tokens per step (like SGLANG_SIMULATE_ACC_LEN); "
                    "outputs then differ from greedy decoding")
+    p.add_argument("--threads", type=int, default=None,
+                   help="PyTorch CPU threads (default: PyTorch's choice, one per core)")
     p.add_argument("--disable-cuda-graph", action="store_true")
     p.add_argument("--run-dir", default=None,
                    help="directory for step records (created 0700); default: a new temp dir")
@@ -375,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytest_specperf.probe import NullProbe, RunDirSink, StepProbe
 
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -411,11 +454,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     print(f"specperf reference server ({engine.algorithm}, config {engine.cfg.name}, "
           f"{device}) listening on http://{host}:{port} run_dir={run_dir}", flush=True)
+    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                            name="specperf-http", daemon=True)
+    http.start()
     try:
-        server.serve_forever(poll_interval=0.2)
+        server.run_engine_loop()
     except KeyboardInterrupt:
         pass
     finally:
+        server.shutdown()
         server.server_close()
         probe.close()
     return 0

@@ -1,0 +1,423 @@
+"""The ``sglang`` backend: a real SGLang server, probed from inside its schedulers.
+
+Everything here runs in the pytest process and never imports SGLang (its source is read
+with ``ast`` where needed, see :mod:`.source`). Inside the server, our code arrives
+through SGLang's plugin entry point (:mod:`.sgl_plugin`), turned on by the environment
+this backend puts into the launch spec.
+
+Attach mode (``--specperf-server-url``): start the server yourself with the same
+environment, for example::
+
+    SPECPERF_SGLANG_PLUGIN=1 SPECPERF_RUN_DIR=/tmp/specperf-run \\
+    SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 \\
+    python -m sglang.launch_server --model-path M --speculative-algorithm EAGLE3 \\
+        --speculative-draft-model-path D --enable-metrics --port 30000
+
+and run pytest with ``SPECPERF_RUN_DIR=/tmp/specperf-run`` in its environment too. The
+server and pytest must share that directory (same machine or a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.engines.base import (
+    ENV_PHASE_MAP,
+    ENV_RUN_DIR,
+    ENV_SGLANG_PLUGIN,
+    BackendSettings,
+    BackendUnavailable,
+    LaunchSpec,
+)
+from pytest_specperf.engines.sglang import kv_fragment, launcher, source
+from pytest_specperf.server.client import ServerClient, ServerHTTPError
+
+#: The entry point SGLang's load_plugins() discovers (declared in pyproject.toml).
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_VALUE = "pytest_specperf.engines.sglang.sgl_plugin:load"
+INSTALL_HINT = 'pip install "pytest-specperf[sglang]"'
+#: Prompt token ids when the vocabulary size is unknown: ordinary tokens in every
+#: tokenizer with at least 32k entries (Llama 2/3, Mistral, Qwen 2/3, DeepSeek, GPT-NeoX).
+DEFAULT_ID_RANGE = (1000, 30000)
+#: Decode tokens of room a case needs beyond its context (as the reference backend).
+CAPACITY_ROOM = 512
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_FINGERPRINT_KEYS = (
+    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+    "speculative_num_draft_tokens", "speculative_dflash_block_size", "load_format",
+    "speculative_draft_load_format", "dtype", "kv_cache_dtype", "quantization", "page_size",
+    "tp_size", "pp_size", "dp_size", "attention_backend", "cuda_graph_max_bs_decode",
+    "disable_radix_cache",
+)
+
+
+def check_model(value: str, option: str) -> None:
+    """A local model path must exist (a directory needs config.json); HF ids pass."""
+    path = Path(value).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise BackendUnavailable(
+                f"{option} {value!r}: {path} has no config.json; SGLang needs a Hugging Face "
+                "model directory (config.json and tokenizer files; weights too unless "
+                "--specperf-server-arg=--load-format=dummy)"
+            )
+        return
+    looks_like_path = (
+        value.startswith(("/", "./", "../", "~", "\\")) or value.count("/") > 1
+        or "\\" in value or value.endswith("/")
+    )
+    if looks_like_path:
+        raise BackendUnavailable(f"{option} {value!r}: no such file or directory")
+    if not _HF_ID.match(value):
+        raise BackendUnavailable(
+            f"{option} {value!r} is neither an existing path nor a Hugging Face repo id "
+            "(org/name)"
+        )
+
+
+def _hf_cache_dirs() -> list[Path]:
+    out = []
+    if os.environ.get("HF_HUB_CACHE"):
+        out.append(Path(os.environ["HF_HUB_CACHE"]))
+    if os.environ.get("HF_HOME"):
+        out.append(Path(os.environ["HF_HOME"]) / "hub")
+    out.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return out
+
+
+def config_vocab_size(model: str) -> int | None:
+    """``vocab_size`` from the model's config.json (local dir or the HF cache), if found."""
+    path = Path(model).expanduser()
+    candidates: list[Path] = []
+    if path.is_dir():
+        candidates.append(path / "config.json")
+    elif _HF_ID.match(model) and "/" in model:
+        org, name = model.split("/", 1)
+        for cache in _hf_cache_dirs():
+            candidates.extend(sorted(cache.glob(f"models--{org}--{name}/snapshots/*/config.json")))
+    for cfg in candidates:
+        try:
+            data = json.loads(cfg.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for holder in (data, data.get("text_config"), data.get("llm_config")):
+            if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
+                return int(holder["vocab_size"])
+    return None
+
+
+def prompt_id_range(vocab_size: int | None) -> tuple[int, int]:
+    """Token ids ``[lo, hi)`` for synthetic prompts.
+
+    Known vocabulary: skip the first ``min(1000, vocab/8)`` ids (byte and control tokens
+    at the start of many vocabularies) and the last ``max(256, vocab/32)`` (special tokens
+    and padding at the end of others). Unknown: :data:`DEFAULT_ID_RANGE`.
+    """
+    if vocab_size is None:
+        return DEFAULT_ID_RANGE
+    if vocab_size < 16:
+        raise BackendUnavailable(f"vocabulary of {vocab_size} tokens is too small for prompts")
+    lo = min(1000, vocab_size // 8)
+    hi = vocab_size - max(256, vocab_size // 32) if vocab_size > 1024 else vocab_size - 1
+    return lo, max(hi, lo + 1)
+
+
+class SGLangBackend:
+    """Real SGLang, launched as ``python -m sglang.launch_server`` (or attached to)."""
+
+    name = "sglang"
+
+    def __init__(self) -> None:
+        self._vocab_size: int | None = None
+        self._run_dir: Path | None = None
+        self._version: str | None = None
+        self._layout_requested = False
+
+    # -- before launch -------------------------------------------------------------------
+    def check(self, settings: BackendSettings) -> None:
+        root = source.sglang_root()
+        if root is None:
+            raise BackendUnavailable(
+                f"the sglang backend needs SGLang, which is not installed here; install it "
+                f"with: {INSTALL_HINT} (serving needs a CUDA GPU)"
+            )
+        self._version = source.installed_version()
+        if not settings.model:
+            raise BackendUnavailable(
+                "the sglang backend needs a model: --specperf-model PATH_OR_HF_ID (a local "
+                "Hugging Face model directory or a repo id)"
+            )
+        check_model(settings.model, "--specperf-model")
+        if settings.draft_model:
+            check_model(settings.draft_model, "--specperf-draft-model")
+        if settings.inject:
+            raise BackendUnavailable(
+                "--specperf-inject is not supported by the sglang backend yet (the "
+                "in-scheduler probe has no slowdown injector); use --specperf-backend reference"
+            )
+        if settings.device and not settings.device.startswith("cuda"):
+            raise BackendUnavailable(
+                f"--specperf-device {settings.device!r}: SGLang serves on CUDA GPUs only "
+                "(choose GPUs with --specperf-server-arg=--base-gpu-id=N)"
+            )
+        tokens = launcher.split_server_args(settings.server_args)
+        launcher.check_server_args(tokens, launcher.known_flags(root), self._version)
+        if not launcher.has_flag(tokens, "--speculative-algorithm", "--config"):
+            raise BackendUnavailable(
+                "the sglang backend measures speculative decoding: pass the algorithm, e.g. "
+                "--specperf-server-arg=--speculative-algorithm=EAGLE3 (or DFLASH, NEXTN, "
+                "EAGLE, STANDALONE)"
+            )
+        if not _entry_point_installed():
+            raise BackendUnavailable(
+                f"SGLang loads our in-server probe through the entry point "
+                f"{ENTRY_POINT_GROUP}:specperf of the installed pytest-specperf distribution, "
+                "which is missing: install the plugin with pip (pip install -e . from a "
+                "checkout), not only on PYTHONPATH"
+            )
+        user_map = os.environ.get(ENV_PHASE_MAP)
+        if user_map:
+            from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_file
+
+            try:
+                load_file(user_map)
+            except PhaseMapError as e:
+                raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
+        sizes = [v for v in (config_vocab_size(settings.model),
+                             config_vocab_size(settings.draft_model or "")) if v]
+        self._vocab_size = min(sizes) if sizes else None
+
+    def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
+        if not settings.model:
+            raise BackendUnavailable("the sglang backend needs --specperf-model")
+        tokens = launcher.split_server_args(settings.server_args)
+        cmd = launcher.build_command(
+            sys.executable,
+            model=_model_arg(settings.model),
+            draft_model=_model_arg(settings.draft_model) if settings.draft_model else None,
+            port=port,
+            server_args=tokens,
+        )
+        self._run_dir = Path(run_dir)
+        env = launcher.build_env(self._run_dir, os.environ)
+        return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=1200.0, name="sglang server")
+
+    # -- per case --------------------------------------------------------------------------
+    def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
+        """``input_ids`` of ``context_len`` seeded random tokens per request.
+
+        Ids come from :func:`prompt_id_range` of the vocabulary size read from the model's
+        config.json at ``check()`` (local path, or the Hugging Face cache for a repo id);
+        without it, from :data:`DEFAULT_ID_RANGE`. Request ``i`` of a batch uses seed
+        ``seed + i``; a batch is a list of lists.
+        """
+        if context_len < 1:
+            raise ValueError(f"context_len must be at least 1, got {context_len}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        lo, hi = prompt_id_range(self._vocab_size)
+        ids = range(lo, hi)
+        rows = [random.Random(seed + i).choices(ids, k=context_len) for i in range(batch_size)]
+        return {"input_ids": rows[0] if batch_size == 1 else rows}
+
+    def set_kv_layout(
+        self, client: ServerClient, run_dir: Path | None, layout: str, level: float, seed: int
+    ) -> None:
+        rd = self._resolve_run_dir(run_dir)
+        if rd is None:
+            raise BackendUnavailable(
+                f"setting the KV layout of an SGLang server needs its run directory: set "
+                f"{ENV_RUN_DIR} for the server and for pytest (attach mode)"
+            )
+        if layout == "contiguous":
+            level = 0.0
+        try:
+            request_id = kv_fragment.write_request(rd, layout, level, seed)
+        except ValueError as e:
+            raise kv_fragment.KVLayoutError(str(e)) from None
+        self._layout_requested = True
+        try:
+            client.flush_cache()
+        except ServerHTTPError as e:
+            raise kv_fragment.KVLayoutError(
+                f"/flush_cache was refused ({e.message.strip()}): the server must be idle "
+                "to lay out its KV cache"
+            ) from None
+        results = kv_fragment.wait_layout_results(rd, request_id, timeout_s=10.0)
+        if not results:
+            raise kv_fragment.KVLayoutError(
+                f"the server flushed its cache but applied no KV layout within 10 s: is the "
+                f"pytest-specperf SGLang plugin loaded? It needs {ENV_SGLANG_PLUGIN}=1 and "
+                f"{ENV_RUN_DIR}={rd} in the server's environment; see hooks-*.json in {rd} "
+                "and 'pytest-specperf' lines in the server log"
+            )
+        time.sleep(0.2)  # other tensor-parallel ranks report at about the same time
+        results = kv_fragment.read_layout_results(rd, request_id) or results
+        bad = [r for r in results if r.get("status") != "ok"]
+        if bad:
+            raise kv_fragment.KVLayoutError(
+                f"the SGLang server refused KV layout {layout!r} (level {level}): "
+                f"{bad[0].get('message')}"
+            )
+
+    def kv_fragmentation(self, meta_info: dict[str, Any], run_dir: Path | None) -> float | None:
+        rid = meta_info.get("id")
+        rd = self._resolve_run_dir(run_dir)
+        if not isinstance(rid, str) or rd is None:
+            return None
+        # Written by the scheduler before it streams the final output; the wait only
+        # covers a slow filesystem.
+        deadline = time.monotonic() + (2.0 if self._layout_requested else 0.0)
+        while True:
+            data = kv_fragment.read_fragmentation(rd, rid)
+            if data is not None:
+                value = data.get("fragmentation")
+                return float(value) if isinstance(value, (int, float)) else None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
+        if "model_path" not in server_info:
+            raise BackendUnavailable(
+                "/server_info has no model_path: the server is not an SGLang server"
+            )
+        from pytest_specperf.engines.sglang.phase_map import builtin_name_for
+
+        version = server_info.get("version")
+        fp: dict[str, Any] = {
+            "backend": "sglang",
+            "version": version,
+            "model": server_info.get("model_path"),
+            "draft_model": server_info.get("speculative_draft_model_path"),
+            "phase_map": builtin_name_for(version if isinstance(version, str) else None),
+        }
+        for key in _FINGERPRINT_KEYS:
+            fp[key] = server_info.get(key)
+        fp["cuda_graphs"] = decode_cuda_graphs(server_info)
+        return fp
+
+    def capacity_reason(
+        self, server_info: dict[str, Any], context_len: int, batch_size: int
+    ) -> str | None:
+        """Why ``batch_size`` requests of ``context_len`` tokens cannot run on this server.
+
+        From SGLang's own limits in ``/server_info``: ``context_length`` (prompt plus
+        output), ``max_req_input_len`` and ``max_total_num_tokens`` (the KV pool), with
+        room for ``CAPACITY_ROOM`` decode tokens plus one draft block per request.
+        """
+        block = _int(server_info.get("speculative_num_draft_tokens")) or 1
+        need = context_len + CAPACITY_ROOM + block
+        limit = _int(server_info.get("context_length"))
+        if limit and need > limit:
+            return (f"context {context_len} + {CAPACITY_ROOM + block} decode tokens exceeds the "
+                    f"model's context length of {limit} tokens on this server")
+        max_input = _int(server_info.get("max_req_input_len"))
+        if max_input and context_len > max_input:
+            return (f"context {context_len} exceeds the server's max_req_input_len of "
+                    f"{max_input} tokens")
+        pool = _int(server_info.get("max_total_num_tokens"))
+        if pool and batch_size * need > pool:
+            return (f"{batch_size} x {need} tokens of KV do not fit in the server's KV pool of "
+                    f"{pool} tokens (max_total_num_tokens)")
+        return None
+
+    # -- reports (not part of the Backend protocol) ---------------------------------------
+    def hook_reports(self, run_dir: Path | None = None) -> list[dict[str, Any]]:
+        """The schedulers' hook reports (``hooks-*.json``), one per scheduler process."""
+        rd = self._resolve_run_dir(run_dir)
+        if rd is None:
+            return []
+        out = []
+        for path in sorted(rd.glob("hooks-*.json")):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                out.append(data)
+        return out
+
+    def describe_hooks(self, run_dir: Path | None = None) -> list[str]:
+        """Readable lines about hooks missing or changed, and hook errors, for reports."""
+        reports = self.hook_reports(run_dir)
+        if not reports:
+            return ["sglang: no hook report in the run directory: the pytest-specperf plugin "
+                    "did not load in any scheduler (no phase timings will be recorded)"]
+        r = reports[0]
+        lines = [f"sglang {r.get('sglang_version')}: {len(r.get('installed', []))} hooks "
+                 f"installed from {', '.join(r.get('phase_map', []))}"]
+        for m in r.get("missing", []):
+            kind = "optional target" if m.get("optional") else "MISSING target"
+            lines.append(f"  {kind} {m['target']} ({m.get('phase') or m['role']}): "
+                         f"{m.get('reason', '')}")
+        for c in r.get("signature_changed", []):
+            lines.append(f"  signature changed: {c['target']}: expected {c['expected']}, "
+                         f"found {c['actual']}")
+        if r.get("phase_map_error"):
+            lines.append(f"  {r['phase_map_error']}")
+        rd = self._resolve_run_dir(run_dir)
+        if rd is not None:
+            for path in sorted(rd.glob("errors-*.json")):
+                try:
+                    errors = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                for where, e in errors.items():
+                    lines.append(f"  hook error in {where} ({e.get('count')}x): {e.get('first')}")
+        return lines
+
+    def _resolve_run_dir(self, run_dir: Path | None) -> Path | None:
+        if run_dir is not None:
+            self._run_dir = Path(run_dir)
+            return self._run_dir
+        if self._run_dir is not None:
+            return self._run_dir
+        env = os.environ.get(ENV_RUN_DIR)
+        return Path(env) if env else None
+
+
+def decode_cuda_graphs(server_info: dict[str, Any]) -> bool:
+    """Whether the server captures CUDA graphs for decode (from its resolved arguments)."""
+    if server_info.get("disable_cuda_graph"):
+        return False
+    if server_info.get("cuda_graph_backend_decode") == "disabled":
+        return False
+    cfg = server_info.get("cuda_graph_config")
+    if isinstance(cfg, dict):
+        decode = cfg.get("decode")
+        if isinstance(decode, dict) and decode.get("backend") == "disabled":
+            return False
+    return True
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _model_arg(model: str) -> str:
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
+
+
+def _entry_point_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(
+        ep.name == "specperf" and ep.value.replace(" ", "") == ENTRY_POINT_VALUE
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+    )

@@ -1,0 +1,572 @@
+"""Hook functions that run inside SGLang's scheduler processes.
+
+:class:`ProbeRuntime` is the per-process state (one scheduler = one tensor-parallel rank):
+the :class:`~pytest_specperf.probe.StepProbe`, a sink that completes records before
+writing them, and the few counters the hooks need. :func:`make_hook` turns one
+:class:`~pytest_specperf.engines.sglang.phase_map.HookEntry` into an AROUND hook for
+``HookRegistry`` (signature ``hook(original_fn, *args, **kwargs)``).
+
+A decode step is one call of the speculative worker's ``forward_batch_generation`` (role
+``step``). Its record is completed from two places SGLang reaches later:
+
+- ``schedule``: ``ScheduleBatch.prepare_for_decode`` runs in the scheduler loop *before*
+  the worker call; its host time is carried into the next decode step's ``schedule``
+  phase and ``step_ns`` (device time is not: it runs on the schedule stream);
+- accepted tokens: known on the host only when the scheduler processes the step's result
+  (``process_batch_result_decode``, after the next step was launched under the overlap
+  scheduler). Decode records are held until then, and written (and flushed to the OS)
+  when a request finishes, before SGLang streams the final output, so the plugin finds
+  every record of a request as soon as its ``/generate`` call returns.
+
+Under the overlap scheduler SGLang runs one more step for a request after its last one
+(the batch was launched before the finish was known); that step's record drops the
+finished request from ``rids`` (it produced nothing for it).
+
+Hot path: a wrapper that is not in a step, or whose condition is false, costs one or two
+attribute tests before calling through; a timed phase adds the probe's span (two
+``perf_counter_ns`` and, on a GPU, two CUDA-event records). Nothing here synchronizes
+with the GPU inside a step; flushing (which resolves CUDA events) happens when a request
+finishes or the scheduler is idle. A failure in our own code is recorded (``errors``
+report in the run directory, one log line) and never propagates into SGLang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.engines.sglang import kv_fragment
+from pytest_specperf.engines.sglang.phase_map import HookEntry
+from pytest_specperf.probe.record import StepRecord
+from pytest_specperf.probe.sink import RunDirSink
+from pytest_specperf.probe.spans import StepProbe
+
+logger = logging.getLogger("pytest_specperf.sglang")
+
+Hook = Callable[..., Any]
+_perf_ns = time.perf_counter_ns
+_STEP_ATTR = "_specperf_step"
+
+
+class DeferredSink(RunDirSink):
+    """A :class:`RunDirSink` that completes decode records before writing them.
+
+    The probe hands records over at the end of a step (or later, once their CUDA events
+    completed); decode records wait here for their accepted-token count, and get the
+    carried-in ``schedule`` time. A record is written when its count arrives, when it is
+    older than ``max_hold`` steps, or on :meth:`release_through`.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
+                 max_hold: int = 8) -> None:
+        super().__init__(run_dir, rank=rank)
+        self.max_hold = max_hold
+        self._held: dict[int, StepRecord] = {}
+        self._accepted: dict[int, int] = {}
+        self._carry: dict[int, int] = {}
+        self._finished: dict[str, int | None] = {}
+        self._newest = -1
+
+    # -- fed by the hooks ----------------------------------------------------------------
+    def note_carry(self, step: int, host_ns: int) -> None:
+        """Host time spent on ``schedule`` for ``step`` before the step began."""
+        self._carry[step] = self._carry.get(step, 0) + host_ns
+
+    def set_accepted(self, step: int, tokens: int) -> None:
+        rec = self._held.pop(step, None)
+        if rec is None:
+            self._accepted[step] = tokens
+            self._trim(self._accepted)
+            return
+        rec.accepted_tokens = tokens
+        super().write(rec)
+
+    def request_finished(self, rid: str, last_step: int | None) -> None:
+        """``rid`` produced its last tokens in ``last_step`` (None: unknown, keep all)."""
+        self._finished[rid] = last_step
+        while len(self._finished) > 4096:
+            self._finished.pop(next(iter(self._finished)))
+        if last_step is None:
+            return
+        for step, rec in self._held.items():
+            if step > last_step and rid in rec.rids:
+                rec.rids = [r for r in rec.rids if r != rid]
+
+    # -- called by the probe --------------------------------------------------------------
+    def write(self, record: StepRecord) -> None:
+        carry = self._carry.pop(record.step, 0)
+        if carry:
+            record.host_ns["schedule"] = record.host_ns.get("schedule", 0) + carry
+            record.step_ns += carry
+        if record.mode != "decode":
+            for rid in record.rids:  # a new request reusing an old id
+                self._finished.pop(rid, None)
+            super().write(record)
+            return
+        if self._finished:
+            record.rids = [r for r in record.rids if not self._ran_past_finish(r, record.step)]
+        self._newest = max(self._newest, record.step)
+        tokens = self._accepted.pop(record.step, None)
+        if tokens is not None:
+            record.accepted_tokens = tokens
+            super().write(record)
+        else:
+            self._held[record.step] = record
+        stale = [s for s in self._held if s < self._newest - self.max_hold]
+        for s in sorted(stale):
+            super().write(self._held.pop(s))
+
+    def _ran_past_finish(self, rid: str, step: int) -> bool:
+        last = self._finished.get(rid, -1)
+        return last is not None and last >= 0 and step > last
+
+    def release_through(self, step: int | None) -> None:
+        """Write every held record up to ``step`` (all if None), as they are."""
+        for s in sorted(self._held):
+            if step is None or s <= step:
+                super().write(self._held.pop(s))
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        self.release_through(None)
+        super().close()
+
+    def _trim(self, d: dict[int, int]) -> None:
+        while len(d) > 256:
+            d.pop(min(d))
+
+
+class ProbeRuntime:
+    """State of the in-scheduler probe for one process."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None,
+        *,
+        rank: int = 0,
+        labels: dict[str, str] | None = None,
+        use_cuda: bool | None = None,
+        meta_suffix: str | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.rank = rank
+        self.labels = dict(labels or {})
+        self._use_cuda = use_cuda
+        self.meta_suffix = meta_suffix or f"pid{os.getpid()}"
+        self.sink: DeferredSink | None = (
+            DeferredSink(self.run_dir, rank=rank) if self.run_dir is not None else None
+        )
+        self._probe: StepProbe | None = None
+        self.step_depth = 0
+        self.phase_depth = 0
+        self.graph_depth = 0
+        self.carry_depth = 0
+        self.carry_ns = 0
+        self.step_no = 0  # number the probe gives the next step
+        self.cur_mode: str | None = None
+        self.cur_carry = 0
+        self.processing_step: int | None = None
+        self.dirty = False
+        self.kv_layout: dict[str, Any] | None = None
+        self.errors: dict[str, list[Any]] = {}
+        self._runner_labels: dict[tuple[type, bool], str] = {}
+        self._result_steps: dict[int, int] = {}
+
+    # -- probe -----------------------------------------------------------------------
+    @property
+    def probe(self) -> StepProbe:
+        if self._probe is None:
+            use_cuda = self._use_cuda
+            if use_cuda is None:
+                try:
+                    import torch
+
+                    use_cuda = bool(torch.cuda.is_available())
+                except Exception:
+                    use_cuda = False
+            self._probe = StepProbe(self.sink, rank=self.rank, use_cuda=use_cuda,
+                                    labels=self.labels)
+        return self._probe
+
+    # -- errors ------------------------------------------------------------------------
+    def note_error(self, where: str, exc: BaseException) -> None:
+        entry = self.errors.get(where)
+        if entry is None:
+            self.errors[where] = [1, f"{type(exc).__name__}: {exc}"]
+            logger.warning("pytest-specperf hook %s failed (server unaffected): %s: %s",
+                           where, type(exc).__name__, exc)
+            self.write_errors()
+        else:
+            entry[0] += 1
+
+    def write_errors(self) -> None:
+        if self.sink is None or not self.errors:
+            return
+        with contextlib.suppress(OSError):
+            self.sink.write_meta(
+                f"errors-{self.meta_suffix}",
+                {k: {"count": v[0], "first": v[1]} for k, v in self.errors.items()},
+            )
+
+    # -- steps -------------------------------------------------------------------------
+    def begin(self, entry: HookEntry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Open a step for the worker call; False: not a step we record (idle, unknown)."""
+        batch = kwargs.get("batch")
+        if batch is None:
+            idx = entry.arg_index("batch")
+            i = 1 if idx is None else idx
+            batch = args[i] if len(args) > i else None
+        if batch is None:
+            return False
+        fm = batch.forward_mode
+        if fm.is_extend() or getattr(batch, "is_extend_in_batch", False):
+            mode = "extend"
+        elif fm.is_idle():
+            return False
+        else:
+            mode = "decode"
+        reqs = batch.reqs
+        rids = [str(r.rid) for r in reqs]
+        self.probe.begin_step(context_len=_context_len(batch, reqs), batch_size=len(rids),
+                              rids=rids, mode=mode)
+        self.step_depth = 1
+        self.cur_mode = mode
+        if mode == "decode":
+            self.cur_carry, self.carry_ns = self.carry_ns, 0
+        else:
+            self.cur_carry = 0
+        return True
+
+    def end(self, result: Any) -> None:
+        self.step_depth = 0
+        self.phase_depth = 0
+        self.graph_depth = 0
+        step = self.step_no
+        self.step_no += 1
+        if self.sink is not None and self.cur_carry:
+            self.sink.note_carry(step, self.cur_carry)
+        self.cur_carry = 0
+        self.probe.end_step(accepted_tokens=0)
+        self.dirty = True
+        if self.cur_mode == "decode" and result is not None:
+            try:
+                setattr(result, _STEP_ATTR, step)
+            except (AttributeError, TypeError):
+                self._result_steps[id(result)] = step
+                while len(self._result_steps) > 64:
+                    self._result_steps.pop(next(iter(self._result_steps)))
+
+    def step_of(self, result: Any) -> int | None:
+        step = getattr(result, _STEP_ATTR, None)
+        if step is None:
+            step = self._result_steps.pop(id(result), None)
+        return step if isinstance(step, int) else None
+
+    # -- results, finishes, flushes --------------------------------------------------------
+    def on_result(self, result: Any) -> int | None:
+        """A decode step's result is being processed: record its accepted tokens."""
+        step = self.step_of(result)
+        if step is None or self.sink is None:
+            return step
+        tokens = accepted_tokens(result)
+        if tokens is not None:
+            self.sink.set_accepted(step, tokens)
+        return step
+
+    def on_release(self, req: Any, tree_cache: Any) -> None:
+        """A request gives its KV back: if it finished, measure and write its records."""
+        finished = getattr(req, "finished", None)
+        if not callable(finished) or not finished():
+            return
+        rid = str(req.rid)
+        if self.kv_layout is not None:
+            try:
+                self.measure_kv(req, tree_cache)
+            except Exception as e:
+                self.note_error("kv_measure", e)
+        if self.sink is not None:
+            self.sink.request_finished(rid, self.processing_step)
+        self.flush(self.processing_step)
+
+    def flush(self, through: int | None = None) -> None:
+        """Resolve device times (waits for the GPU) and write records up to ``through``."""
+        if self._probe is not None:
+            self._probe.flush()
+        if self.sink is not None:
+            self.sink.release_through(through)
+            self.sink.flush()
+            self.dirty = self.sink.held > 0
+        else:
+            self.dirty = False
+        self.write_errors()
+
+    # -- KV layout -------------------------------------------------------------------------
+    def on_flush_cache(self, scheduler: Any) -> None:
+        """After a successful flush: apply the requested KV layout, report the outcome."""
+        if self.run_dir is None or self.sink is None:
+            return
+        status: dict[str, Any]
+        try:
+            req = kv_fragment.read_request(self.run_dir)
+        except kv_fragment.KVLayoutError as e:
+            self.sink.write_meta(f"{kv_fragment.RESULT_META}-{self.meta_suffix}",
+                                 {"request_id": None, "status": "refused", "message": str(e)})
+            return
+        if req is None:
+            return
+        status = {"request_id": req["id"], "layout": req["layout"], "level": req["level"],
+                  "seed": req["seed"], "rank": self.rank}
+        try:
+            allocator = scheduler.token_to_kv_pool_allocator
+            status.update(kv_fragment.apply_layout(allocator, req["layout"], req["level"],
+                                                   req["seed"]))
+            status["status"] = "ok"
+            self.kv_layout = req
+        except kv_fragment.KVLayoutError as e:
+            status.update(status="refused", message=str(e))
+            self.kv_layout = None
+        except Exception as e:
+            status.update(status="error", message=f"{type(e).__name__}: {e}")
+            self.kv_layout = None
+            self.note_error("kv_flush", e)
+        self.sink.write_meta(f"{kv_fragment.RESULT_META}-{self.meta_suffix}", status)
+
+    def measure_kv(self, req: Any, tree_cache: Any) -> None:
+        if self.sink is None:
+            return
+        kv = getattr(req, "kv", req)
+        row = getattr(kv, "req_pool_idx", None)
+        length = getattr(kv, "kv_committed_len", None)
+        if row is None or not length:
+            return
+        pool = tree_cache.req_to_token_pool
+        allocator = getattr(tree_cache, "token_to_kv_pool_allocator", None)
+        page_size = int(getattr(allocator, "page_size", None)
+                        or getattr(tree_cache, "page_size", 1) or 1)
+        data = kv_fragment.measure_request(pool.req_to_token, int(row), int(length), page_size)
+        data["rid"] = str(req.rid)
+        layout = self.kv_layout or {}
+        data.update(layout=layout.get("layout"), level=layout.get("level"),
+                    seed=layout.get("seed"), request_id=layout.get("id"))
+        self.sink.write_meta(kv_fragment.FRAG_META_PREFIX + kv_fragment.rid_key(str(req.rid)),
+                             data)
+
+    # -- graph counters --------------------------------------------------------------------
+    def runner_label(self, runner: Any) -> str:
+        is_draft = bool(getattr(getattr(runner, "model_runner", None), "is_draft_worker", False))
+        key = (type(runner), is_draft)
+        label = self._runner_labels.get(key)
+        if label is None:
+            label = type(runner).__name__ + ("[draft]" if is_draft else "")
+            self._runner_labels[key] = label
+        return label
+
+
+def _context_len(batch: Any, reqs: Any) -> int:
+    lens = getattr(batch, "seq_lens_cpu", None)
+    if lens is not None:
+        try:
+            return int(lens.max()) if len(lens) else 0
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return max((len(r.origin_input_ids) + len(r.output_ids) for r in reqs), default=0)
+
+
+def accepted_tokens(result: Any) -> int | None:
+    """Tokens a processed decode step produced (accepted drafts plus bonus), host-side only.
+
+    Waits on the result's ``copy_done`` event first, which the scheduler does anyway at the
+    top of ``process_batch_result_decode``; never copies a device tensor itself.
+    """
+    done = getattr(result, "copy_done", None)
+    if done is not None:
+        done.synchronize()
+    lens = getattr(result, "accept_lens", None)
+    if lens is None or getattr(lens, "is_cuda", False):
+        return None
+    return int(lens.sum())
+
+
+# -- hook factories ----------------------------------------------------------------------------
+def make_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    """The AROUND hook for ``entry`` (``hook(original_fn, *args, **kwargs)``)."""
+    factory = _FACTORIES.get(entry.role)
+    if factory is None:
+        raise ValueError(f"no hook for role {entry.role!r} ({entry.target})")
+    return factory(entry, rt)
+
+
+def _step_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    where = f"step:{entry.target}"
+
+    def step_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if rt.step_depth:
+            return original(*args, **kwargs)
+        try:
+            opened = rt.begin(entry, args, kwargs)
+        except Exception as e:
+            rt.note_error(where, e)
+            opened = False
+        if not opened:
+            return original(*args, **kwargs)
+        result = None
+        try:
+            result = original(*args, **kwargs)
+            return result
+        finally:
+            try:
+                rt.end(result)
+            except Exception as e:
+                rt.step_depth = 0
+                rt.note_error(where, e)
+
+    return step_hook
+
+
+def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    phase = entry.phase or ""
+    carry = phase == "schedule"
+    self_attr = entry.when_self_attr
+    arg = entry.when_arg
+    arg_idx = entry.arg_index(arg) if arg is not None else None
+    outermost = entry.outermost
+
+    def phase_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if not rt.step_depth:
+            if not carry or rt.carry_depth:
+                return original(*args, **kwargs)
+            rt.carry_depth = 1
+            t0 = _perf_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                rt.carry_ns += _perf_ns() - t0
+                rt.carry_depth = 0
+        if outermost and rt.phase_depth:
+            return original(*args, **kwargs)
+        if self_attr is not None and not (args and getattr(args[0], self_attr, False)):
+            return original(*args, **kwargs)
+        if arg is not None:
+            value = kwargs[arg] if arg in kwargs else (
+                args[arg_idx] if arg_idx is not None and len(args) > arg_idx else None)
+            if not value:
+                return original(*args, **kwargs)
+        span = rt.probe.phase(phase)
+        rt.phase_depth += 1
+        span.__enter__()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            span.__exit__(None, None, None)
+            rt.phase_depth -= 1
+
+    return phase_hook
+
+
+def _graph_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    fixed = entry.label
+    replay = bool(entry.replay)
+    where = f"graph:{entry.target}"
+
+    def graph_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if not rt.step_depth or rt.graph_depth:
+            return original(*args, **kwargs)
+        try:
+            label = fixed or rt.runner_label(args[0])
+            rt.probe.count_graph(label, replay=replay)
+        except Exception as e:
+            rt.note_error(where, e)
+        rt.graph_depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            rt.graph_depth -= 1
+
+    return graph_hook
+
+
+def _result_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    where = f"step_result:{entry.target}"
+    idx = entry.arg_index("result")
+    pos = 2 if idx is None else idx
+
+    def result_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        result = kwargs["result"] if "result" in kwargs else (
+            args[pos] if len(args) > pos else None)
+        step = None
+        if result is not None:
+            try:
+                step = rt.on_result(result)
+            except Exception as e:
+                rt.note_error(where, e)
+        prev, rt.processing_step = rt.processing_step, step
+        try:
+            return original(*args, **kwargs)
+        finally:
+            rt.processing_step = prev
+
+    return result_hook
+
+
+def _release_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    where = f"kv_release:{entry.target}"
+
+    def release_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        try:
+            req = kwargs["req"] if "req" in kwargs else args[0]
+            tree_cache = kwargs["tree_cache"] if "tree_cache" in kwargs else args[1]
+            rt.on_release(req, tree_cache)
+        except Exception as e:
+            rt.note_error(where, e)
+        return original(*args, **kwargs)
+
+    return release_hook
+
+
+def _flush_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    where = f"kv_flush:{entry.target}"
+
+    def flush_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        ok = original(*args, **kwargs)
+        if ok and args:
+            try:
+                rt.on_flush_cache(args[0])
+            except Exception as e:
+                rt.note_error(where, e)
+        return ok
+
+    return flush_hook
+
+
+def _idle_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    where = f"idle:{entry.target}"
+
+    def idle_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if rt.dirty and not rt.step_depth:
+            try:
+                rt.flush(None)
+            except Exception as e:
+                rt.dirty = False
+                rt.note_error(where, e)
+        return original(*args, **kwargs)
+
+    return idle_hook
+
+
+_FACTORIES: dict[str, Callable[[HookEntry, ProbeRuntime], Hook]] = {
+    "step": _step_hook,
+    "phase": _phase_hook,
+    "graph": _graph_hook,
+    "step_result": _result_hook,
+    "kv_release": _release_hook,
+    "kv_flush": _flush_hook,
+    "idle": _idle_hook,
+}

@@ -1,0 +1,170 @@
+"""Fixtures: ``model_server``, ``specperf``, ``fragmented_kv``, ``warmed_cuda_graphs``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_specperf.engines.base import BackendUnavailable, get_backend
+from pytest_specperf.markers import CaseOptions, parse_marker
+from pytest_specperf.measure import Decoder, DecodeRun, KVLayout, MeasurementError
+from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
+from pytest_specperf.serving import ModelServer, attach_server, start_server
+from pytest_specperf.session import SpecperfSession, get_session
+
+LAYOUT_PARAMS = ("contiguous", "fragmented")
+
+
+def parse_layout(value: Any) -> KVLayout:
+    """``"contiguous"``, ``"fragmented"`` or a level in [0, 1] -> ``KVLayout``."""
+    if value == "contiguous":
+        return KVLayout("contiguous", 0.0)
+    if value == "fragmented":
+        return KVLayout("fragmented", 1.0)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+        return KVLayout("contiguous", 0.0) if value == 0 else KVLayout("fragmented", float(value))
+    raise ValueError(
+        f"fragmented_kv: invalid layout {value!r}; use 'contiguous', 'fragmented', or a "
+        "fragmentation level between 0 and 1"
+    )
+
+
+@dataclass
+class GraphsState:
+    """What ``warmed_cuda_graphs`` reports."""
+
+    available: bool
+    reason: str
+    captured: Any = None
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+class SpecperfHandle:
+    """The measurement handle of one test (the ``specperf`` fixture)."""
+
+    def __init__(self, session: SpecperfSession, item: pytest.Item, server: ModelServer,
+                 opts: CaseOptions) -> None:
+        self._session = session
+        self._item = item
+        self.server = server
+        self.options = opts
+        self.layout = KVLayout("contiguous", 0.0)
+        self.expect_graphs = False
+        self.runs: list[DecodeRun] = []
+
+    @property
+    def steps(self) -> int:
+        """Measured steps per case in this test (marker, option or default)."""
+        return self.options.steps or self._session.settings.steps
+
+    def capacity_reason(self, context_len: int, batch_size: int = 1) -> str | None:
+        """Why ``context_len`` cannot run on this server (KV memory, model limit), or None."""
+        return self.server.backend.capacity_reason(self.server.server_info, context_len,
+                                                   batch_size)
+
+    def decode(self, context_len: int, *, steps: int | None = None, batch_size: int = 1,
+               warmup: int | None = None) -> DecodeRun:
+        """Measure ``steps`` decode steps at ``context_len`` tokens of context.
+
+        Returns the run with per-step records and summaries. The plugin judges every run
+        against its baseline when the test ends; a regression fails the test.
+        """
+        for name, v, lo in (("context_len", context_len, 1), ("batch_size", batch_size, 1),
+                            ("steps", steps, 4), ("warmup", warmup, 0)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+                raise ValueError(f"specperf.decode: {name} must be an integer >= {lo}, got {v!r}")
+        s = self._session.settings
+        n_steps = steps or self.steps
+        n_warm = warmup if warmup is not None else (
+            self.options.warmup if self.options.warmup is not None else s.warmup_steps)
+        label = f"{self._item.name} ctx={context_len} kv={self.layout.label}"
+        prog = self._session.progress.case(label)
+        decoder = Decoder(self.server, prog.update)
+        try:
+            run = decoder.decode(context_len=context_len, batch_size=batch_size, steps=n_steps,
+                                 warmup_steps=n_warm, layout=self.layout,
+                                 tag=f"{len(self.runs)}")
+        except (MeasurementError, ServerHTTPError, ServerUnreachable) as e:
+            prog.done("failed")
+            tail = self.server.log_tail()
+            raise pytest.fail(f"specperf: measurement failed: {e}\nserver log tail:\n{tail}",
+                              pytrace=False) from None
+        finally:
+            decoder.close()
+        prog.done(f"{run.steps} steps, {run.step_ms.median:.2f} ms/step")
+        self.runs.append(run)
+        return run
+
+
+HANDLE_KEY = pytest.StashKey[SpecperfHandle]()
+
+
+@pytest.fixture(scope="session")
+def model_server(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+    """The session's server for the chosen backend, started once and torn down at the end."""
+    sess = get_session(request.config)
+    s = sess.settings
+    try:
+        backend = get_backend(s.backend)
+        if s.server_url:
+            server = attach_server(backend, s.server_url, s.run_dir)
+        else:
+            server = start_server(backend, sess.backend_settings(),
+                                  work_dir=tmp_path_factory.mktemp("specperf"),
+                                  ready_timeout_s=s.ready_timeout_s, progress=sess.progress.line)
+    except (BackendUnavailable, ServerStartError, ServerHTTPError, ServerUnreachable) as e:
+        raise pytest.fail(f"specperf: cannot start the {s.backend} server: {e}",
+                          pytrace=False) from None
+    sess.server = server
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def specperf(request: pytest.FixtureRequest, model_server: ModelServer) -> SpecperfHandle:
+    """Measurement handle: ``specperf.decode(context_len=..., steps=..., batch_size=...)``."""
+    sess = get_session(request.config)
+    handle = SpecperfHandle(sess, request.node, model_server, parse_marker(request.node))
+    request.node.stash[HANDLE_KEY] = handle
+    return handle
+
+
+@pytest.fixture(params=LAYOUT_PARAMS, ids=lambda p: f"kv={p}")
+def fragmented_kv(request: pytest.FixtureRequest, specperf: SpecperfHandle) -> KVLayout:
+    """KV layout for this test's decodes: contiguous, fragmented, or a level in [0, 1].
+
+    Parametrize it indirectly to choose: ``@pytest.mark.parametrize("fragmented_kv",
+    [0.25, "fragmented"], indirect=True)``. The fragmentation actually reached is
+    measured on the live request and reported with the run.
+    """
+    try:
+        layout = parse_layout(request.param)
+    except ValueError as e:
+        raise pytest.fail(str(e), pytrace=False) from None
+    specperf.layout = layout
+    return layout
+
+
+@pytest.fixture
+def warmed_cuda_graphs(specperf: SpecperfHandle, model_server: ModelServer) -> GraphsState:
+    """Graphs warmed and expected: a measured step that falls back to eager fails the test.
+
+    On a CPU (or with graphs disabled) graphs are reported unavailable, not failed.
+    """
+    info = model_server.client.server_info()
+    if not model_server.cuda_graphs:
+        device = info.get("device", "unknown device")
+        return GraphsState(False, f"CUDA graphs unavailable on {device}: forwards run eagerly",
+                           counters=info.get("graph_counters") or {})
+    specperf.decode(context_len=1024, steps=4, warmup=4)  # capture the common shapes
+    specperf.runs.clear()
+    specperf.expect_graphs = True
+    info = model_server.client.server_info()
+    return GraphsState(True, "captured", captured=info.get("cuda_graphs"),
+                       counters=info.get("graph_counters") or {})

@@ -1,0 +1,96 @@
+"""Markers: ``specperf(...)``, ``long_context``, ``gpu``; validation and auto-marking."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from pytest_specperf.options import parse_fraction
+from pytest_specperf.probe.phases import ALL_PHASES
+
+MARKERS = (
+    "specperf(gate=None, tolerance=None, steps=None, warmup=None, context_len=None): "
+    "speculative-decoding performance case: gate=[metrics or phases] to judge "
+    "(step, accept_len, tokens_per_s, unaccounted, or a phase name such as verify), "
+    "tolerance=0.1 or '10%' to override the run's tolerance, steps=/warmup= decode steps, "
+    "context_len= to declare the context length of a non-parametrized case",
+    "long_context: decode at a long context; added automatically to cases whose context "
+    "length is at or above the ini option specperf_long_context_min",
+    "gpu: needs a CUDA GPU; skipped with a reason where there is none",
+)
+
+#: Metrics a case can gate, besides the phases.
+GATEABLE_METRICS = ("step", "accept_len", "tokens_per_s", *ALL_PHASES)
+_KEYWORDS = ("gate", "tolerance", "steps", "warmup", "context_len")
+
+
+@dataclass(frozen=True)
+class CaseOptions:
+    """What the ``specperf`` marker of one test asks for."""
+
+    gate: tuple[str, ...] | None = None
+    tolerance: float | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    context_len: int | None = None
+
+
+def _err(item: pytest.Item, what: str) -> str:
+    return f"{item.nodeid}: @pytest.mark.specperf: {what}"
+
+
+def parse_marker(item: pytest.Item) -> CaseOptions:
+    """Merge the test's ``specperf`` markers (closest wins); raise ``ValueError`` if bad."""
+    merged: dict[str, object] = {}
+    for mark in reversed(list(item.iter_markers("specperf"))):
+        if mark.args:
+            raise ValueError(_err(item, f"takes keyword arguments only, got {mark.args!r}"))
+        merged.update(mark.kwargs)
+    unknown = sorted(set(merged) - set(_KEYWORDS))
+    if unknown:
+        raise ValueError(_err(item, f"unknown keyword(s) {', '.join(unknown)}; "
+                                    f"valid: {', '.join(_KEYWORDS)}"))
+    gate = merged.get("gate")
+    gates: tuple[str, ...] | None = None
+    if gate is not None:
+        if isinstance(gate, str):
+            gate = [gate]
+        if not isinstance(gate, (list, tuple)) or not gate:
+            raise ValueError(_err(item, f"gate must be a non-empty list of names, got {gate!r}"))
+        bad = [g for g in gate if g not in GATEABLE_METRICS]
+        if bad:
+            raise ValueError(_err(item, f"gate: unknown metric(s) {', '.join(map(repr, bad))}; "
+                                        f"valid: {', '.join(GATEABLE_METRICS)}"))
+        gates = tuple(gate)
+    tol = merged.get("tolerance")
+    tolerance = None
+    if tol is not None:
+        try:
+            if isinstance(tol, bool):
+                raise ValueError
+            tolerance = parse_fraction(str(tol))
+            if not math.isfinite(tolerance):
+                raise ValueError
+        except ValueError:
+            raise ValueError(_err(item, f"tolerance {tol!r} must be a fraction in (0, 1) like "
+                                        "0.1 or a percentage like '10%'")) from None
+    ints: dict[str, int | None] = {}
+    for name, lo in (("steps", 4), ("warmup", 0), ("context_len", 1)):
+        v = merged.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise ValueError(_err(item, f"{name} must be an integer >= {lo}, got {v!r}"))
+        ints[name] = v  # type: ignore[assignment]
+    return CaseOptions(gate=gates, tolerance=tolerance, steps=ints["steps"],
+                       warmup=ints["warmup"], context_len=ints["context_len"])
+
+
+def case_context_len(item: pytest.Item, opts: CaseOptions) -> int | None:
+    """The context length a case declares: a ``context_len`` parameter or marker keyword."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        v = callspec.params.get("context_len")
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return opts.context_len

@@ -1,0 +1,83 @@
+"""pytest entry point (``pytest11: specperf``): hook wiring only.
+
+The work is done elsewhere: ``options`` (flags and ini), ``markers``, ``fixtures``,
+``session`` (state and verdicts), ``report`` (tables, JSON), ``baselines`` (YAML store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from pytest_specperf import options as _options
+from pytest_specperf.fixtures import (  # noqa: F401 - fixtures are registered by import
+    HANDLE_KEY,
+    fragmented_kv,
+    model_server,
+    specperf,
+    warmed_cuda_graphs,
+)
+from pytest_specperf.markers import MARKERS, case_context_len, parse_marker
+from pytest_specperf.session import SESSION_KEY, SpecperfSession, get_session
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    _options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if config.option.help or getattr(config.option, "version", False):
+        return
+    settings = _options.load_settings(config)
+    config.stash[SESSION_KEY] = SpecperfSession(config, settings)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if SESSION_KEY not in config.stash:
+        return
+    threshold = get_session(config).settings.long_context_min
+    errors = []
+    for item in items:
+        try:
+            opts = parse_marker(item)
+        except ValueError as e:
+            errors.append(str(e))
+            continue
+        ctx = case_context_len(item, opts)
+        if ctx is not None and ctx >= threshold and item.get_closest_marker("long_context") is None:
+            item.add_marker(pytest.mark.long_context)
+    if errors:
+        raise pytest.UsageError("\n".join(errors))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None:
+        from pytest_specperf.gpu import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        if reason:
+            pytest.skip(f"needs a CUDA GPU: {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    result = yield  # a test that raised is not judged
+    handle = item.stash.get(HANDLE_KEY, None)
+    if handle is not None and handle.runs:
+        get_session(item.config).judge_item(item, handle)
+    return result
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if SESSION_KEY in session.config.stash:
+        get_session(session.config).finish(session, exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if SESSION_KEY in config.stash:
+        for line in get_session(config).summary_lines():
+            terminalreporter.write_line(line)

@@ -1,0 +1,122 @@
+"""The session's model server: launched (or attached to) once, torn down at the end."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.engines.base import Backend, BackendSettings, BackendUnavailable
+from pytest_specperf.server import (
+    ServerClient,
+    ServerHTTPError,
+    ServerProcess,
+    ServerStartError,
+    ServerUnreachable,
+    free_port,
+)
+
+
+@dataclass
+class ModelServer:
+    """What the ``model_server`` fixture gives a test."""
+
+    backend: Backend
+    url: str
+    client: ServerClient
+    run_dir: Path | None
+    server_info: dict[str, Any]
+    fingerprint: dict[str, Any]
+    process: ServerProcess | None = None
+    log_path: Path | None = None
+    startup_s: float = 0.0
+    attached: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def speculative(self) -> bool:
+        return str(self.fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return bool(self.fingerprint.get("cuda_graphs"))
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines) if self.process else "(attached server: no log)"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+def start_server(
+    backend: Backend,
+    settings: BackendSettings,
+    *,
+    work_dir: Path,
+    ready_timeout_s: float,
+    progress: Callable[[str], None],
+) -> ModelServer:
+    """Launch a server for ``backend`` on 127.0.0.1 and wait until it generates."""
+    backend.check(settings)
+    run_dir = work_dir / "run"
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = work_dir / "server.log"
+    last_error: Exception | None = None
+    for _attempt in range(2):  # a port taken between free_port() and bind: retry once
+        port = free_port()
+        spec = backend.launch_spec(settings, port=port, run_dir=run_dir)
+        proc = ServerProcess(spec.cmd, log_path=log_path, env={**os.environ, **spec.env},
+                             name=spec.name)
+        progress(f"starting {spec.name} on 127.0.0.1:{port} (log: {log_path})")
+        proc.start()
+        client = ServerClient(f"http://127.0.0.1:{port}")
+        try:
+            startup = proc.wait_ready(
+                client, deadline_s=ready_timeout_s,
+                progress=lambda s: progress(f"waiting for {spec.name}: {s:.0f} s"),
+            )
+        except ServerStartError as e:
+            proc.stop()
+            last_error = e
+            if "address already in use" in str(e).lower():
+                continue
+            raise
+        try:
+            info = client.server_info()
+            fp = backend.fingerprint(info)
+        except (ServerHTTPError, ServerUnreachable, BackendUnavailable):
+            proc.stop()
+            raise
+        progress(f"{spec.name} ready in {startup:.1f} s")
+        return ModelServer(backend=backend, url=client.base_url, client=client, run_dir=run_dir,
+                           server_info=info, fingerprint=fp, process=proc, log_path=log_path,
+                           startup_s=startup)
+    assert last_error is not None
+    raise last_error
+
+
+def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServer:
+    """Use a server someone else started; its step records must be readable here."""
+    client = ServerClient(url)
+    t0 = time.monotonic()
+    if not client.health_generate(timeout=60.0):
+        raise ServerStartError(f"no healthy server at {url} (GET /health_generate failed)")
+    info = client.server_info()
+    if run_dir is None:
+        rd = info.get("run_dir")
+        run_dir = Path(rd) if isinstance(rd, str) else None
+    if run_dir is None or not run_dir.is_dir():
+        raise ServerStartError(
+            f"cannot find the step records of the server at {url}: pass "
+            "--specperf-run-dir DIR, the directory the server's probe writes to "
+            "(reference server: --run-dir; SGLang: SPECPERF_RUN_DIR with "
+            "SPECPERF_SGLANG_PLUGIN=1 in the server's environment)"
+        )
+    return ModelServer(backend=backend, url=client.base_url, client=client, run_dir=run_dir,
+                       server_info=info, fingerprint=backend.fingerprint(info), attached=True,
+                       startup_s=time.monotonic() - t0)

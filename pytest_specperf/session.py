@@ -1,0 +1,298 @@
+"""Session state: settings, device, baselines, server, and the judging of cases.
+
+One ``SpecperfSession`` per pytest session, stored in ``config.stash``; no globals.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_specperf.baselines import (
+    BaselineError,
+    BaselineFile,
+    CaseBaseline,
+    fingerprint_mismatch,
+    load_baselines,
+    write_baselines,
+)
+from pytest_specperf.engines.base import BackendSettings
+from pytest_specperf.markers import CaseOptions
+from pytest_specperf.measure import DecodeRun
+from pytest_specperf.options import Settings
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.progress import Progress
+from pytest_specperf.report import (
+    JSON_SCHEMA_VERSION,
+    CaseOutcome,
+    case_json,
+    failure_message,
+    phase_table,
+    summary_lines,
+    write_json,
+)
+from pytest_specperf.verdict import (
+    CaseVerdict,
+    MetricVerdict,
+    Verdict,
+    combine,
+    judge_metric,
+    judge_share,
+)
+
+if TYPE_CHECKING:
+    from pytest_specperf.fixtures import SpecperfHandle
+    from pytest_specperf.serving import ModelServer
+    from pytest_specperf.telemetry.device import DeviceInfo
+
+#: A phase is gated by default when it is at least this share of the baseline step.
+MIN_GATED_SHARE = 0.05
+#: Parameters that are already part of the case key (or are the layout fixture).
+_KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
+
+
+def test_id(item: pytest.Item) -> str:
+    """The node id without its parametrization: the baseline's test key."""
+    return re.sub(r"\[.*\]$", "", item.nodeid)
+
+
+def case_key(item: pytest.Item, run: DecodeRun) -> str:
+    key = f"ctx={run.context_len} kv={run.kv_layout.label} bs={run.batch_size}"
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
+        key += "".join(f" {k}={v}" for k, v in extra)
+    return key
+
+
+class SpecperfWarning(pytest.PytestWarning):
+    """A case that could not be judged (INVALID) or another condition worth a look."""
+
+
+class SpecperfSession:
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.progress = Progress(config)
+        self.outcomes: list[CaseOutcome] = []
+        self.to_record: list[CaseBaseline] = []
+        self.server: ModelServer | None = None
+        self.server_error: str | None = None
+        self._device: DeviceInfo | None = None
+        self._baselines: BaselineFile | None = None
+        self._baselines_loaded = False
+        self.written: BaselineFile | None = None
+        self.errors: list[str] = []
+
+    # -- device and baselines --------------------------------------------------------------
+    def device(self) -> DeviceInfo:
+        if self._device is None:
+            from pytest_specperf.telemetry.device import detect_device
+
+            self._device = detect_device(override_slug=self.settings.device_slug)
+        return self._device
+
+    @property
+    def baseline_path(self) -> Path:
+        return self.settings.baselines_dir / f"{self.device().slug}.yaml"
+
+    def display_path(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.config.rootpath))
+        except ValueError:
+            return str(path)
+
+    def baselines(self) -> BaselineFile | None:
+        """The device's baseline file, validated once; ``BaselineError`` if unusable."""
+        if not self._baselines_loaded:
+            self._baselines = load_baselines(self.baseline_path)
+            self._baselines_loaded = True
+        return self._baselines
+
+    def backend_settings(self) -> BackendSettings:
+        s = self.settings
+        return BackendSettings(model=s.model, draft_model=s.draft_model,
+                               server_args=s.server_args)
+
+    # -- judging -----------------------------------------------------------------------------
+    def judge(self, item: pytest.Item, run: DecodeRun, opts: CaseOptions, key: str) -> CaseOutcome:
+        assert self.server is not None
+        fp = self.server.fingerprint
+        test = test_id(item)
+        path = self.baseline_path
+        try:
+            bf = self.baselines()
+        except BaselineError as e:
+            raise pytest.fail(str(e), pytrace=False) from None
+        base = bf.get(test, key) if bf else None
+        tol = opts.tolerance or self.settings.tolerance
+        if base is None:
+            where = self.display_path(path)
+            why = (f"no baseline for {key} in {where}" if bf else f"no baseline file {where}")
+            verdict = CaseVerdict(Verdict.NO_BASELINE, reasons=[why])
+        else:
+            mismatch = fingerprint_mismatch(base.fingerprint, fp)
+            if mismatch:
+                verdict = CaseVerdict(Verdict.INVALID, reasons=[
+                    "engine fingerprint differs from the baseline's: " + "; ".join(mismatch)
+                    + " (re-record with --specperf-update-baselines if the change is intended)"
+                ])
+            else:
+                verdict = self._compare(base, run, opts, tol)
+        outcome = CaseOutcome(nodeid=item.nodeid, test=test, key=key, run=run, verdict=verdict,
+                              baseline=base, baseline_path=path, fingerprint=fp)
+        if self.settings.update_baselines:
+            self.to_record.append(self._as_baseline(test, key, run, fp))
+            outcome.recorded = True
+        self.outcomes.append(outcome)
+        return outcome
+
+    def default_gates(self, base: CaseBaseline, run: DecodeRun) -> list[str]:
+        gates = ["step", UNACCOUNTED]
+        if self.server is not None and self.server.speculative:
+            gates.append("accept_len")
+        step = base.metrics["step"].median if "step" in base.metrics else 0.0
+        for p in PHASES:
+            b = base.metrics.get(p)
+            if b is not None and step and b.median / step >= MIN_GATED_SHARE:
+                gates.append(p)
+        return gates
+
+    def _compare(self, base: CaseBaseline, run: DecodeRun, opts: CaseOptions,
+                 tol: float) -> CaseVerdict:
+        gates = list(opts.gate) if opts.gate else self.default_gates(base, run)
+        metrics: list[MetricVerdict] = []
+        missing = []
+        for m in gates:
+            b, n = base.metrics.get(m), run.summaries.get(m)
+            if b is None or n is None:
+                missing.append(m)
+                continue
+            if m == UNACCOUNTED:
+                metrics.append(judge_share(m, b, n, base.metrics["step"], run.summaries["step"],
+                                           tol))
+            else:
+                unit = {"accept_len": "tok/step", "tokens_per_s": "tok/s"}.get(m, "ms")
+                metrics.append(judge_metric(m, b, n, tol, unit=unit))
+        v = combine([m.verdict for m in metrics])
+        reasons = [f"gated metric(s) {', '.join(missing)} missing in the baseline"] if missing else []
+        return CaseVerdict(v, metrics, reasons)
+
+    def _as_baseline(self, test: str, key: str, run: DecodeRun, fp: dict[str, Any]) -> CaseBaseline:
+        now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        return CaseBaseline(
+            test=test, key=key, context_len=run.context_len, kv_layout=run.kv_layout.label,
+            batch_size=run.batch_size, fingerprint=fp, recorded_at=now.isoformat(),
+            steps=run.steps, metrics=dict(run.summaries),
+        )
+
+    def judge_item(self, item: pytest.Item, handle: SpecperfHandle) -> None:
+        """Judge every run of a test that completed; fail it on a regression."""
+        failures = []
+        seen: dict[str, int] = {}
+        for run in handle.runs:
+            key = case_key(item, run)
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > 1:
+                key += f" #{seen[key]}"
+            outcome = self.judge(item, run, handle.options, key)
+            if handle.expect_graphs and run.eager_forwards:
+                failures.append(
+                    f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
+                    f"eagerly at {outcome.where}: {run.graphs}"
+                )
+            v = outcome.verdict.verdict
+            if v is Verdict.SLOWER and not self.settings.update_baselines:
+                failures.append(failure_message(outcome, self.display_path(outcome.baseline_path)))
+                continue
+            if v is Verdict.INVALID:
+                item.warn(SpecperfWarning(f"{key}: INVALID: {'; '.join(outcome.verdict.reasons)}"))
+            item.add_report_section("call", "specperf", "\n".join(
+                [f"{key}: {v.value}", *phase_table(run, outcome.baseline)]))
+        if failures:
+            pytest.fail("\n\n".join(failures), pytrace=False)
+
+    # -- end of session ------------------------------------------------------------------------
+    def finish(self, session: pytest.Session, exitstatus: int) -> None:
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if self.settings.update_baselines and self.to_record:
+            if interrupted:
+                self.errors.append("baselines not written: the run was interrupted")
+            else:
+                try:
+                    self.written = write_baselines(self.baseline_path, self.device().to_dict(),
+                                                   self.to_record)
+                except (BaselineError, OSError) as e:
+                    self.errors.append(f"baselines not written: {e}")
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.json_path is not None and self.outcomes:
+            try:
+                write_json(self.settings.json_path, self.json_payload())
+            except OSError as e:
+                self.errors.append(f"JSON report not written: {e}")
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def json_payload(self) -> dict[str, Any]:
+        srv = self.server
+        return {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "device": self.device().to_dict(),
+            "backend": self.settings.backend,
+            "baselines": str(self.baseline_path),
+            "tolerance": self.settings.tolerance,
+            "update_baselines": self.settings.update_baselines,
+            "server": None if srv is None else {
+                "url": srv.url, "attached": srv.attached, "startup_s": round(srv.startup_s, 3),
+                "fingerprint": srv.fingerprint,
+            },
+            "cases": [case_json(o) for o in self.outcomes],
+        }
+
+    def summary_lines(self) -> list[str]:
+        if not self.outcomes and not self.errors:
+            return []
+        lines = []
+        if self.outcomes:
+            lines.append(f"specperf: {self.settings.backend} backend, device {self.device().slug}, "
+                         f"baselines {self.display_path(self.baseline_path)}, tolerance "
+                         f"{self.settings.tolerance:.0%}")
+            lines += summary_lines(self.outcomes)
+        missing = [o for o in self.outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
+        if missing and not self.settings.update_baselines:
+            lines.append(f"hint: {len(missing)} case(s) have no baseline in "
+                         f"{self.display_path(self.baseline_path)}; record them with: "
+                         "pytest perf_tests --specperf-update-baselines")
+        for o in self.outcomes:
+            if o.verdict.verdict is Verdict.INVALID:
+                lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
+            for m in o.verdict.metrics:
+                if m.verdict is Verdict.UNSTABLE:
+                    more = (f"; about {m.steps_to_decide} steps would decide "
+                            f"(--specperf-steps {m.steps_to_decide})") if m.steps_to_decide else ""
+                    lines.append(f"UNSTABLE {o.test} {o.key}: {m.metric} changed "
+                                 f"{m.change * 100:+.1f}% within noise +-{m.noise * 100:.1f}% "
+                                 f"(x3 = {3 * m.noise * 100:.1f}% > tol {m.tolerance:.0%}){more}")
+        if self.written is not None:
+            n = len(self.to_record)
+            lines.append(f"baselines written: {self.display_path(self.written.path)} "
+                         f"({n} case(s) recorded, {self.written.case_count() - n} kept)")
+        if self.settings.json_path is not None and self.outcomes and not any(
+                e.startswith("JSON") for e in self.errors):
+            lines.append(f"JSON report: {self.settings.json_path}")
+        lines += [f"ERROR: {e}" for e in self.errors]
+        return lines
+
+
+SESSION_KEY = pytest.StashKey[SpecperfSession]()
+
+
+def get_session(config: pytest.Config) -> SpecperfSession:
+    try:
+        return config.stash[SESSION_KEY]
+    except KeyError:
+        raise RuntimeError("pytest-specperf is not configured (was it disabled with "
+                           "-p no:specperf?)") from None

@@ -1,0 +1,163 @@
+"""Robust summaries of per-step samples, keeping the run's block structure.
+
+Steps inside one run are correlated (the machine's speed drifts), so the unit of
+evidence is a block of consecutive steps (one request), not a single step. A summary
+keeps the median of every block; the noise of the median is estimated from the spread
+of those block medians.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Scale factor that makes the MAD a consistent estimator of a normal sigma.
+_MAD_TO_SIGMA = 1.4826
+
+
+def stable(x: float) -> float:
+    """Round to 6 significant digits, so stored numbers diff cleanly."""
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    return float(f"{x:.6g}")
+
+
+def quantile(sorted_xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted data."""
+    if not sorted_xs:
+        raise ValueError("quantile of no data")
+    pos = q * (len(sorted_xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def mad(xs: Sequence[float]) -> float:
+    m = statistics.median(xs)
+    return statistics.median(abs(x - m) for x in xs)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Summary of one metric over the measured steps of one case."""
+
+    n: int
+    median: float
+    mean: float
+    stdev: float
+    mad: float
+    q10: float
+    q90: float
+    min: float
+    max: float
+    blocks: tuple[float, ...] = ()
+    center: str = "median"
+
+    @property
+    def value(self) -> float:
+        """The center judged and reported: the median, or the mean for count-like metrics
+        (accepted tokens per step is an integer per step; its median is too coarse)."""
+        return self.mean if self.center == "mean" else self.median
+
+    @property
+    def rel_spread(self) -> float:
+        """Robust coefficient of variation of single steps (MAD-based)."""
+        return _MAD_TO_SIGMA * self.mad / abs(self.median) if self.median else math.inf
+
+    def rel_se(self) -> float:
+        """Relative standard error of the median, from the spread of block medians.
+
+        With fewer than three blocks it falls back to the step spread over the square
+        root of the number of steps, which ignores correlation and so is optimistic.
+        """
+        if not self.value:
+            return math.inf
+        k = len(self.blocks)
+        if k >= 3:
+            sd = statistics.stdev(self.blocks)
+            return sd / math.sqrt(k) / abs(self.value)
+        if self.n >= 2:
+            return 1.2533 * self.rel_spread / math.sqrt(self.n)
+        return math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "median": stable(self.median),
+            "mean": stable(self.mean),
+            "stdev": stable(self.stdev),
+            "mad": stable(self.mad),
+            "q10": stable(self.q10),
+            "q90": stable(self.q90),
+            "min": stable(self.min),
+            "max": stable(self.max),
+            "blocks": [stable(b) for b in self.blocks],
+            "center": self.center,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> Summary:
+        """Parse a stored summary; raise ``ValueError`` naming ``where`` on bad data."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a mapping, got {type(d).__name__}")
+        fields = ("median", "mean", "stdev", "mad", "q10", "q90", "min", "max")
+        missing = [f for f in ("n", *fields) if f not in d]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        n = d["n"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{where}.n: expected a positive integer, got {n!r}")
+        vals = {}
+        for f in fields:
+            v = d[f]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{where}.{f}: expected a finite number, got {v!r}")
+            vals[f] = float(v)
+        blocks = d.get("blocks", [])
+        if not isinstance(blocks, list) or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) for b in blocks
+        ):
+            raise ValueError(f"{where}.blocks: expected a list of numbers")
+        center = d.get("center", "median")
+        if center not in ("median", "mean"):
+            raise ValueError(f"{where}.center: expected median or mean, got {center!r}")
+        return cls(n=n, blocks=tuple(float(b) for b in blocks), center=center, **vals)
+
+
+def summarize(
+    samples: Sequence[float], blocks: Sequence[int] | None = None, *, center: str = "median"
+) -> Summary:
+    """Summarize ``samples``; ``blocks[i]`` names the block (request) of sample ``i``.
+
+    ``center`` ("median" or "mean") is the statistic judged, per block and overall.
+    """
+    if center not in ("median", "mean"):
+        raise ValueError(f"center must be median or mean, got {center!r}")
+    block_stat = statistics.median if center == "median" else statistics.fmean
+    if not samples:
+        raise ValueError("cannot summarize an empty sample")
+    xs = sorted(samples)
+    block_medians: list[float] = []
+    if blocks is not None:
+        if len(blocks) != len(samples):
+            raise ValueError("blocks and samples differ in length")
+        groups: dict[int, list[float]] = {}
+        for b, x in zip(blocks, samples):
+            groups.setdefault(b, []).append(x)
+        block_medians = [block_stat(groups[b]) for b in sorted(groups)]
+    return Summary(
+        n=len(xs),
+        median=statistics.median(xs),
+        mean=statistics.fmean(xs),
+        stdev=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        mad=mad(xs),
+        q10=quantile(xs, 0.1),
+        q90=quantile(xs, 0.9),
+        min=xs[0],
+        max=xs[-1],
+        blocks=tuple(block_medians),
+        center=center,
+    )

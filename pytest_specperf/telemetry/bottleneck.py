@@ -1,0 +1,339 @@
+"""Where did the time go: a bottleneck verdict from recorded figures (pure functions).
+
+No NVML, no torch: the inputs are what a run already recorded (per-phase host and device
+medians, step median, unaccounted median, GPM/NVML utilization medians, KV bytes read per
+step and the device's peak bandwidth), so the verdict can be recomputed from a report.
+
+Derived figures:
+
+* device-busy share = sum(device phase medians) / step median. The probe times each phase
+  on the GPU with CUDA events on one stream, so phases do not overlap and the sum is the
+  time the GPU had work queued.
+* unaccounted share = unaccounted median / step median (time outside every named phase).
+* achieved KV-read bandwidth = KV bytes read per step / verify device time. Weights are not
+  counted, so this is a *lower bound* on the DRAM traffic of verify.
+
+Decision, in this order (defaults in :class:`Thresholds`):
+
+1. **host-bound (GPU starved)**: device busy < 50% of the step. The GPU idles more than half
+   of the step waiting for the host (Python, scheduling, syncs, stalls); no kernel work can
+   win back more than 2x, so the host side is what to look at first.
+2. **memory-bound**: KV-read bandwidth >= 60% of peak, or GPM DRAM-bandwidth utilization
+   >= 60%. Attainable bandwidth is ~85-90% of the theoretical peak (STREAM-like copies), so
+   60% of peak means within about 1.5x of the practical roof.
+3. **compute-bound**: GPM tensor-pipe utilization >= 50%, or GPM SM utilization >= 80% with
+   DRAM below its threshold (SMs saturated without saturating memory). When both 2 and 3
+   hold, the one furthest past its threshold wins; both are listed in ``reasons``.
+4. **latency-bound (small kernels, launch gaps)**: the GPU is busy but neither DRAM (GPM
+   DRAM utilization known and low) nor the tensor pipes (known and low) are near their
+   roofs: many small kernels, launch overhead, serial dependencies.
+5. **unknown**: the figures needed to choose between 2-4 are missing (e.g. no GPM on a
+   pre-Hopper GPU: a low KV-read bandwidth alone cannot rule memory-bound out, because
+   weights are not counted).
+
+On a CPU run (no device times) the kind is ``unknown`` and :meth:`Bottleneck.describe`
+gives the host-side view instead: step time, unaccounted time and share, and the largest
+phases with their shares ("host only (no device timing): ...").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from pytest_specperf.telemetry.summary import (
+    DRAM_UTIL,
+    GPU_UTIL,
+    SM_UTIL,
+    TENSOR_UTIL,
+    TelemetrySummary,
+)
+
+BottleneckKind = Literal["host-bound", "memory-bound", "compute-bound", "latency-bound", "unknown"]
+
+_LABELS: dict[str, str] = {
+    "host-bound": "host-bound (GPU starved)",
+    "memory-bound": "memory-bound",
+    "compute-bound": "compute-bound",
+    "latency-bound": "latency-bound (small kernels, launch gaps)",
+    "unknown": "unknown (not enough figures to decide)",
+}
+
+#: Phase whose device time the KV-read bandwidth is computed over.
+VERIFY_PHASE = "verify"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Decision thresholds (see the module docstring for why these values)."""
+
+    #: Device busy below this share of the step -> host-bound.
+    host_bound_busy_share: float = 0.5
+    #: Achieved KV-read bandwidth at or above this share of peak -> memory-bound.
+    memory_bound_bandwidth_share: float = 0.6
+    #: GPM DRAM bandwidth utilization at or above this (percent) -> memory-bound.
+    memory_bound_dram_util_pct: float = 60.0
+    #: GPM tensor-pipe utilization at or above this (percent) -> compute-bound.
+    compute_bound_tensor_util_pct: float = 50.0
+    #: GPM SM utilization at or above this (percent), DRAM below its threshold -> compute-bound.
+    compute_bound_sm_util_pct: float = 80.0
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """Recorded figures of one case (medians, milliseconds and percent).
+
+    ``device_ms`` is empty on a CPU run. ``unaccounted_ms`` defaults to the step minus the
+    sum of the host phases. Utilization figures are GPM (``sm``, ``tensor``, ``dram``) and
+    NVML (``gpu``) medians, None when not measured.
+    """
+
+    step_ms: float
+    host_ms: Mapping[str, float] = field(default_factory=dict)
+    device_ms: Mapping[str, float] = field(default_factory=dict)
+    unaccounted_ms: float | None = None
+    sm_util_pct: float | None = None
+    tensor_util_pct: float | None = None
+    dram_util_pct: float | None = None
+    gpu_util_pct: float | None = None
+    kv_read_bytes_per_step: float | None = None
+    peak_bandwidth_bytes_per_s: float | None = None
+
+    def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
+        """Copy with the utilization medians of ``summary`` filled in (where measured)."""
+        if summary is None or not summary.available:
+            return self
+        return replace(
+            self,
+            sm_util_pct=summary.median(SM_UTIL),
+            tensor_util_pct=summary.median(TENSOR_UTIL),
+            dram_util_pct=summary.median(DRAM_UTIL),
+            gpu_util_pct=summary.median(GPU_UTIL),
+        )
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """The verdict: ``kind``, the ``reasons`` that led to it, and the ``figures`` used.
+
+    Figure keys: ``step_ms``, ``unaccounted_ms``, ``unaccounted_share``,
+    ``host_ms.<phase>``, ``host_share.<phase>``, and on a GPU ``device_busy_ms``,
+    ``device_busy_share``, ``device_ms.<phase>``, ``sm_util_pct``, ``tensor_util_pct``,
+    ``dram_util_pct``, ``gpu_util_pct``, ``kv_read_bytes_per_s``,
+    ``peak_bandwidth_bytes_per_s``, ``bandwidth_share`` (those measured). Shares are
+    fractions (0.09 = 9%), utilizations percent.
+    """
+
+    kind: BottleneckKind
+    reasons: list[str] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def host_only(self) -> bool:
+        """True when there were no device times (a CPU run)."""
+        return "device_busy_share" not in self.figures
+
+    def describe(self) -> str:
+        """One line with the verdict and the numbers that led to it."""
+        f = self.figures
+        step = f.get("step_ms", float("nan"))
+        unacc = f.get("unaccounted_ms", float("nan"))
+        unacc_share = f.get("unaccounted_share", float("nan"))
+        if self.host_only:
+            phases = sorted(
+                ((k.split(".", 1)[1], v) for k, v in f.items() if k.startswith("host_ms.")),
+                key=lambda kv: -kv[1],
+            )
+            top = ", ".join(
+                f"{name} {ms:.1f} ms ({_pct(f.get('host_share.' + name, 0.0))})"
+                for name, ms in phases[:3]
+                if ms > 0
+            )
+            text = (
+                f"host only (no device timing): step {step:.1f} ms, unaccounted {unacc:.1f} ms "
+                f"({_pct(unacc_share)})"
+            )
+            return text + (f"; largest phases: {top}" if top else "")
+        parts = [
+            f"{_LABELS[self.kind]}: device busy {_pct(f['device_busy_share'])} of the "
+            f"{step:.1f} ms step, unaccounted {unacc:.1f} ms ({_pct(unacc_share)})"
+        ]
+        for key, label in (
+            ("dram_util_pct", "DRAM"),
+            ("tensor_util_pct", "tensor"),
+            ("sm_util_pct", "SM"),
+        ):
+            if key in f:
+                parts.append(f"{label} {f[key]:.0f}%")
+        if "kv_read_bytes_per_s" in f:
+            bw = f"KV read {_bandwidth(f['kv_read_bytes_per_s'])}"
+            if "bandwidth_share" in f:
+                bw += (
+                    f" ({_pct(f['bandwidth_share'])} of "
+                    f"{_bandwidth(f['peak_bandwidth_bytes_per_s'])} peak)"
+                )
+            parts.append(bw)
+        return ", ".join(parts)
+
+
+def _pct(share: float) -> str:
+    return f"{share * 100:.0f}%" if math.isfinite(share) else "?%"
+
+
+def _bandwidth(bytes_per_s: float) -> str:
+    if bytes_per_s >= 1e12:
+        return f"{bytes_per_s / 1e12:.2f} TB/s"
+    return f"{bytes_per_s / 1e9:.1f} GB/s"
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def device_busy_share(device_ms: Mapping[str, float], step_ms: float) -> float | None:
+    """Sum of device phase times over the step time; None without device times."""
+    if not device_ms or step_ms <= 0:
+        return None
+    return sum(device_ms.values()) / step_ms
+
+
+def achieved_bandwidth(kv_read_bytes_per_step: float, verify_device_ms: float) -> float | None:
+    """KV bytes read per step over the verify phase's device time, in bytes/s."""
+    if verify_device_ms <= 0 or kv_read_bytes_per_step < 0:
+        return None
+    return kv_read_bytes_per_step / (verify_device_ms / 1e3)
+
+
+def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bottleneck:
+    """The bottleneck verdict for one case (decision rules in the module docstring)."""
+    t = thresholds or Thresholds()
+    step = figures.step_ms
+    out: dict[str, float] = {"step_ms": step}
+    if not math.isfinite(step) or step <= 0:
+        return Bottleneck("unknown", [f"step time {step!r} ms is not a positive number"], out)
+
+    host_total = sum(figures.host_ms.values())
+    unacc = _finite(figures.unaccounted_ms)
+    if unacc is None:
+        unacc = max(0.0, step - host_total)
+    out["unaccounted_ms"] = unacc
+    out["unaccounted_share"] = unacc / step
+    for name, ms in figures.host_ms.items():
+        out[f"host_ms.{name}"] = ms
+        out[f"host_share.{name}"] = ms / step
+
+    busy = device_busy_share(figures.device_ms, step)
+    if busy is None:
+        reasons = ["no device timing (CPU run): host-side view only"]
+        reasons.append(
+            f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) of the {step:.1f} ms step "
+            "is outside every named phase"
+        )
+        if figures.host_ms:
+            name, ms = max(figures.host_ms.items(), key=lambda kv: kv[1])
+            reasons.append(f"largest phase: {name} {ms:.1f} ms ({_pct(ms / step)})")
+        return Bottleneck("unknown", reasons, out)
+
+    out["device_busy_ms"] = sum(figures.device_ms.values())
+    out["device_busy_share"] = busy
+    for name, ms in figures.device_ms.items():
+        out[f"device_ms.{name}"] = ms
+    sm = _finite(figures.sm_util_pct)
+    tensor = _finite(figures.tensor_util_pct)
+    dram = _finite(figures.dram_util_pct)
+    gpu = _finite(figures.gpu_util_pct)
+    for key, value in (
+        ("sm_util_pct", sm),
+        ("tensor_util_pct", tensor),
+        ("dram_util_pct", dram),
+        ("gpu_util_pct", gpu),
+    ):
+        if value is not None:
+            out[key] = value
+    bw_share: float | None = None
+    kv = _finite(figures.kv_read_bytes_per_step)
+    verify_ms = figures.device_ms.get(VERIFY_PHASE)
+    if kv is not None and verify_ms is not None:
+        achieved = achieved_bandwidth(kv, verify_ms)
+        if achieved is not None:
+            out["kv_read_bytes_per_s"] = achieved
+            peak = _finite(figures.peak_bandwidth_bytes_per_s)
+            if peak is not None and peak > 0:
+                out["peak_bandwidth_bytes_per_s"] = peak
+                bw_share = achieved / peak
+                out["bandwidth_share"] = bw_share
+
+    if busy < t.host_bound_busy_share:
+        reasons = [
+            f"device busy {_pct(busy)} of the step, below {_pct(t.host_bound_busy_share)}: "
+            "the GPU waits for the host"
+        ]
+        if unacc / step >= 0.5:
+            reasons.append(
+                f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) is outside every named "
+                "phase: a host-side stall"
+            )
+        elif figures.host_ms:
+            name, ms = max(figures.host_ms.items(), key=lambda kv: kv[1])
+            reasons.append(f"largest host phase: {name} {ms:.1f} ms ({_pct(ms / step)})")
+        return Bottleneck("host-bound", reasons, out)
+
+    memory_reasons: list[str] = []
+    memory_score = 0.0
+    if bw_share is not None and bw_share >= t.memory_bound_bandwidth_share:
+        memory_reasons.append(
+            f"KV reads reach {_pct(bw_share)} of peak bandwidth "
+            f"(>= {_pct(t.memory_bound_bandwidth_share)})"
+        )
+        memory_score = max(memory_score, bw_share / t.memory_bound_bandwidth_share)
+    if dram is not None and dram >= t.memory_bound_dram_util_pct:
+        memory_reasons.append(
+            f"DRAM bandwidth utilization {dram:.0f}% (>= {t.memory_bound_dram_util_pct:.0f}%)"
+        )
+        memory_score = max(memory_score, dram / t.memory_bound_dram_util_pct)
+
+    compute_reasons: list[str] = []
+    compute_score = 0.0
+    if tensor is not None and tensor >= t.compute_bound_tensor_util_pct:
+        compute_reasons.append(
+            f"tensor pipes busy {tensor:.0f}% (>= {t.compute_bound_tensor_util_pct:.0f}%)"
+        )
+        compute_score = max(compute_score, tensor / t.compute_bound_tensor_util_pct)
+    if sm is not None and sm >= t.compute_bound_sm_util_pct and not memory_reasons:
+        compute_reasons.append(
+            f"SM utilization {sm:.0f}% (>= {t.compute_bound_sm_util_pct:.0f}%) without "
+            "DRAM saturation"
+        )
+        compute_score = max(compute_score, sm / t.compute_bound_sm_util_pct)
+
+    busy_reason = f"device busy {_pct(busy)} of the step"
+    if memory_reasons and (not compute_reasons or memory_score >= compute_score):
+        return Bottleneck("memory-bound", [busy_reason, *memory_reasons, *compute_reasons], out)
+    if compute_reasons:
+        return Bottleneck("compute-bound", [busy_reason, *compute_reasons, *memory_reasons], out)
+
+    if dram is not None and tensor is not None:
+        reasons = [
+            busy_reason,
+            f"DRAM {dram:.0f}% (< {t.memory_bound_dram_util_pct:.0f}%) and tensor "
+            f"{tensor:.0f}% (< {t.compute_bound_tensor_util_pct:.0f}%): neither roof is "
+            "near, so the time goes to kernel latency, launches and gaps",
+        ]
+        return Bottleneck("latency-bound", reasons, out)
+
+    missing = [
+        name
+        for name, value in (("GPM DRAM utilization", dram), ("GPM tensor utilization", tensor))
+        if value is None
+    ]
+    reasons = [
+        busy_reason,
+        f"missing {' and '.join(missing)}: cannot tell memory-, compute- and latency-bound apart",
+    ]
+    if bw_share is not None:
+        reasons.append(
+            f"KV reads reach {_pct(bw_share)} of peak (a lower bound: weights not counted)"
+        )
+    return Bottleneck("unknown", reasons, out)

@@ -1,0 +1,241 @@
+"""Contract tests: the installed SGLang source still has what our hooks rely on.
+
+These read SGLang's files with ``ast`` and never import it (its modules need a GPU stack).
+CI installs ``sglang==0.5.23`` with ``pip install --no-deps``, which is enough: only the
+source is read. When the next SGLang release renames or re-signs a hooked function, these
+tests name the target, the file and the difference.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from pytest_specperf.engines.sglang import launcher, metrics
+from pytest_specperf.engines.sglang.kv_fragment import SUPPORTED_ALLOCATORS
+from pytest_specperf.engines.sglang.phase_map import HookEntry, load_builtin
+from pytest_specperf.engines.sglang.source import (
+    SourceLookupError,
+    base_names,
+    class_attributes,
+    find_callable,
+    installed_version,
+    iter_classes,
+    module_file,
+    parse_file,
+    sglang_root,
+)
+
+ROOT = sglang_root()
+pytestmark = pytest.mark.skipif(
+    ROOT is None,
+    reason="sglang is not installed; CI runs these with `pip install --no-deps sglang==0.5.23`",
+)
+MAP = load_builtin("0.5.23")
+REQUIRED = [e for e in MAP.active() if not e.optional]
+VERSION = installed_version()
+
+
+def _id(e: HookEntry) -> str:
+    return e.target.removeprefix("sglang.srt.")
+
+
+def test_builtin_map_is_for_0_5_23_and_records_every_signature() -> None:
+    assert MAP.sglang_version == "0.5.23"
+    assert REQUIRED, "the built-in map has no required targets"
+    assert [e.target for e in REQUIRED if e.params is None] == []
+
+
+@pytest.mark.parametrize("entry", REQUIRED, ids=_id)
+def test_hook_target_exists_with_recorded_signature(entry: HookEntry) -> None:
+    assert ROOT is not None
+    try:
+        found = find_callable(ROOT, entry.target)
+    except SourceLookupError as e:
+        pytest.fail(f"sglang {VERSION}: hook target gone ({entry.describe()}): {e}")
+    assert entry.params is not None
+    assert found.params == entry.params, (
+        f"sglang {VERSION}: {entry.target} ({found.path}:{found.lineno}) has parameters "
+        f"{list(found.params)}, the phase map records {list(entry.params)}"
+    )
+
+
+def test_optional_fork_targets_are_only_the_documented_ones() -> None:
+    optional = sorted(e.target for e in MAP.entries if e.optional)
+    assert optional == sorted([
+        "sglang.srt.speculative.dflash_worker.DFlashWorker.forward_batch_generation",
+        "sglang.srt.speculative.dflash_worker.DFlashWorker._build_ddtree_verify_input",
+        "sglang.srt.speculative.dflash_worker.DFlashWorker.prepare_for_verify",
+    ])
+
+
+#: Subclasses overriding a hooked method that we deliberately do not hook, with reasons.
+NOT_HOOKED: dict[str, str] = {}
+
+
+def test_every_override_of_a_hooked_method_is_mapped() -> None:
+    """A new subclass overriding a hooked method would bypass the hook: map it."""
+    assert ROOT is not None
+    hooked: dict[str, set[str]] = {}
+    for e in MAP.active():
+        parts = e.target.split(".")
+        if e.role in ("step", "phase", "graph") and parts[-2][:1].isupper():
+            hooked.setdefault(parts[-2], set()).add(parts[-1])
+    classes = iter_classes(ROOT, ("srt/speculative", "srt/model_executor", "srt/managers",
+                                  "srt/mem_cache"))
+    mapped = {".".join(e.target.split(".")[-2:]) for e in MAP.entries}
+    # transitive closure over simple base names
+    parents: dict[str, list[str]] = {}
+    for _path, cls in classes:
+        parents.setdefault(cls.name, []).extend(base_names(cls))
+
+    def ancestors(name: str, seen: set[str]) -> set[str]:
+        for b in parents.get(name, []):
+            if b not in seen:
+                seen.add(b)
+                ancestors(b, seen)
+        return seen
+
+    unmapped = []
+    for path, cls in classes:
+        defined = {n.name for n in cls.body
+                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for anc in ancestors(cls.name, set()):
+            for method in hooked.get(anc, ()):
+                key = f"{cls.name}.{method}"
+                if method in defined and key not in mapped and key not in NOT_HOOKED:
+                    unmapped.append(f"{key} ({path.relative_to(ROOT)}, overrides {anc}.{method})")
+    assert unmapped == [], "overrides not in the phase map:\n" + "\n".join(unmapped)
+
+
+def _function(module: str, name: str) -> ast.FunctionDef:
+    assert ROOT is not None
+    path = module_file(ROOT, module)
+    assert path is not None, f"no module {module}"
+    for node in parse_file(path).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"no function {name} in {path}")
+
+
+def _calls(fn: ast.AST) -> list[str]:
+    out = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            f = node.func
+            out.append(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute)
+                       else "")
+    return out
+
+
+def test_scheduler_process_loads_plugins_with_tp_rank_in_scope() -> None:
+    """sgl_plugin.load() recognises a scheduler by its caller run_scheduler_process and reads
+    tp_rank/pp_rank/dp_rank/gpu_id/server_args from that frame."""
+    fn = _function("sglang.srt.managers.scheduler", "run_scheduler_process")
+    params = {a.arg for a in fn.args.args}
+    assert {"tp_rank", "pp_rank", "dp_rank", "gpu_id", "server_args"} <= params
+    calls = _calls(fn)
+    assert "load_plugins" in calls
+    assert calls.index("load_plugins") < calls.index("Scheduler"), "plugins must load first"
+
+
+def test_plugin_framework_contract() -> None:
+    assert ROOT is not None
+    init = parse_file(ROOT / "srt" / "plugins" / "__init__.py")
+    groups = {
+        t.id: n.value.value
+        for n in init.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets if isinstance(t, ast.Name)
+    }
+    assert groups.get("GENERAL_PLUGINS_GROUP") == "sglang.srt.plugins"
+    assert "apply_hooks" in _calls(_function("sglang.srt.plugins", "load_plugins"))
+    reg = find_callable(ROOT, "sglang.srt.plugins.hook_registry.HookRegistry.register")
+    assert reg.params[:4] == ("cls", "target", "hook", "hook_type")
+    assert "AROUND" in class_attributes(ROOT, "sglang.srt.plugins.hook_registry", "HookType")
+    # AROUND hooks are called as hook(original_fn, *args, **kwargs)
+    wrap = _function("sglang.srt.plugins.hook_registry", "_wrap_fn")
+    around = [n for n in ast.walk(wrap) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name) and n.func.id == "hook"
+              and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id == "original_fn"]
+    assert around, "HookRegistry no longer calls AROUND hooks as hook(original_fn, ...)"
+    environ = (ROOT / "srt" / "environ.py").read_text(encoding="utf-8")
+    for name in ("SGLANG_PLUGINS", launcher.DEVICE_TIMER_ENV):
+        assert f"{name} = " in environ, name
+
+
+ATTRIBUTES = [
+    ("sglang.srt.managers.schedule_batch", "ScheduleBatch",
+     ["reqs", "forward_mode", "is_extend_in_batch", "seq_lens_cpu"]),
+    ("sglang.srt.managers.schedule_batch", "Req",
+     ["rid", "kv", "origin_input_ids", "output_ids", "finished"]),
+    ("sglang.srt.managers.schedule_batch", "ReqKvInfo", ["req_pool_idx", "kv_committed_len"]),
+    ("sglang.srt.model_executor.forward_batch_info", "ForwardMode", ["is_extend", "is_idle"]),
+    ("sglang.srt.managers.utils", "GenerationBatchResult", ["accept_lens", "copy_done"]),
+    ("sglang.srt.mem_cache.memory_pool", "ReqToTokenPool", ["req_to_token"]),
+    ("sglang.srt.mem_cache.base_prefix_cache", "PrefixCacheTrait",
+     ["req_to_token_pool", "token_to_kv_pool_allocator", "page_size"]),
+    ("sglang.srt.managers.scheduler", "Scheduler", ["token_to_kv_pool_allocator"]),
+    ("sglang.srt.model_executor.model_runner", "ModelRunner", ["is_draft_worker"]),
+    ("sglang.srt.model_executor.runner.base_runner", "BaseRunner", ["model_runner"]),
+    ("sglang.srt.mem_cache.allocator.base", "BaseTokenToKVPoolAllocator",
+     ["free_pages", "page_size", "release_pages"]),
+    ("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator",
+     ["free_pages", "release_pages", "clear"]),
+    ("sglang.srt.mem_cache.allocator.paged", "PagedTokenToKVPoolAllocator",
+     ["free_pages", "staged_pages", "clear"]),
+]
+
+
+@pytest.mark.parametrize(("module", "cls", "names"), ATTRIBUTES, ids=[a[1] for a in ATTRIBUTES])
+def test_attributes_read_by_the_hooks_exist(module: str, cls: str, names: list[str]) -> None:
+    assert ROOT is not None
+    have = class_attributes(ROOT, module, cls)
+    assert [n for n in names if n not in have] == [], f"sglang {VERSION}: {module}.{cls}"
+
+
+def test_supported_allocators_reset_free_pages_to_a_sorted_range_in_clear() -> None:
+    """kv_fragment.apply_layout relies on clear() leaving free_pages = arange(...)."""
+    assert ROOT is not None
+    modules = {"TokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.token",
+               "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged"}
+    assert set(modules) == set(SUPPORTED_ALLOCATORS)
+    for cls, module in modules.items():
+        clear = find_callable(ROOT, f"{module}.{cls}.clear")
+        tree = parse_file(clear.path)
+        fn = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
+                  for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "clear")
+        assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                   and any(isinstance(t, ast.Attribute) and t.attr == "free_pages"
+                           for t in n.targets)]
+        assert assigns and "arange" in ast.unparse(assigns[0].value), cls
+
+
+def test_scheduler_flush_wrapper_calls_the_method_we_hook() -> None:
+    """/flush_cache reaches Scheduler.flush_cache through a bound method taken in __init__,
+    after our class-level patch: the AFTER-flush hook sees every HTTP flush."""
+    assert ROOT is not None
+    text = (ROOT / "srt" / "managers" / "scheduler.py").read_text(encoding="utf-8")
+    assert "flush_cache=self.flush_cache" in text
+
+
+def test_metric_names_the_cross_check_reads_exist() -> None:
+    assert ROOT is not None
+    text = (ROOT / "srt" / "observability" / "metrics_collector.py").read_text(encoding="utf-8")
+    for name in (metrics.GRAPH_PASSES, metrics.FORWARD_SECONDS, metrics.FWD_OCCUPANCY):
+        assert f'"{name}"' in text, name
+    assert '"decode_cuda_graph" if value else "decode_none"' in text
+
+
+def test_launch_flags_we_use_exist_and_removed_ones_are_gone() -> None:
+    flags = launcher.known_flags(ROOT)
+    assert flags is not None, "could not read SGLang's CLI flags from its source"
+    for flag in ("--model-path", "--speculative-draft-model-path", "--host", "--port",
+                 "--enable-metrics", "--speculative-algorithm", "--load-format",
+                 "--speculative-draft-load-format", "--page-size", "--disable-radix-cache",
+                 "--cuda-graph-max-bs-decode", "--speculative-num-draft-tokens",
+                 "--speculative-dflash-block-size", "--skip-tokenizer-init", "--config"):
+        assert flag in flags, flag
+    assert "--cuda-graph-max-bs" not in flags  # gone in 0.5.23 (SGLANG.md)
+    for flag in launcher.MODEL_FLAGS:
+        assert flag in flags, flag
