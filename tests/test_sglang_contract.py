@@ -17,17 +17,15 @@ from pytest_specperf.engines.sglang.kv_fragment import SUPPORTED_ALLOCATORS
 from pytest_specperf.engines.sglang.phase_map import HookEntry, load_builtin
 from pytest_specperf.engines.sglang.source import (
     SourceLookupError,
+    SourceTree,
     base_names,
-    class_attributes,
-    find_callable,
     installed_version,
-    iter_classes,
-    module_file,
-    parse_file,
     sglang_root,
 )
 
 ROOT = sglang_root()
+#: One parse per file for the whole module (the source does not change during a run).
+SRC = SourceTree(ROOT) if ROOT is not None else None
 pytestmark = pytest.mark.skipif(
     ROOT is None,
     reason="sglang is not installed; CI runs these with `pip install --no-deps sglang==0.5.23`",
@@ -49,9 +47,9 @@ def test_builtin_map_is_for_0_5_23_and_records_every_signature() -> None:
 
 @pytest.mark.parametrize("entry", REQUIRED, ids=_id)
 def test_hook_target_exists_with_recorded_signature(entry: HookEntry) -> None:
-    assert ROOT is not None
+    assert SRC is not None
     try:
-        found = find_callable(ROOT, entry.target)
+        found = SRC.find_callable(entry.target)
     except SourceLookupError as e:
         pytest.fail(f"sglang {VERSION}: hook target gone ({entry.describe()}): {e}")
     assert entry.params is not None
@@ -82,8 +80,9 @@ def test_every_override_of_a_hooked_method_is_mapped() -> None:
         parts = e.target.split(".")
         if e.role in ("step", "phase", "graph") and parts[-2][:1].isupper():
             hooked.setdefault(parts[-2], set()).add(parts[-1])
-    classes = iter_classes(ROOT, ("srt/speculative", "srt/model_executor", "srt/managers",
-                                  "srt/mem_cache"))
+    assert SRC is not None
+    classes = SRC.iter_classes(("srt/speculative", "srt/model_executor", "srt/managers",
+                                "srt/mem_cache"))
     mapped = {".".join(e.target.split(".")[-2:]) for e in MAP.entries}
     # transitive closure over simple base names
     parents: dict[str, list[str]] = {}
@@ -110,13 +109,11 @@ def test_every_override_of_a_hooked_method_is_mapped() -> None:
 
 
 def _function(module: str, name: str) -> ast.FunctionDef:
-    assert ROOT is not None
-    path = module_file(ROOT, module)
-    assert path is not None, f"no module {module}"
-    for node in parse_file(path).body:
+    assert SRC is not None
+    for node in SRC.module(module).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return node
-    raise AssertionError(f"no function {name} in {path}")
+    raise AssertionError(f"no function {name} in {module}")
 
 
 def _calls(fn: ast.AST) -> list[str]:
@@ -141,8 +138,8 @@ def test_scheduler_process_loads_plugins_with_tp_rank_in_scope() -> None:
 
 
 def test_plugin_framework_contract() -> None:
-    assert ROOT is not None
-    init = parse_file(ROOT / "srt" / "plugins" / "__init__.py")
+    assert ROOT is not None and SRC is not None
+    init = SRC.module("sglang.srt.plugins")
     groups = {
         t.id: n.value.value
         for n in init.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
@@ -150,9 +147,9 @@ def test_plugin_framework_contract() -> None:
     }
     assert groups.get("GENERAL_PLUGINS_GROUP") == "sglang.srt.plugins"
     assert "apply_hooks" in _calls(_function("sglang.srt.plugins", "load_plugins"))
-    reg = find_callable(ROOT, "sglang.srt.plugins.hook_registry.HookRegistry.register")
+    reg = SRC.find_callable("sglang.srt.plugins.hook_registry.HookRegistry.register")
     assert reg.params[:4] == ("cls", "target", "hook", "hook_type")
-    assert "AROUND" in class_attributes(ROOT, "sglang.srt.plugins.hook_registry", "HookType")
+    assert "AROUND" in SRC.class_attributes("sglang.srt.plugins.hook_registry", "HookType")
     # AROUND hooks are called as hook(original_fn, *args, **kwargs)
     wrap = _function("sglang.srt.plugins.hook_registry", "_wrap_fn")
     around = [n for n in ast.walk(wrap) if isinstance(n, ast.Call)
@@ -189,20 +186,20 @@ ATTRIBUTES = [
 
 @pytest.mark.parametrize(("module", "cls", "names"), ATTRIBUTES, ids=[a[1] for a in ATTRIBUTES])
 def test_attributes_read_by_the_hooks_exist(module: str, cls: str, names: list[str]) -> None:
-    assert ROOT is not None
-    have = class_attributes(ROOT, module, cls)
+    assert SRC is not None
+    have = SRC.class_attributes(module, cls)
     assert [n for n in names if n not in have] == [], f"sglang {VERSION}: {module}.{cls}"
 
 
 def test_supported_allocators_reset_free_pages_to_a_sorted_range_in_clear() -> None:
     """kv_fragment.apply_layout relies on clear() leaving free_pages = arange(...)."""
-    assert ROOT is not None
+    assert SRC is not None
     modules = {"TokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.token",
                "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged"}
     assert set(modules) == set(SUPPORTED_ALLOCATORS)
     for cls, module in modules.items():
-        clear = find_callable(ROOT, f"{module}.{cls}.clear")
-        tree = parse_file(clear.path)
+        SRC.find_callable(f"{module}.{cls}.clear")
+        tree = SRC.module(module)
         fn = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls
                   for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "clear")
         assigns = [n for n in ast.walk(fn) if isinstance(n, ast.Assign)

@@ -148,3 +148,4 @@ def test_unit_missing_user_file(tmp_path: Path) -> None:
 def test_unit_parse_map_accepts_minimal_document() -> None:
     pm = parse_map({"schema": 1, "entries": [{"target": "a.b", "role": "idle"}]}, "inline")
     assert pm.entries[0].role == "idle" and pm.sources == ("inline",)
+

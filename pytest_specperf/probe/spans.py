@@ -161,13 +161,16 @@ class StepProbe:
     def end_step(self, *, accepted_tokens: int) -> None:
         if self._in_step == 0:
             return
-        self._in_step -= 1
-        if self._in_step > 0:
+        if self._in_step > 1:
+            self._in_step -= 1
             return
         t1 = _perf_ns()
         step_ns = t1 - self._t0
         while self._stack:  # a phase left open by an exception: close it at the step end
-            self._exit(self._stack[-1][0], now=t1)
+            idx = self._stack[-1][0]
+            self._depth[idx] = 1
+            self._exit(idx, now=t1)
+        self._in_step = 0
         host = dict(zip(PHASES, self._host))
         record = StepRecord(
             step=self._step_no,
