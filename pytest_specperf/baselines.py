@@ -116,9 +116,15 @@ def _expect(cond: bool, path: Path, where: str, what: str) -> None:
 def _parse_case(path: Path, test: str, key: str, d: Any) -> CaseBaseline:
     where = f"cases[{test!r}][{key!r}]"
     _expect(isinstance(d, dict), path, where, "expected a mapping")
-    for name, typ in (("context_len", int), ("batch_size", int), ("steps", int),
-                      ("kv_layout", str), ("recorded_at", str), ("fingerprint", dict),
-                      ("metrics", dict)):
+    for name, typ in (
+        ("context_len", int),
+        ("batch_size", int),
+        ("steps", int),
+        ("kv_layout", str),
+        ("recorded_at", str),
+        ("fingerprint", dict),
+        ("metrics", dict),
+    ):
         v = d.get(name)
         ok = isinstance(v, typ) and not isinstance(v, bool)
         _expect(ok, path, f"{where}.{name}", f"expected {typ.__name__}, got {v!r:.60}")
@@ -129,9 +135,15 @@ def _parse_case(path: Path, test: str, key: str, d: Any) -> CaseBaseline:
         except ValueError as e:
             raise BaselineError(path, str(e)) from None
     return CaseBaseline(
-        test=test, key=key, context_len=d["context_len"], kv_layout=d["kv_layout"],
-        batch_size=d["batch_size"], fingerprint=d["fingerprint"], recorded_at=d["recorded_at"],
-        steps=d["steps"], metrics=metrics,
+        test=test,
+        key=key,
+        context_len=d["context_len"],
+        kv_layout=d["kv_layout"],
+        batch_size=d["batch_size"],
+        fingerprint=d["fingerprint"],
+        recorded_at=d["recorded_at"],
+        steps=d["steps"],
+        metrics=metrics,
     )
 
 
@@ -156,14 +168,18 @@ def load_baselines(path: Path) -> BaselineFile | None:
             "--specperf-update-baselines",
         ) from None
     except yaml.YAMLError as e:
-        raise BaselineError(path, f"malformed YAML: {e}; fix the file or re-record it with "
-                                  "--specperf-update-baselines") from None
+        raise BaselineError(
+            path,
+            f"malformed YAML: {e}; fix the file or re-record it with --specperf-update-baselines",
+        ) from None
     if data is None:
         data = {}
     _expect(isinstance(data, dict), path, "top level", "expected a mapping")
     version = data.get("schema_version")
     _expect(
-        version == SCHEMA_VERSION, path, "schema_version",
+        version == SCHEMA_VERSION,
+        path,
+        "schema_version",
         f"is {version!r}, this pytest-specperf reads version {SCHEMA_VERSION}; re-record "
         "with --specperf-update-baselines (or upgrade pytest-specperf if the file is newer)",
     )
@@ -184,7 +200,8 @@ def _dumper() -> Any:
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # plain, self-contained entries: no &anchors / *aliases
 
     def represent_list(dumper: Any, data: list[Any]) -> Any:
         flow = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in data)
@@ -202,8 +219,14 @@ def dump_baselines(bf: BaselineFile) -> str:
         "device": bf.device,
         "cases": {t: {k: c.to_dict() for k, c in per.items()} for t, per in bf.cases.items()},
     }
-    out: str = yaml.dump(data, Dumper=_dumper(), sort_keys=True, default_flow_style=False,
-                         width=100, allow_unicode=True)
+    out: str = yaml.dump(
+        data,
+        Dumper=_dumper(),
+        sort_keys=True,
+        default_flow_style=False,
+        width=100,
+        allow_unicode=True,
+    )
     return out
 
 
@@ -216,8 +239,9 @@ def write_baselines(
     and the file is left as it is.
     """
     existing = load_baselines(path) or BaselineFile(path=path)
-    merged = BaselineFile(path=path, device=dict(device),
-                          cases={t: dict(per) for t, per in existing.cases.items()})
+    merged = BaselineFile(
+        path=path, device=dict(device), cases={t: dict(per) for t, per in existing.cases.items()}
+    )
     for c in measured:
         merged.cases.setdefault(c.test, {})[c.key] = c
     text = dump_baselines(merged)

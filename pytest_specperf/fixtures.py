@@ -45,8 +45,9 @@ class GraphsState:
 class SpecperfHandle:
     """The measurement handle of one test (the ``specperf`` fixture)."""
 
-    def __init__(self, session: SpecperfSession, item: pytest.Item, server: ModelServer,
-                 opts: CaseOptions) -> None:
+    def __init__(
+        self, session: SpecperfSession, item: pytest.Item, server: ModelServer, opts: CaseOptions
+    ) -> None:
         self._session = session
         self._item = item
         self.server = server
@@ -62,36 +63,54 @@ class SpecperfHandle:
 
     def capacity_reason(self, context_len: int, batch_size: int = 1) -> str | None:
         """Why ``context_len`` cannot run on this server (KV memory, model limit), or None."""
-        return self.server.backend.capacity_reason(self.server.server_info, context_len,
-                                                   batch_size)
+        return self.server.backend.capacity_reason(self.server.server_info, context_len, batch_size)
 
-    def decode(self, context_len: int, *, steps: int | None = None, batch_size: int = 1,
-               warmup: int | None = None) -> DecodeRun:
+    def decode(
+        self,
+        context_len: int,
+        *,
+        steps: int | None = None,
+        batch_size: int = 1,
+        warmup: int | None = None,
+    ) -> DecodeRun:
         """Measure ``steps`` decode steps at ``context_len`` tokens of context.
 
         Returns the run with per-step records and summaries. The plugin judges every run
         against its baseline when the test ends; a regression fails the test.
         """
-        for name, v, lo in (("context_len", context_len, 1), ("batch_size", batch_size, 1),
-                            ("steps", steps, 4), ("warmup", warmup, 0)):
+        for name, v, lo in (
+            ("context_len", context_len, 1),
+            ("batch_size", batch_size, 1),
+            ("steps", steps, 4),
+            ("warmup", warmup, 0),
+        ):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
                 raise ValueError(f"specperf.decode: {name} must be an integer >= {lo}, got {v!r}")
         s = self._session.settings
         n_steps = steps or self.steps
-        n_warm = warmup if warmup is not None else (
-            self.options.warmup if self.options.warmup is not None else s.warmup_steps)
+        n_warm = (
+            warmup
+            if warmup is not None
+            else (self.options.warmup if self.options.warmup is not None else s.warmup_steps)
+        )
         label = f"{self._item.name} ctx={context_len} kv={self.layout.label}"
         prog = self._session.progress.case(label)
         decoder = Decoder(self.server, prog.update)
         try:
-            run = decoder.decode(context_len=context_len, batch_size=batch_size, steps=n_steps,
-                                 warmup_steps=n_warm, layout=self.layout,
-                                 tag=f"{len(self.runs)}")
+            run = decoder.decode(
+                context_len=context_len,
+                batch_size=batch_size,
+                steps=n_steps,
+                warmup_steps=n_warm,
+                layout=self.layout,
+                tag=f"{len(self.runs)}",
+            )
         except (MeasurementError, ServerHTTPError, ServerUnreachable) as e:
             prog.done("failed")
             tail = self.server.log_tail()
-            raise pytest.fail(f"specperf: measurement failed: {e}\nserver log tail:\n{tail}",
-                              pytrace=False) from None
+            raise pytest.fail(
+                f"specperf: measurement failed: {e}\nserver log tail:\n{tail}", pytrace=False
+            ) from None
         finally:
             decoder.close()
         prog.done(f"{run.steps} steps, {run.step_ms.median:.2f} ms/step")
@@ -103,8 +122,9 @@ HANDLE_KEY = pytest.StashKey[SpecperfHandle]()
 
 
 @pytest.fixture(scope="session")
-def model_server(request: pytest.FixtureRequest,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelServer]:
+def model_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ModelServer]:
     """The session's server for the chosen backend, started once and torn down at the end."""
     sess = get_session(request.config)
     s = sess.settings
@@ -113,12 +133,17 @@ def model_server(request: pytest.FixtureRequest,
         if s.server_url:
             server = attach_server(backend, s.server_url, s.run_dir)
         else:
-            server = start_server(backend, sess.backend_settings(),
-                                  work_dir=tmp_path_factory.mktemp("specperf"),
-                                  ready_timeout_s=s.ready_timeout_s, progress=sess.progress.line)
+            server = start_server(
+                backend,
+                sess.backend_settings(),
+                work_dir=tmp_path_factory.mktemp("specperf"),
+                ready_timeout_s=s.ready_timeout_s,
+                progress=sess.progress.line,
+            )
     except (BackendUnavailable, ServerStartError, ServerHTTPError, ServerUnreachable) as e:
-        raise pytest.fail(f"specperf: cannot start the {s.backend} server: {e}",
-                          pytrace=False) from None
+        raise pytest.fail(
+            f"specperf: cannot start the {s.backend} server: {e}", pytrace=False
+        ) from None
     sess.server = server
     try:
         yield server
@@ -160,11 +185,18 @@ def warmed_cuda_graphs(specperf: SpecperfHandle, model_server: ModelServer) -> G
     info = model_server.client.server_info()
     if not model_server.cuda_graphs:
         device = info.get("device", "unknown device")
-        return GraphsState(False, f"CUDA graphs unavailable on {device}: forwards run eagerly",
-                           counters=info.get("graph_counters") or {})
+        return GraphsState(
+            False,
+            f"CUDA graphs unavailable on {device}: forwards run eagerly",
+            counters=info.get("graph_counters") or {},
+        )
     specperf.decode(context_len=1024, steps=4, warmup=4)  # capture the common shapes
     specperf.runs.clear()
     specperf.expect_graphs = True
     info = model_server.client.server_info()
-    return GraphsState(True, "captured", captured=info.get("cuda_graphs"),
-                       counters=info.get("graph_counters") or {})
+    return GraphsState(
+        True,
+        "captured",
+        captured=info.get("cuda_graphs"),
+        counters=info.get("graph_counters") or {},
+    )

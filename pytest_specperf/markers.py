@@ -50,8 +50,9 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
         merged.update(mark.kwargs)
     unknown = sorted(set(merged) - set(_KEYWORDS))
     if unknown:
-        raise ValueError(_err(item, f"unknown keyword(s) {', '.join(unknown)}; "
-                                    f"valid: {', '.join(_KEYWORDS)}"))
+        raise ValueError(
+            _err(item, f"unknown keyword(s) {', '.join(unknown)}; valid: {', '.join(_KEYWORDS)}")
+        )
     gate = merged.get("gate")
     gates: tuple[str, ...] | None = None
     if gate is not None:
@@ -61,8 +62,13 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
             raise ValueError(_err(item, f"gate must be a non-empty list of names, got {gate!r}"))
         bad = [g for g in gate if g not in GATEABLE_METRICS]
         if bad:
-            raise ValueError(_err(item, f"gate: unknown metric(s) {', '.join(map(repr, bad))}; "
-                                        f"valid: {', '.join(GATEABLE_METRICS)}"))
+            raise ValueError(
+                _err(
+                    item,
+                    f"gate: unknown metric(s) {', '.join(map(repr, bad))}; "
+                    f"valid: {', '.join(GATEABLE_METRICS)}",
+                )
+            )
         gates = tuple(gate)
     tol = merged.get("tolerance")
     tolerance = None
@@ -74,16 +80,26 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
             if not math.isfinite(tolerance):
                 raise ValueError
         except ValueError:
-            raise ValueError(_err(item, f"tolerance {tol!r} must be a fraction in (0, 1) like "
-                                        "0.1 or a percentage like '10%'")) from None
+            raise ValueError(
+                _err(
+                    item,
+                    f"tolerance {tol!r} must be a fraction in (0, 1) like "
+                    "0.1 or a percentage like '10%'",
+                )
+            ) from None
     ints: dict[str, int | None] = {}
     for name, lo in (("steps", 4), ("warmup", 0), ("context_len", 1)):
         v = merged.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
             raise ValueError(_err(item, f"{name} must be an integer >= {lo}, got {v!r}"))
-        ints[name] = v  # type: ignore[assignment]
-    return CaseOptions(gate=gates, tolerance=tolerance, steps=ints["steps"],
-                       warmup=ints["warmup"], context_len=ints["context_len"])
+        ints[name] = v if isinstance(v, int) else None
+    return CaseOptions(
+        gate=gates,
+        tolerance=tolerance,
+        steps=ints["steps"],
+        warmup=ints["warmup"],
+        context_len=ints["context_len"],
+    )
 
 
 def case_context_len(item: pytest.Item, opts: CaseOptions) -> int | None:

@@ -93,8 +93,12 @@ class DecodeRun:
 
 def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
     """Per-step metric samples: times in ms, accept_len in tokens, tokens_per_s."""
-    out: dict[str, list[float]] = {"step": [], UNACCOUNTED: [], "accept_len": [],
-                                   "tokens_per_s": []}
+    out: dict[str, list[float]] = {
+        "step": [],
+        UNACCOUNTED: [],
+        "accept_len": [],
+        "tokens_per_s": [],
+    }
     for p in PHASES:
         out[p] = []
     device = all(r.device_ns is not None for r in records) and bool(records)
@@ -120,12 +124,22 @@ def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
 
 
 def build_run(
-    records: list[StepRecord], blocks: list[int], *, context_len: int, batch_size: int,
-    layout: KVLayout, fragmentation: float | None, wall_s: float, warmup_steps: int,
+    records: list[StepRecord],
+    blocks: list[int],
+    *,
+    context_len: int,
+    batch_size: int,
+    layout: KVLayout,
+    fragmentation: float | None,
+    wall_s: float,
+    warmup_steps: int,
 ) -> DecodeRun:
     samples = samples_from_records(records)
-    summaries = {k: summarize(v, blocks, center="mean" if k in MEAN_METRICS else "median")
-                 for k, v in samples.items() if v}
+    summaries = {
+        k: summarize(v, blocks, center="mean" if k in MEAN_METRICS else "median")
+        for k, v in samples.items()
+        if v
+    }
     graphs: dict[str, dict[str, int]] = {}
     for r in records:
         for name, g in r.graphs.items():
@@ -134,9 +148,18 @@ def build_run(
             c["eager"] += g.eager
     labels = dict(records[0].labels) if records else {}
     return DecodeRun(
-        context_len=context_len, batch_size=batch_size, kv_layout=layout, records=records,
-        blocks=blocks, samples=samples, summaries=summaries, fragmentation=fragmentation,
-        graphs=graphs, wall_s=wall_s, warmup_steps=warmup_steps, labels=labels,
+        context_len=context_len,
+        batch_size=batch_size,
+        kv_layout=layout,
+        records=records,
+        blocks=blocks,
+        samples=samples,
+        summaries=summaries,
+        fragmentation=fragmentation,
+        graphs=graphs,
+        wall_s=wall_s,
+        warmup_steps=warmup_steps,
+        labels=labels,
         has_device_times="device.step" in samples,
     )
 
@@ -157,8 +180,16 @@ class Decoder:
         self._pool.shutdown(wait=False)
 
     def _request(
-        self, *, context_len: int, batch_size: int, max_new_tokens: int, layout: KVLayout,
-        seed: int, tag: str, counted: int, wanted: int,
+        self,
+        *,
+        context_len: int,
+        batch_size: int,
+        max_new_tokens: int,
+        layout: KVLayout,
+        seed: int,
+        tag: str,
+        counted: int,
+        wanted: int,
     ) -> tuple[list[StepRecord], list[dict[str, Any]]]:
         srv = self.server
         srv.backend.set_kv_layout(srv.client, srv.run_dir, layout.name, layout.level, seed)
@@ -200,8 +231,14 @@ class Decoder:
         return [r for r in mine if r.rank == rank0], [m["meta_info"] for m in metas]
 
     def decode(
-        self, *, context_len: int, batch_size: int, steps: int, warmup_steps: int,
-        layout: KVLayout, tag: str,
+        self,
+        *,
+        context_len: int,
+        batch_size: int,
+        steps: int,
+        warmup_steps: int,
+        layout: KVLayout,
+        tag: str,
     ) -> DecodeRun:
         t0 = time.monotonic()
         info = self.server.server_info
@@ -210,9 +247,14 @@ class Decoder:
         if warmup_steps > 0:
             self.progress(0, steps, "warm-up")
             recs, metas = self._request(
-                context_len=context_len, batch_size=batch_size,
-                max_new_tokens=1 + warmup_steps * block, layout=layout, seed=10_000,
-                tag=f"{tag}-warmup", counted=0, wanted=steps,
+                context_len=context_len,
+                batch_size=batch_size,
+                max_new_tokens=1 + warmup_steps * block,
+                layout=layout,
+                seed=10_000,
+                tag=f"{tag}-warmup",
+                counted=0,
+                wanted=steps,
             )
             accept = _accept_estimate(recs, accept)
         per_block = max(MIN_BLOCK_STEPS, math.ceil(steps / BLOCKS))
@@ -224,8 +266,14 @@ class Decoder:
             want = min(per_block, steps - len(records))
             max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
             recs, metas = self._request(
-                context_len=context_len, batch_size=batch_size, max_new_tokens=max_new,
-                layout=layout, seed=b, tag=f"{tag}-b{b}", counted=len(records), wanted=steps,
+                context_len=context_len,
+                batch_size=batch_size,
+                max_new_tokens=max_new,
+                layout=layout,
+                seed=b,
+                tag=f"{tag}-b{b}",
+                counted=len(records),
+                wanted=steps,
             )
             accept = _accept_estimate(recs, accept)
             for m in metas:
@@ -239,9 +287,16 @@ class Decoder:
             if b > 4 * steps:
                 raise MeasurementError(f"collected only {len(records)} of {steps} steps")
         frag = sum(frags) / len(frags) if frags else None
-        return build_run(records, blocks, context_len=context_len, batch_size=batch_size,
-                         layout=layout, fragmentation=frag, wall_s=time.monotonic() - t0,
-                         warmup_steps=warmup_steps)
+        return build_run(
+            records,
+            blocks,
+            context_len=context_len,
+            batch_size=batch_size,
+            layout=layout,
+            fragmentation=frag,
+            wall_s=time.monotonic() - t0,
+            warmup_steps=warmup_steps,
+        )
 
 
 def _accept_estimate(records: list[StepRecord], fallback: float) -> float:

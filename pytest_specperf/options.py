@@ -35,47 +35,79 @@ class _Opt:
 
 
 OPTIONS: tuple[_Opt, ...] = (
-    _Opt("--specperf-backend", "server backend: reference (embedded engine, default) or sglang",
-         metavar="NAME", choices=BACKENDS),
-    _Opt("--specperf-baselines", "baseline directory (default: baselines/ at the rootdir)",
-         metavar="DIR"),
-    _Opt("--specperf-update-baselines",
-         "record the cases measured in this run as the new baselines (other cases are kept)",
-         kind="bool"),
-    _Opt("--specperf-device",
-         "device slug naming the baseline file (default: detected, e.g. nvidia-h200)",
-         metavar="SLUG"),
-    _Opt("--specperf-tolerance",
-         f"relative change a metric may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
-         "0.08 or 8%", metavar="FRACTION"),
-    _Opt("--specperf-steps", f"measured decode steps per case (default {DEFAULT_STEPS})",
-         metavar="N"),
-    _Opt("--specperf-warmup-steps",
-         f"warm-up decode steps per case, not measured (default {DEFAULT_WARMUP_STEPS})",
-         metavar="N"),
+    _Opt(
+        "--specperf-backend",
+        "server backend: reference (embedded engine, default) or sglang",
+        metavar="NAME",
+        choices=BACKENDS,
+    ),
+    _Opt(
+        "--specperf-baselines",
+        "baseline directory (default: baselines/ at the rootdir)",
+        metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-update-baselines",
+        "record the cases measured in this run as the new baselines (other cases are kept)",
+        kind="bool",
+    ),
+    _Opt(
+        "--specperf-device",
+        "device slug naming the baseline file (default: detected, e.g. nvidia-h200)",
+        metavar="SLUG",
+    ),
+    _Opt(
+        "--specperf-tolerance",
+        f"relative change a metric may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
+        "0.08 or 8%",
+        metavar="FRACTION",
+    ),
+    _Opt(
+        "--specperf-steps", f"measured decode steps per case (default {DEFAULT_STEPS})", metavar="N"
+    ),
+    _Opt(
+        "--specperf-warmup-steps",
+        f"warm-up decode steps per case, not measured (default {DEFAULT_WARMUP_STEPS})",
+        metavar="N",
+    ),
     _Opt("--specperf-json", "write a JSON report of every measured case to PATH", metavar="PATH"),
-    _Opt("--specperf-server-url",
-         "attach to a running server at URL instead of launching one", metavar="URL"),
-    _Opt("--specperf-run-dir",
-         "step-record directory of an attached server (default: from its /server_info)",
-         metavar="DIR"),
-    _Opt("--specperf-model",
-         "model: an SGLang model path or id, or a reference-engine config (tiny, medium)",
-         metavar="MODEL"),
+    _Opt(
+        "--specperf-server-url",
+        "attach to a running server at URL instead of launching one",
+        metavar="URL",
+    ),
+    _Opt(
+        "--specperf-run-dir",
+        "step-record directory of an attached server (default: from its /server_info)",
+        metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-model",
+        "model: an SGLang model path or id, or a reference-engine config (tiny, medium)",
+        metavar="MODEL",
+    ),
     _Opt("--specperf-draft-model", "SGLang draft model path or id", metavar="MODEL"),
-    _Opt("--specperf-server-arg",
-         "extra server argument, passed through as is (repeatable), e.g. "
-         "--specperf-server-arg=--speculative-num-draft-tokens=16", kind="args", metavar="ARG"),
+    _Opt(
+        "--specperf-server-arg",
+        "extra server argument, passed through as is (repeatable), e.g. "
+        "--specperf-server-arg=--speculative-num-draft-tokens=16",
+        kind="args",
+        metavar="ARG",
+    ),
 )
 
 #: ini-only settings: (name, help, default)
 INI_ONLY: tuple[tuple[str, str, str], ...] = (
-    ("specperf_long_context_min",
-     "cases with a context length at or above this get the long_context marker",
-     str(DEFAULT_LONG_CONTEXT_MIN)),
-    ("specperf_ready_timeout",
-     "seconds a launched server may take to answer /health_generate",
-     str(int(DEFAULT_READY_TIMEOUT_S))),
+    (
+        "specperf_long_context_min",
+        "cases with a context length at or above this get the long_context marker",
+        str(DEFAULT_LONG_CONTEXT_MIN),
+    ),
+    (
+        "specperf_ready_timeout",
+        "seconds a launched server may take to answer /health_generate",
+        str(int(DEFAULT_READY_TIMEOUT_S)),
+    ),
 )
 
 
@@ -83,17 +115,24 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("specperf", "speculative-decoding performance (pytest-specperf)")
     for o in OPTIONS:
         ini = o.dest
+        cli_help = o.help.replace("%", "%%")  # argparse formats help with %
         if o.kind == "bool":
-            group.addoption(o.flag, action="store_true", default=None, dest=ini, help=o.help)
+            group.addoption(o.flag, action="store_true", default=None, dest=ini, help=cli_help)
             parser.addini(ini, o.help, type="bool", default=False)
         elif o.kind == "args":
-            group.addoption(o.flag, action="append", default=None, dest=ini, metavar=o.metavar,
-                            help=o.help)
-            parser.addini(ini.removesuffix("_arg") + "_args", o.help + " (ini: one per line)",
-                          type="linelist", default=[])
+            group.addoption(
+                o.flag, action="append", default=None, dest=ini, metavar=o.metavar, help=cli_help
+            )
+            parser.addini(
+                ini.removesuffix("_arg") + "_args",
+                o.help + " (ini: one per line)",
+                type="linelist",
+                default=[],
+            )
         else:
-            group.addoption(o.flag, action="store", default=None, dest=ini, metavar=o.metavar,
-                            help=o.help)
+            group.addoption(
+                o.flag, action="store", default=None, dest=ini, metavar=o.metavar, help=cli_help
+            )
             parser.addini(ini, o.help, default=None)
     for name, help_, default in INI_ONLY:
         parser.addini(name, help_, default=default)
@@ -176,8 +215,12 @@ def load_settings(config: pytest.Config) -> Settings:
 
     slug, src = get("--specperf-device")
     if slug is not None and (not _SLUG.match(slug) or ".." in slug):
-        raise _usage(src, slug, "a lowercase slug like nvidia-h200 or cpu-amd-epyc-7b13-2c "
-                                "([a-z0-9][a-z0-9._-]*, at most 80 characters)")
+        raise _usage(
+            src,
+            slug,
+            "a lowercase slug like nvidia-h200 or cpu-amd-epyc-7b13-2c "
+            "([a-z0-9][a-z0-9._-]*, at most 80 characters)",
+        )
 
     tol_raw, src = get("--specperf-tolerance")
     tolerance = DEFAULT_TOLERANCE
@@ -185,7 +228,9 @@ def load_settings(config: pytest.Config) -> Settings:
         try:
             tolerance = parse_fraction(str(tol_raw))
         except ValueError:
-            raise _usage(src, tol_raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%") from None
+            raise _usage(
+                src, tol_raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%"
+            ) from None
 
     steps_raw, src = get("--specperf-steps")
     steps = DEFAULT_STEPS if steps_raw is None else _int(steps_raw, src, 4, 100000)
@@ -240,8 +285,19 @@ def load_settings(config: pytest.Config) -> Settings:
         raise _usage("ini option specperf_ready_timeout", rt, "seconds in [1, 86400]") from None
 
     return Settings(
-        backend=backend, baselines_dir=baselines_dir, update_baselines=bool(update),
-        device_slug=slug, tolerance=tolerance, steps=steps, warmup_steps=warmup,
-        json_path=json_path, server_url=url, run_dir=run_dir, model=model, draft_model=draft,
-        server_args=server_args, long_context_min=long_min, ready_timeout_s=ready,
+        backend=backend,
+        baselines_dir=baselines_dir,
+        update_baselines=bool(update),
+        device_slug=slug,
+        tolerance=tolerance,
+        steps=steps,
+        warmup_steps=warmup,
+        json_path=json_path,
+        server_url=url,
+        run_dir=run_dir,
+        model=model,
+        draft_model=draft,
+        server_args=server_args,
+        long_context_min=long_min,
+        ready_timeout_s=ready,
     )

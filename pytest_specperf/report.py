@@ -40,12 +40,14 @@ class CaseOutcome:
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
 
     def fmt(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
 
@@ -78,13 +80,20 @@ def phase_table(run: DecodeRun, base: CaseBaseline | None) -> list[str]:
         rows.append(row)
     lines = _table(headers, rows, right={1, 2, 3, 4, 5})
     acc = run.summaries.get("accept_len")
-    extra = [f"accept_len {acc.value:.2f} tok/step" if acc else "",
-             f"tokens/s {run.summaries['tokens_per_s'].value:.1f}",
-             f"steps {run.steps}",
-             f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else ""]
+    extra = [
+        f"accept_len {acc.value:.2f} tok/step" if acc else "",
+        f"tokens/s {run.summaries['tokens_per_s'].value:.1f}",
+        f"steps {run.steps}",
+        f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else "",
+    ]
     if run.graphs:
-        extra.append("graphs " + ", ".join(f"{k} {v['replay']} replay/{v['eager']} eager"
-                                           for k, v in sorted(run.graphs.items())))
+        extra.append(
+            "graphs "
+            + ", ".join(
+                f"{k} {v['replay']} replay/{v['eager']} eager"
+                for k, v in sorted(run.graphs.items())
+            )
+        )
     lines.append("  ".join(e for e in extra if e))
     return lines
 
@@ -105,6 +114,11 @@ def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
     return "\n".join(lines)
 
 
+def _change_text(m: MetricVerdict) -> str:
+    change = f"{m.change * 100:+.1f}pp" if m.share_based else _pct(m.change)
+    return f"{m.metric} {change}"
+
+
 def summary_lines(outcomes: list[CaseOutcome]) -> list[str]:
     headers = ["case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict"]
     rows = []
@@ -115,15 +129,16 @@ def summary_lines(outcomes: list[CaseOutcome]) -> list[str]:
         verdict = o.verdict.verdict.value + (" (recorded)" if o.recorded else "")
         if o.run.labels.get("inject"):
             verdict += " [injected]"
-        rows.append([
-            f"{o.test.rsplit('::', 1)[-1]} {o.key}",
-            f"{b.median:.2f} -> {step:.2f}" if b else f"- -> {step:.2f}",
-            _pct(step / b.median - 1) if b and b.median else "-",
-            f"{mc.metric} {_pct(mc.change) if not mc.share_based else f'{mc.change * 100:+.1f}pp'}"
-            if mc else "-",
-            f"{o.run.accept_len:.2f}",
-            verdict,
-        ])
+        rows.append(
+            [
+                f"{o.test.rsplit('::', 1)[-1]} {o.key}",
+                f"{b.median:.2f} -> {step:.2f}" if b else f"- -> {step:.2f}",
+                _pct(step / b.median - 1) if b and b.median else "-",
+                _change_text(mc) if mc else "-",
+                f"{o.run.accept_len:.2f}",
+                verdict,
+            ]
+        )
     return _table(headers, rows, right={1, 2, 4})
 
 
@@ -159,15 +174,27 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "tokens_per_s": run.summaries["tokens_per_s"].to_dict(),
         "graphs": run.graphs,
         "fingerprint": o.fingerprint,
-        "baseline": None if o.baseline is None else {
+        "baseline": None
+        if o.baseline is None
+        else {
             "file": str(o.baseline_path),
             "recorded_at": o.baseline.recorded_at,
-            "step_ms": o.baseline.metrics["step"].to_dict() if "step" in o.baseline.metrics else None,
+            "step_ms": o.baseline.metrics["step"].to_dict()
+            if "step" in o.baseline.metrics
+            else None,
         },
         "metrics": [
-            {"metric": m.metric, "verdict": m.verdict.value, "base": m.base, "now": m.now,
-             "change": m.change, "noise": m.noise, "tolerance": m.tolerance,
-             "share_based": m.share_based, "steps_to_decide": m.steps_to_decide}
+            {
+                "metric": m.metric,
+                "verdict": m.verdict.value,
+                "base": m.base,
+                "now": m.now,
+                "change": m.change,
+                "noise": m.noise,
+                "tolerance": m.tolerance,
+                "share_based": m.share_based,
+                "steps_to_decide": m.steps_to_decide,
+            }
             for m in o.verdict.metrics
         ],
         "samples": {

@@ -53,6 +53,10 @@ class ModelServer:
             self.process = None
 
 
+def _waiting(progress: Callable[[str], None], name: str) -> Callable[[float], None]:
+    return lambda s: progress(f"waiting for {name}: {s:.0f} s")
+
+
 def start_server(
     backend: Backend,
     settings: BackendSettings,
@@ -70,15 +74,17 @@ def start_server(
     for _attempt in range(2):  # a port taken between free_port() and bind: retry once
         port = free_port()
         spec = backend.launch_spec(settings, port=port, run_dir=run_dir)
-        proc = ServerProcess(spec.cmd, log_path=log_path, env={**os.environ, **spec.env},
-                             name=spec.name)
+        proc = ServerProcess(
+            spec.cmd, log_path=log_path, env={**os.environ, **spec.env}, name=spec.name
+        )
         progress(f"starting {spec.name} on 127.0.0.1:{port} (log: {log_path})")
         proc.start()
         client = ServerClient(f"http://127.0.0.1:{port}")
         try:
             startup = proc.wait_ready(
-                client, deadline_s=ready_timeout_s,
-                progress=lambda s: progress(f"waiting for {spec.name}: {s:.0f} s"),
+                client,
+                deadline_s=ready_timeout_s,
+                progress=_waiting(progress, spec.name),
             )
         except ServerStartError as e:
             proc.stop()
@@ -93,9 +99,17 @@ def start_server(
             proc.stop()
             raise
         progress(f"{spec.name} ready in {startup:.1f} s")
-        return ModelServer(backend=backend, url=client.base_url, client=client, run_dir=run_dir,
-                           server_info=info, fingerprint=fp, process=proc, log_path=log_path,
-                           startup_s=startup)
+        return ModelServer(
+            backend=backend,
+            url=client.base_url,
+            client=client,
+            run_dir=run_dir,
+            server_info=info,
+            fingerprint=fp,
+            process=proc,
+            log_path=log_path,
+            startup_s=startup,
+        )
     assert last_error is not None
     raise last_error
 
@@ -117,6 +131,13 @@ def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServ
             "(reference server: --run-dir; SGLang: SPECPERF_RUN_DIR with "
             "SPECPERF_SGLANG_PLUGIN=1 in the server's environment)"
         )
-    return ModelServer(backend=backend, url=client.base_url, client=client, run_dir=run_dir,
-                       server_info=info, fingerprint=backend.fingerprint(info), attached=True,
-                       startup_s=time.monotonic() - t0)
+    return ModelServer(
+        backend=backend,
+        url=client.base_url,
+        client=client,
+        run_dir=run_dir,
+        server_info=info,
+        fingerprint=backend.fingerprint(info),
+        attached=True,
+        startup_s=time.monotonic() - t0,
+    )

@@ -115,8 +115,7 @@ class SpecperfSession:
 
     def backend_settings(self) -> BackendSettings:
         s = self.settings
-        return BackendSettings(model=s.model, draft_model=s.draft_model,
-                               server_args=s.server_args)
+        return BackendSettings(model=s.model, draft_model=s.draft_model, server_args=s.server_args)
 
     # -- judging -----------------------------------------------------------------------------
     def judge(self, item: pytest.Item, run: DecodeRun, opts: CaseOptions, key: str) -> CaseOutcome:
@@ -132,19 +131,31 @@ class SpecperfSession:
         tol = opts.tolerance or self.settings.tolerance
         if base is None:
             where = self.display_path(path)
-            why = (f"no baseline for {key} in {where}" if bf else f"no baseline file {where}")
+            why = f"no baseline for {key} in {where}" if bf else f"no baseline file {where}"
             verdict = CaseVerdict(Verdict.NO_BASELINE, reasons=[why])
         else:
             mismatch = fingerprint_mismatch(base.fingerprint, fp)
             if mismatch:
-                verdict = CaseVerdict(Verdict.INVALID, reasons=[
-                    "engine fingerprint differs from the baseline's: " + "; ".join(mismatch)
-                    + " (re-record with --specperf-update-baselines if the change is intended)"
-                ])
+                verdict = CaseVerdict(
+                    Verdict.INVALID,
+                    reasons=[
+                        "engine fingerprint differs from the baseline's: "
+                        + "; ".join(mismatch)
+                        + " (re-record with --specperf-update-baselines if the change is intended)"
+                    ],
+                )
             else:
                 verdict = self._compare(base, run, opts, tol)
-        outcome = CaseOutcome(nodeid=item.nodeid, test=test, key=key, run=run, verdict=verdict,
-                              baseline=base, baseline_path=path, fingerprint=fp)
+        outcome = CaseOutcome(
+            nodeid=item.nodeid,
+            test=test,
+            key=key,
+            run=run,
+            verdict=verdict,
+            baseline=base,
+            baseline_path=path,
+            fingerprint=fp,
+        )
         if self.settings.update_baselines:
             self.to_record.append(self._as_baseline(test, key, run, fp))
             outcome.recorded = True
@@ -162,8 +173,9 @@ class SpecperfSession:
                 gates.append(p)
         return gates
 
-    def _compare(self, base: CaseBaseline, run: DecodeRun, opts: CaseOptions,
-                 tol: float) -> CaseVerdict:
+    def _compare(
+        self, base: CaseBaseline, run: DecodeRun, opts: CaseOptions, tol: float
+    ) -> CaseVerdict:
         gates = list(opts.gate) if opts.gate else self.default_gates(base, run)
         metrics: list[MetricVerdict] = []
         missing = []
@@ -173,21 +185,30 @@ class SpecperfSession:
                 missing.append(m)
                 continue
             if m == UNACCOUNTED:
-                metrics.append(judge_share(m, b, n, base.metrics["step"], run.summaries["step"],
-                                           tol))
+                metrics.append(
+                    judge_share(m, b, n, base.metrics["step"], run.summaries["step"], tol)
+                )
             else:
                 unit = {"accept_len": "tok/step", "tokens_per_s": "tok/s"}.get(m, "ms")
                 metrics.append(judge_metric(m, b, n, tol, unit=unit))
         v = combine([m.verdict for m in metrics])
-        reasons = [f"gated metric(s) {', '.join(missing)} missing in the baseline"] if missing else []
+        reasons = (
+            [f"gated metric(s) {', '.join(missing)} missing in the baseline"] if missing else []
+        )
         return CaseVerdict(v, metrics, reasons)
 
     def _as_baseline(self, test: str, key: str, run: DecodeRun, fp: dict[str, Any]) -> CaseBaseline:
         now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         return CaseBaseline(
-            test=test, key=key, context_len=run.context_len, kv_layout=run.kv_layout.label,
-            batch_size=run.batch_size, fingerprint=fp, recorded_at=now.isoformat(),
-            steps=run.steps, metrics=dict(run.summaries),
+            test=test,
+            key=key,
+            context_len=run.context_len,
+            kv_layout=run.kv_layout.label,
+            batch_size=run.batch_size,
+            fingerprint=fp,
+            recorded_at=now.isoformat(),
+            steps=run.steps,
+            metrics=dict(run.summaries),
         )
 
     def judge_item(self, item: pytest.Item, handle: SpecperfHandle) -> None:
@@ -211,8 +232,11 @@ class SpecperfSession:
                 continue
             if v is Verdict.INVALID:
                 item.warn(SpecperfWarning(f"{key}: INVALID: {'; '.join(outcome.verdict.reasons)}"))
-            item.add_report_section("call", "specperf", "\n".join(
-                [f"{key}: {v.value}", *phase_table(run, outcome.baseline)]))
+            item.add_report_section(
+                "call",
+                "specperf",
+                "\n".join([f"{key}: {v.value}", *phase_table(run, outcome.baseline)]),
+            )
         if failures:
             pytest.fail("\n\n".join(failures), pytrace=False)
 
@@ -224,8 +248,9 @@ class SpecperfSession:
                 self.errors.append("baselines not written: the run was interrupted")
             else:
                 try:
-                    self.written = write_baselines(self.baseline_path, self.device().to_dict(),
-                                                   self.to_record)
+                    self.written = write_baselines(
+                        self.baseline_path, self.device().to_dict(), self.to_record
+                    )
                 except (BaselineError, OSError) as e:
                     self.errors.append(f"baselines not written: {e}")
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -245,8 +270,14 @@ class SpecperfSession:
             "baselines": str(self.baseline_path),
             "tolerance": self.settings.tolerance,
             "update_baselines": self.settings.update_baselines,
-            "server": None if srv is None else {
-                "url": srv.url, "attached": srv.attached, "startup_s": round(srv.startup_s, 3),
+            "server": None
+            if srv is None
+            else {
+                "url": srv.url,
+                "attached": srv.attached,
+                "startup_s": round(srv.startup_s, 3),
+                "pid": srv.server_info.get("pid"),
+                "log": str(srv.log_path or ""),
                 "fingerprint": srv.fingerprint,
             },
             "cases": [case_json(o) for o in self.outcomes],
@@ -257,31 +288,48 @@ class SpecperfSession:
             return []
         lines = []
         if self.outcomes:
-            lines.append(f"specperf: {self.settings.backend} backend, device {self.device().slug}, "
-                         f"baselines {self.display_path(self.baseline_path)}, tolerance "
-                         f"{self.settings.tolerance:.0%}")
+            lines.append(
+                f"specperf: {self.settings.backend} backend, device {self.device().slug}, "
+                f"baselines {self.display_path(self.baseline_path)}, tolerance "
+                f"{self.settings.tolerance:.0%}"
+            )
             lines += summary_lines(self.outcomes)
         missing = [o for o in self.outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
         if missing and not self.settings.update_baselines:
-            lines.append(f"hint: {len(missing)} case(s) have no baseline in "
-                         f"{self.display_path(self.baseline_path)}; record them with: "
-                         "pytest perf_tests --specperf-update-baselines")
+            lines.append(
+                f"hint: {len(missing)} case(s) have no baseline in "
+                f"{self.display_path(self.baseline_path)}; record them with: "
+                "pytest perf_tests --specperf-update-baselines"
+            )
         for o in self.outcomes:
             if o.verdict.verdict is Verdict.INVALID:
                 lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
             for m in o.verdict.metrics:
                 if m.verdict is Verdict.UNSTABLE:
-                    more = (f"; about {m.steps_to_decide} steps would decide "
-                            f"(--specperf-steps {m.steps_to_decide})") if m.steps_to_decide else ""
-                    lines.append(f"UNSTABLE {o.test} {o.key}: {m.metric} changed "
-                                 f"{m.change * 100:+.1f}% within noise +-{m.noise * 100:.1f}% "
-                                 f"(x3 = {3 * m.noise * 100:.1f}% > tol {m.tolerance:.0%}){more}")
+                    more = (
+                        (
+                            f"; about {m.steps_to_decide} steps would decide "
+                            f"(--specperf-steps {m.steps_to_decide})"
+                        )
+                        if m.steps_to_decide
+                        else ""
+                    )
+                    lines.append(
+                        f"UNSTABLE {o.test} {o.key}: {m.metric} changed "
+                        f"{m.change * 100:+.1f}% within noise +-{m.noise * 100:.1f}% "
+                        f"(x3 = {3 * m.noise * 100:.1f}% > tol {m.tolerance:.0%}){more}"
+                    )
         if self.written is not None:
             n = len(self.to_record)
-            lines.append(f"baselines written: {self.display_path(self.written.path)} "
-                         f"({n} case(s) recorded, {self.written.case_count() - n} kept)")
-        if self.settings.json_path is not None and self.outcomes and not any(
-                e.startswith("JSON") for e in self.errors):
+            lines.append(
+                f"baselines written: {self.display_path(self.written.path)} "
+                f"({n} case(s) recorded, {self.written.case_count() - n} kept)"
+            )
+        if (
+            self.settings.json_path is not None
+            and self.outcomes
+            and not any(e.startswith("JSON") for e in self.errors)
+        ):
             lines.append(f"JSON report: {self.settings.json_path}")
         lines += [f"ERROR: {e}" for e in self.errors]
         return lines
@@ -294,5 +342,6 @@ def get_session(config: pytest.Config) -> SpecperfSession:
     try:
         return config.stash[SESSION_KEY]
     except KeyError:
-        raise RuntimeError("pytest-specperf is not configured (was it disabled with "
-                           "-p no:specperf?)") from None
+        raise RuntimeError(
+            "pytest-specperf is not configured (was it disabled with -p no:specperf?)"
+        ) from None

@@ -50,6 +50,15 @@ _SEVERITY = {
 HIGHER_IS_BETTER = frozenset({"accept_len", "tokens_per_s", "device_busy"})
 
 
+def fmt_value(x: float) -> str:
+    """8.91, 10.53, 192.0, 0.046: about four significant digits, fixed decimals."""
+    if abs(x) < 1:
+        return f"{x:.3f}"
+    if abs(x) < 100:
+        return f"{x:.2f}"
+    return f"{x:.1f}"
+
+
 @dataclass
 class MetricVerdict:
     metric: str
@@ -64,14 +73,15 @@ class MetricVerdict:
     share_based: bool = False
 
     def describe(self) -> str:
+        b, n = fmt_value(self.base), fmt_value(self.now)
         if self.share_based:
             return (
-                f"{self.metric} {self.change * 100:+.1f} pp of step "
-                f"({self.base:.3g} -> {self.now:.3g} {self.unit}, tol {self.tolerance * 100:.0f} pp)"
+                f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
+                f"tol {self.tolerance * 100:.0f} pp)"
             )
         return (
-            f"{self.metric} {self.change * 100:+.1f}% ({self.base:.4g} -> {self.now:.4g} "
-            f"{self.unit}, tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%)"
+            f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, "
+            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%)"
         )
 
 
@@ -133,8 +143,9 @@ def judge_metric(
             steps = math.ceil(now.n * (threshold / target) ** 2)
     else:
         verdict = Verdict.SAME
-    return MetricVerdict(metric, verdict, base.value, now.value, change, noise, tolerance,
-                         unit, steps)
+    return MetricVerdict(
+        metric, verdict, base.value, now.value, change, noise, tolerance, unit, steps
+    )
 
 
 def judge_share(
@@ -161,5 +172,15 @@ def judge_share(
         verdict = Verdict.FASTER
     else:
         verdict = Verdict.SAME
-    return MetricVerdict(metric, verdict, base.median, now.median, change, noise, tolerance,
-                         "ms", None, share_based=True)
+    return MetricVerdict(
+        metric,
+        verdict,
+        base.median,
+        now.median,
+        change,
+        noise,
+        tolerance,
+        "ms",
+        None,
+        share_based=True,
+    )

@@ -278,9 +278,9 @@ class StepProbe:
                     excl[s.parent] -= t
             device = dict.fromkeys(PHASES, 0)
             for s, t in zip(spans, excl):
-                device[PHASES[s.index]] += int(round(t))
+                device[PHASES[s.index]] += round(t)
             record.device_ns = device
-            record.device_step_ns = int(round(ev0.elapsed_time(ev1) * 1e6))
+            record.device_step_ns = round(ev0.elapsed_time(ev1) * 1e6)
             for s in spans:
                 self._event_pool.append(s.start)
                 if s.end is not None:

@@ -43,8 +43,14 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
 class ServerProcess:
     """One supervised server subprocess."""
 
-    def __init__(self, cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None,
-                 name: str = "server") -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        *,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        name: str = "server",
+    ) -> None:
         self.cmd = cmd
         self.log_path = log_path
         self.env = env
@@ -62,8 +68,13 @@ class ServerProcess:
             log.write(f"$ {' '.join(self.cmd)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                self.cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, start_new_session=True, preexec_fn=_set_pdeathsig,
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,
             )
         except OSError as e:
             raise ServerStartError(f"cannot start {self.name}: {e}") from None
@@ -81,8 +92,13 @@ class ServerProcess:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def wait_ready(self, client: ServerClient, *, deadline_s: float,
-                   progress: Callable[[float], None] | None = None) -> float:
+    def wait_ready(
+        self,
+        client: ServerClient,
+        *,
+        deadline_s: float,
+        progress: Callable[[float], None] | None = None,
+    ) -> float:
         """Poll ``/health_generate`` until it answers 200; return the seconds it took."""
         t0 = time.monotonic()
         assert self.proc is not None

@@ -14,7 +14,7 @@ the context was split.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +39,7 @@ class ReadPlan:
         return self.gather_len
 
 
-def plan_reads(pages: list[int], context_len: int, page_size: int, device: object) -> ReadPlan:
+def plan_reads(pages: list[int], context_len: int, page_size: int, device: Any) -> ReadPlan:
     """Split ``pages`` (a page table) into views and one gather for ``context_len`` tokens."""
     import torch
 

@@ -65,9 +65,18 @@ class ReferenceBackend:
 
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
         cmd = [
-            sys.executable, "-m", "pytest_specperf.engines.reference.server",
-            "--host", "127.0.0.1", "--port", str(port), "--run-dir", str(run_dir),
-            "--config", settings.model or "tiny", "--quiet",
+            sys.executable,
+            "-m",
+            "pytest_specperf.engines.reference.server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--run-dir",
+            str(run_dir),
+            "--config",
+            settings.model or "tiny",
+            "--quiet",
         ]
         if settings.device:
             cmd += ["--device", settings.device]
@@ -96,7 +105,9 @@ class ReferenceBackend:
     def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
         fp = server_info.get("fingerprint")
         if not isinstance(fp, dict):
-            raise BackendUnavailable("the server did not report an engine fingerprint in /server_info")
+            raise BackendUnavailable(
+                "the server did not report an engine fingerprint in /server_info"
+            )
         return dict(fp)
 
     def capacity_reason(
@@ -107,11 +118,15 @@ class ReferenceBackend:
         block = int(server_info.get("speculative_num_draft_tokens") or 1)
         need = context_len + 512 + block  # room for the decode steps of a case
         if need > max_ctx:
-            return (f"context {context_len} exceeds the {cfg.get('name')} config's maximum "
-                    f"context of {max_ctx} tokens")
+            return (
+                f"context {context_len} exceeds the {cfg.get('name')} config's maximum "
+                f"context of {max_ctx} tokens"
+            )
         pages = int(server_info.get("kv_total_pages") or 0)
         page = int(cfg.get("page_size") or 1)
         if batch_size * -(-need // page) > pages:
-            return (f"{batch_size} x {context_len} tokens of KV do not fit in the pool of "
-                    f"{pages * page} tokens on {server_info.get('device')}")
+            return (
+                f"{batch_size} x {context_len} tokens of KV do not fit in the pool of "
+                f"{pages * page} tokens on {server_info.get('device')}"
+            )
         return None

@@ -41,6 +41,8 @@ from pytest_specperf.probe import NullProbe, StepProbe
 if TYPE_CHECKING:
     import torch
 
+    from pytest_specperf.engines.reference.graphs import GraphRunner
+
 ALGORITHMS = ("DFLASH", "NONE")
 #: Token id that ends a generation unless ``ignore_eos`` (as Llama's ``</s>``).
 EOS_TOKEN_ID = 2
@@ -155,7 +157,7 @@ class Engine:
         self._pending_layout: tuple[str, float, int] | None = None
         self._bank: torch.Tensor | None = None
         self._layout_name = "contiguous"
-        self.graphs: Any = None
+        self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and cuda_graphs:
             from pytest_specperf.engines.reference.graphs import GraphRunner
 
@@ -235,8 +237,10 @@ class Engine:
         for r in reqs:
             self.validate(r)
         total = sum((r.input_ids and len(r.input_ids)) or r.context_len or 0 for r in reqs)
-        total_pages = -(-(total + len(reqs) * (max(r.max_new_tokens for r in reqs) + self.block))
-                        // self.cfg.page_size)
+        total_pages = -(
+            -(total + len(reqs) * (max(r.max_new_tokens for r in reqs) + self.block))
+            // self.cfg.page_size
+        )
         if total_pages > self.allocator.free_count:
             raise RequestError(
                 f"the batch needs up to {total_pages} KV pages, the pool has "
@@ -413,15 +417,21 @@ class Engine:
         """Target forward over the step's tokens: graph replay when possible, else eager."""
         if self.graphs is not None:
             out = self.graphs.try_replay(
-                runner, tokens, positions, slots,
-                [lr.pages for lr in batch], [lr.seq_len for lr in batch],
+                runner,
+                tokens,
+                positions,
+                slots,
+                [lr.pages for lr in batch],
+                [lr.seq_len for lr in batch],
             )
             if out is not None:
                 self._count_graph(runner, True)
                 return out
         self._count_graph(runner, False)
         t = tokens.numel() // len(batch)
-        reads = PlannedReads([SeqRows(i * t, (i + 1) * t, self._plan(lr)) for i, lr in enumerate(batch)])
+        reads = PlannedReads(
+            [SeqRows(i * t, (i + 1) * t, self._plan(lr)) for i, lr in enumerate(batch)]
+        )
         return self.target.forward(tokens, positions, reads, self.kv, slots)
 
     def _step_dflash(self, batch: list[_Live]) -> None:
@@ -444,8 +454,11 @@ class Engine:
             drafts = None
             if self.graphs is not None:
                 drafts = self.graphs.draft(
-                    anchors, anchor_pos, cond,
-                    [lr.pages for lr in batch], [lr.seq_len for lr in batch],
+                    anchors,
+                    anchor_pos,
+                    cond,
+                    [lr.pages for lr in batch],
+                    [lr.seq_len for lr in batch],
                 )
             self._count_graph("draft", drafts is not None)
             if drafts is None:
@@ -485,7 +498,9 @@ class Engine:
             rows = [i * block + k for i, j in enumerate(taken) for k in range(j + 1)]
             idx = _tensor(rows, dev)
             self.drafter.commit_context(
-                fused.index_select(0, idx), positions.index_select(0, idx), self.kv,
+                fused.index_select(0, idx),
+                positions.index_select(0, idx),
+                self.kv,
                 slots.index_select(0, idx),
             )
             for i, (lr, j) in enumerate(zip(batch, taken)):

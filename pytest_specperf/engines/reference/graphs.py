@@ -69,8 +69,13 @@ class GraphRunner:
         return {
             "capture_batch_sizes": list(CAPTURE_BATCH_SIZES),
             "captured": [
-                {"runner": k[0], "batch_size": k[1], "tokens": k[2], "page_bucket": k[3],
-                 "replays": g.replays}
+                {
+                    "runner": k[0],
+                    "batch_size": k[1],
+                    "tokens": k[2],
+                    "page_bucket": k[3],
+                    "replays": g.replays,
+                }
                 for k, g in sorted(self._graphs.items())
             ],
             "fallback_reasons": dict(self.fallback_reasons),
@@ -94,10 +99,12 @@ class GraphRunner:
             return None
         return (runner, b, tokens, bucket)
 
-    def _capture(self, key: tuple[str, int, int, int], fn: Any, inputs: dict[str, Any]) -> _Captured:
+    def _capture(
+        self, key: tuple[str, int, int, int], fn: Any, inputs: dict[str, Any]
+    ) -> _Captured:
         import torch
 
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up allocator and kernels outside the graph
@@ -112,7 +119,9 @@ class GraphRunner:
         self._graphs[key] = cap
         return cap
 
-    def _replay(self, key: tuple[str, int, int, int], fn: Any, values: dict[str, Any]) -> tuple[Any, ...]:
+    def _replay(
+        self, key: tuple[str, int, int, int], fn: Any, values: dict[str, Any]
+    ) -> tuple[torch.Tensor, ...]:
         cap = self._graphs.get(key)
         if cap is None:
             cap = self._capture(key, fn, {k: v.clone() for k, v in values.items()})
@@ -139,15 +148,24 @@ class GraphRunner:
         eng = self.engine
         reads = static_inputs(page_tables, context_lens, key[3], eng.device)
 
-        def forward(tokens: Any, positions: Any, slots: Any, page_index: Any, context_lens: Any) -> Any:
+        def forward(
+            tokens: Any, positions: Any, slots: Any, page_index: Any, context_lens: Any
+        ) -> Any:
             return eng.target.forward(
                 tokens, positions, PaddedReads(page_index, context_lens), eng.kv, slots
             )
 
-        out = self._replay(key, forward, {
-            "tokens": tokens, "positions": positions, "slots": slots,
-            "page_index": reads.page_index, "context_lens": reads.context_lens,
-        })
+        out = self._replay(
+            key,
+            forward,
+            {
+                "tokens": tokens,
+                "positions": positions,
+                "slots": slots,
+                "page_index": reads.page_index,
+                "context_lens": reads.context_lens,
+            },
+        )
         return out[0], out[1]
 
     def draft(
@@ -166,15 +184,27 @@ class GraphRunner:
         drafter = eng.drafter
         reads = static_inputs(page_tables, context_lens, key[3], eng.device)
 
-        def forward(anchors: Any, anchor_positions: Any, cond: Any, page_index: Any,
-                    context_lens: Any) -> Any:
+        def forward(
+            anchors: Any, anchor_positions: Any, cond: Any, page_index: Any, context_lens: Any
+        ) -> Any:
             return drafter.draft(
-                anchors, anchor_positions, cond, PaddedReads(page_index, context_lens),
-                eng.kv, eng.block,
+                anchors,
+                anchor_positions,
+                cond,
+                PaddedReads(page_index, context_lens),
+                eng.kv,
+                eng.block,
             )
 
-        out = self._replay(key, forward, {
-            "anchors": anchors, "anchor_positions": anchor_positions, "cond": cond,
-            "page_index": reads.page_index, "context_lens": reads.context_lens,
-        })
+        out = self._replay(
+            key,
+            forward,
+            {
+                "anchors": anchors,
+                "anchor_positions": anchor_positions,
+                "cond": cond,
+                "page_index": reads.page_index,
+                "context_lens": reads.context_lens,
+            },
+        )
         return out[0]

@@ -11,6 +11,7 @@ a permuted free list, as a long-running server's allocator is after churn.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ def fragmentation(pages: Sequence[int]) -> float:
     """Share of logically adjacent page pairs that are not physically adjacent (0..1)."""
     if len(pages) < 2:
         return 0.0
-    breaks = sum(1 for a, b in zip(pages, pages[1:]) if b != a + 1)
+    breaks = sum(1 for a, b in itertools.pairwise(pages) if b != a + 1)
     return breaks / (len(pages) - 1)
 
 
@@ -134,8 +135,12 @@ class KVPool:
         shape = (cfg.num_kv_heads, tokens, cfg.head_dim)
         n = cfg.num_layers + cfg.draft_num_layers
         self.page_size = cfg.page_size
-        self.k: list[torch.Tensor] = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n)]
-        self.v: list[torch.Tensor] = [torch.empty(shape, device=device, dtype=dtype) for _ in range(n)]
+        self.k: list[torch.Tensor] = [
+            torch.empty(shape, device=device, dtype=dtype) for _ in range(n)
+        ]
+        self.v: list[torch.Tensor] = [
+            torch.empty(shape, device=device, dtype=dtype) for _ in range(n)
+        ]
         self.num_target_layers = cfg.num_layers
 
     def draft_layer(self, i: int) -> int:

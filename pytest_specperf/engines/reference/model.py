@@ -141,7 +141,6 @@ class _Stack:
     """Shared transformer-layer code for the target and the drafter."""
 
     def __init__(self, cfg: ModelConfig, device: Any, dtype: Any) -> None:
-        import torch
 
         self.cfg = cfg
         self.rope = _Rope(cfg.head_dim, cfg.rope_theta, device, dtype)
@@ -188,8 +187,15 @@ class _Stack:
         if isinstance(reads, PaddedReads):
             t = n // reads.page_index.shape[0]
             o = padded_paged_attention(
-                q, k, v, kv.k[pool], kv.v[pool], reads.page_index, reads.context_lens,
-                cfg.page_size, self.block_mask(t, causal),
+                q,
+                k,
+                v,
+                kv.k[pool],
+                kv.v[pool],
+                reads.page_index,
+                reads.context_lens,
+                cfg.page_size,
+                self.block_mask(t, causal),
             )
         else:
             o = torch.empty_like(q)
@@ -217,7 +223,9 @@ class TargetModel:
         self.cfg = cfg
         self.stack = _Stack(cfg, device, dtype)
         self.embed = wf.normal(cfg.vocab_size, cfg.hidden_size, std=1.0)
-        self.layers = [wf.layer(cfg, cfg.branch_scale, cfg.mlp_scale) for _ in range(cfg.num_layers)]
+        self.layers = [
+            wf.layer(cfg, cfg.branch_scale, cfg.mlp_scale) for _ in range(cfg.num_layers)
+        ]
         self.final_norm = wf.ones(cfg.hidden_size)
         self.lm_head = wf.normal(cfg.vocab_size, cfg.hidden_size, std=cfg.hidden_size**-0.5)
         self._weights = wf
@@ -320,9 +328,12 @@ class Drafter:
         offs = torch.arange(block, device=anchors.device)
         positions = (anchor_positions[:, None] + offs[None, :]).reshape(-1)
         cos, sin = self.stack.rope.cos_sin(positions)
-        if not isinstance(reads, PaddedReads):
-            reads = PlannedReads([SeqRows(i * block, (i + 1) * block, p) for i, p in enumerate(reads)])
+        how: Reads = (
+            reads
+            if isinstance(reads, PaddedReads)
+            else PlannedReads([SeqRows(i * block, (i + 1) * block, p) for i, p in enumerate(reads)])
+        )
         for i, w in enumerate(self.layers):
-            x = self.stack.layer(x, w, cos, sin, reads, kv, kv.draft_layer(i), None, causal=False)
+            x = self.stack.layer(x, w, cos, sin, how, kv, kv.draft_layer(i), None, causal=False)
         logits = _rms_norm(x, self.norm, cfg.rms_eps) @ self.target.lm_head.T
         return logits.view(b, block, -1)[:, : block - 1].argmax(dim=-1)

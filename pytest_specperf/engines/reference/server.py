@@ -47,8 +47,16 @@ from pytest_specperf.engines.reference.kv import LAYOUTS
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Largest ``max_new_tokens`` accepted in one request.
 MAX_NEW_TOKENS_LIMIT = 65536
-_GENERATE_KEYS = {"input_ids", "context_len", "sampling_params", "rid", "synthetic_seed",
-                  "stream", "return_logprob", "text"}
+_GENERATE_KEYS = {
+    "input_ids",
+    "context_len",
+    "sampling_params",
+    "rid",
+    "synthetic_seed",
+    "stream",
+    "return_logprob",
+    "text",
+}
 _SAMPLING_KEYS = {"max_new_tokens", "temperature", "ignore_eos"}
 
 
@@ -85,7 +93,9 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenRequest], bool]:
         raise _bad("the body must be a JSON object")
     unknown = sorted(set(body) - _GENERATE_KEYS)
     if unknown:
-        raise _bad(f"unknown field(s) {', '.join(unknown)}; supported: {', '.join(sorted(_GENERATE_KEYS))}")
+        raise _bad(
+            f"unknown field(s) {', '.join(unknown)}; supported: {', '.join(sorted(_GENERATE_KEYS))}"
+        )
     if body.get("text") is not None:
         raise _bad("this engine has no tokenizer: send input_ids (or context_len), not text")
     if body.get("stream"):
@@ -131,8 +141,10 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenRequest], bool]:
             raise _bad("sampling_params must be an object")
         extra = sorted(set(sp) - _SAMPLING_KEYS)
         if extra:
-            raise _bad(f"unsupported sampling_params {', '.join(extra)}; supported: "
-                       f"{', '.join(sorted(_SAMPLING_KEYS))} (greedy decoding only)")
+            raise _bad(
+                f"unsupported sampling_params {', '.join(extra)}; supported: "
+                f"{', '.join(sorted(_SAMPLING_KEYS))} (greedy decoding only)"
+            )
         temp = sp.get("temperature", 0)
         if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp != 0:
             raise _bad(f"temperature must be 0 (greedy decoding only), got {temp!r:.40}")
@@ -145,8 +157,14 @@ def parse_generate(body: Any, engine: Engine) -> tuple[list[GenRequest], bool]:
         if not isinstance(rid, str) or not 0 < len(rid) <= 200:
             raise _bad("rid must be a non-empty string of at most 200 characters")
         seed = _int(seed, "synthetic_seed", lo=0, hi=2**63 - 1)
-        req = GenRequest(rid=rid, max_new_tokens=mnt, input_ids=row, context_len=c,
-                         ignore_eos=ignore_eos, seed=seed)
+        req = GenRequest(
+            rid=rid,
+            max_new_tokens=mnt,
+            input_ids=row,
+            context_len=c,
+            ignore_eos=ignore_eos,
+            seed=seed,
+        )
         try:
             engine.validate(req)
         except RequestError as e:
@@ -202,8 +220,15 @@ class ReferenceServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], engine: Engine, *, run_dir: str,
-                 max_body_bytes: int, quiet: bool) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        engine: Engine,
+        *,
+        run_dir: str,
+        max_body_bytes: int,
+        quiet: bool,
+    ) -> None:
         super().__init__(addr, _Handler)
         self.engine = engine
         self.run_dir = run_dir
@@ -237,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"specperf-reference/{__version__}"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         if not self.server.quiet:
             sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {format % args}\n")
 
@@ -257,7 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self.close_connection = True
-            raise HTTPError(HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length")
+            raise HTTPError(
+                HTTPStatus.LENGTH_REQUIRED, "chunked bodies are not supported; send Content-Length"
+            )
         length = self.headers.get("Content-Length")
         if length is None:
             raise HTTPError(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
@@ -271,8 +298,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise _bad("Content-Length is negative")
         if n > self.server.max_body_bytes:
             self.close_connection = True  # the unread body must not be parsed as a request
-            raise HTTPError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                            f"body of {n} bytes exceeds the limit of {self.server.max_body_bytes} bytes")
+            raise HTTPError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"body of {n} bytes exceeds the limit of {self.server.max_body_bytes} bytes",
+            )
         raw = self.rfile.read(n)
         if not raw:
             return {}
@@ -304,44 +333,60 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
 
     def do_GET(self) -> None:
-        self._dispatch({
-            "/health": lambda: self._send(200, {"status": "ok"}),
-            "/health_generate": self._health_generate,
-            "/server_info": self._server_info,
-            "/get_server_info": self._server_info,
-            "/get_model_info": self._model_info,
-        })
+        self._dispatch(
+            {
+                "/health": lambda: self._send(200, {"status": "ok"}),
+                "/health_generate": self._health_generate,
+                "/server_info": self._server_info,
+                "/get_server_info": self._server_info,
+                "/get_model_info": self._model_info,
+            }
+        )
 
     def do_POST(self) -> None:
-        self._dispatch({
-            "/generate": self._generate,
-            "/flush_cache": self._flush_cache,
-            "/specperf/kv_layout": self._kv_layout,
-        })
+        self._dispatch(
+            {
+                "/generate": self._generate,
+                "/flush_cache": self._flush_cache,
+                "/specperf/kv_layout": self._kv_layout,
+            }
+        )
 
     # -- endpoints -------------------------------------------------------------------------
     def _health_generate(self) -> None:
-        req = GenRequest(rid=f"health-{uuid.uuid4().hex[:8]}", max_new_tokens=1,
-                         input_ids=[3, 4, 5, 6], ignore_eos=True)
+        req = GenRequest(
+            rid=f"health-{uuid.uuid4().hex[:8]}",
+            max_new_tokens=1,
+            input_ids=[3, 4, 5, 6],
+            ignore_eos=True,
+        )
         self.server.on_engine(lambda: self.server.engine.generate([req]))
         self._send(200, {"status": "ok"})
 
     def _model_info(self) -> None:
         eng = self.server.engine
-        self._send(200, {"model_path": f"specperf-reference/{eng.cfg.name}",
-                         "is_generation": True, "vocab_size": eng.cfg.vocab_size})
+        self._send(
+            200,
+            {
+                "model_path": f"specperf-reference/{eng.cfg.name}",
+                "is_generation": True,
+                "vocab_size": eng.cfg.vocab_size,
+            },
+        )
 
     def _server_info(self) -> None:
         eng = self.server.engine
         info = self.server.on_engine(eng.info)
-        info.update({
-            "version": __version__,
-            "run_dir": self.server.run_dir,
-            "pid": os.getpid(),
-            "uptime_s": round(time.time() - self.server.started, 3),
-            "http_counters": dict(self.server.http_counters),
-            "internal_states": [{"avg_spec_accept_length": eng.mean_accept_length()}],
-        })
+        info.update(
+            {
+                "version": __version__,
+                "run_dir": self.server.run_dir,
+                "pid": os.getpid(),
+                "uptime_s": round(time.time() - self.server.started, 3),
+                "http_counters": dict(self.server.http_counters),
+                "internal_states": [{"avg_spec_accept_length": eng.mean_accept_length()}],
+            }
+        )
         self._send(200, info)
 
     def _generate(self) -> None:
@@ -375,8 +420,16 @@ class _Handler(BaseHTTPRequestHandler):
             raise _bad(f"level must be a number in [0, 1], got {level!r:.40}")
         seed = _int(body.get("seed", 0), "seed", lo=0, hi=2**63 - 1)
         self.server.on_engine(lambda: self.server.engine.set_kv_layout(layout, float(level), seed))
-        self._send(200, {"success": True, "layout": layout, "level": float(level), "seed": seed,
-                         "applies_to": "next /generate"})
+        self._send(
+            200,
+            {
+                "success": True,
+                "layout": layout,
+                "level": float(level),
+                "seed": seed,
+                "applies_to": "next /generate",
+            },
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,19 +441,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port")
     p.add_argument("--config", default="tiny", choices=sorted(CONFIGS))
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: float32 on CPU, bfloat16 on CUDA",
+    )
     p.add_argument("--speculative-algorithm", default="DFLASH", choices=ALGORITHMS)
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=8,
-                   help="DFlash block size: tokens verified per step (default 8)")
-    p.add_argument("--simulate-accept-len", type=float, default=None,
-                   help="pin the mean accepted tokens per step (like SGLANG_SIMULATE_ACC_LEN); "
-                   "outputs then differ from greedy decoding")
-    p.add_argument("--threads", type=int, default=None,
-                   help="PyTorch CPU threads (default: PyTorch's choice, one per core)")
+    p.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=8,
+        help="DFlash block size: tokens verified per step (default 8)",
+    )
+    p.add_argument(
+        "--simulate-accept-len",
+        type=float,
+        default=None,
+        help="pin the mean accepted tokens per step (like SGLANG_SIMULATE_ACC_LEN); "
+        "outputs then differ from greedy decoding",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="PyTorch CPU threads (default: PyTorch's choice, one per core)",
+    )
     p.add_argument("--disable-cuda-graph", action="store_true")
-    p.add_argument("--run-dir", default=None,
-                   help="directory for step records (created 0700); default: a new temp dir")
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help="directory for step records (created 0700); default: a new temp dir",
+    )
     p.add_argument("--no-probe", action="store_true", help="run without the phase probe")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     p.add_argument("--quiet", action="store_true", help="do not log each HTTP request")
@@ -429,33 +501,51 @@ def main(argv: list[str] | None = None) -> int:
     probe = NullProbe() if sink is None else StepProbe(sink, use_cuda=device.startswith("cuda"))
     try:
         engine = Engine(
-            get_config(args.config), device=device, algorithm=args.speculative_algorithm,
+            get_config(args.config),
+            device=device,
+            algorithm=args.speculative_algorithm,
             num_draft_tokens=args.speculative_num_draft_tokens,
-            simulate_accept_len=args.simulate_accept_len, probe=probe,
-            cuda_graphs=not args.disable_cuda_graph, dtype=args.dtype,
+            simulate_accept_len=args.simulate_accept_len,
+            probe=probe,
+            cuda_graphs=not args.disable_cuda_graph,
+            dtype=args.dtype,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        server = ReferenceServer((args.host, args.port), engine, run_dir=run_dir,
-                                 max_body_bytes=args.max_body_bytes, quiet=args.quiet)
+        server = ReferenceServer(
+            (args.host, args.port),
+            engine,
+            run_dir=run_dir,
+            max_body_bytes=args.max_body_bytes,
+            quiet=args.quiet,
+        )
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 2
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), int(server.server_address[1])
     if sink is not None:
-        sink.write_meta("server", {"host": host, "port": port, "pid": os.getpid(),
-                                   "fingerprint": engine.fingerprint()})
+        sink.write_meta(
+            "server",
+            {"host": host, "port": port, "pid": os.getpid(), "fingerprint": engine.fingerprint()},
+        )
 
     def _stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    print(f"specperf reference server ({engine.algorithm}, config {engine.cfg.name}, "
-          f"{device}) listening on http://{host}:{port} run_dir={run_dir}", flush=True)
-    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                            name="specperf-http", daemon=True)
+    print(
+        f"specperf reference server ({engine.algorithm}, config {engine.cfg.name}, "
+        f"{device}) listening on http://{host}:{port} run_dir={run_dir}",
+        flush=True,
+    )
+    http = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.2},
+        name="specperf-http",
+        daemon=True,
+    )
     http.start()
     try:
         server.run_engine_loop()

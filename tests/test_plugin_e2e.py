@@ -1,0 +1,236 @@
+"""The plugin end to end against the real reference server: every verdict path.
+
+A baseline is recorded once per module by a real run; each test then edits a copy of it
+(scaling a phase, breaking the fingerprint, ...) and runs the same case again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(600)
+
+# Only ``verify`` is gated: the tests move it far beyond any drift of this machine, while
+# the other phases are left to that drift (the calibration tests deal with it).
+CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify"])
+@pytest.mark.parametrize("context_len", [2048])
+def test_decode(specperf, context_len):
+    run = specperf.decode(context_len=context_len)
+    assert run.steps == 8
+"""
+TEST = "test_case.py::test_decode"
+KEY = "ctx=2048 kv=contiguous bs=1"
+ARGS = (
+    "--specperf-steps=8",
+    "--specperf-warmup-steps=2",
+    "--specperf-device=test-box",
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "no:randomly",
+)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> str:
+    """YAML text of a baseline recorded by a real run of CASE."""
+    d = tmp_path_factory.mktemp("record")
+    (d / "test_case.py").write_text(CASE)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_case.py", "--specperf-update-baselines", *ARGS],
+        cwd=d,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "baselines written" in out.stdout
+    return (d / "baselines" / "test-box.yaml").read_text()
+
+
+def _setup(pytester, text: str | None) -> Path:
+    pytester.makepyfile(test_case=CASE)
+    path = pytester.path / "baselines" / "test-box.yaml"
+    if text is not None:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    return path
+
+
+def _edit(text: str, fn) -> str:
+    data = yaml.safe_load(text)
+    fn(data["cases"][TEST][KEY])
+    return yaml.safe_dump(data)
+
+
+def _scale(metric: str, factor: float):
+    def fn(case):
+        m = case["metrics"][metric]
+        for k in ("median", "mean", "q10", "q90", "min", "max"):
+            m[k] *= factor
+        m["blocks"] = [b * factor for b in m["blocks"]]
+
+    return fn
+
+
+def _run(pytester, *extra):
+    return pytester.runpytest_subprocess(*ARGS, *extra, timeout=300)
+
+
+def test_same_passes(pytester, recorded):
+    _setup(pytester, recorded)
+    result = _run(pytester, "--specperf-tolerance=60%")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME*"])
+
+
+def test_forced_regression_fails_the_test_and_names_the_phase(pytester, recorded):
+    _setup(pytester, _edit(recorded, _scale("verify", 0.5)))
+    result = _run(pytester)
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*verify +*% (* -> * ms, tol 8%, noise +-*%) at ctx=2048 kv=contiguous "
+            "[[]baselines/test-box.yaml[]]",
+            "*phase*base ms*now ms*change*share*",
+            "*verify*",
+            "*SLOWER*",
+        ]
+    )
+    # the failure is the test's own (call phase), not a session-level error
+    result.stdout.fnmatch_lines(["FAILED test_case.py::test_decode[[]2048[]] - Failed: verify +*"])
+
+
+def test_faster_passes(pytester, recorded):
+    _setup(pytester, _edit(recorded, _scale("verify", 2.0)))
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_decode ctx=2048*verify -*FASTER*"])
+
+
+def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
+    def noisy(case):
+        m = case["metrics"]["verify"]
+        m["blocks"] = [
+            b * f for b, f in zip(m["blocks"], [0.5, 1.6, 0.6, 1.5, 0.55, 1.55, 0.6, 1.4])
+        ]
+        m["median"] *= 1.04
+
+    _setup(pytester, _edit(recorded, noisy))
+    result = _run(pytester, "--specperf-tolerance=5%")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*UNSTABLE*verify changed *% within noise +-*%*about * steps "
+            "would decide (--specperf-steps *)"
+        ]
+    )
+
+
+def test_fingerprint_mismatch_is_invalid_not_a_regression(pytester, recorded):
+    def other_engine(case):
+        case["fingerprint"]["engine_version"] = "0.0.1"
+        _scale("verify", 0.5)(case)  # would be SLOWER if it were compared
+
+    _setup(pytester, _edit(recorded, other_engine))
+    result = _run(pytester, "-W", "default")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*SpecperfWarning*INVALID*engine_version: baseline '0.0.1', now '0.1.0'*",
+            "*INVALID*",
+        ]
+    )
+
+
+def test_no_baseline_passes_with_a_hint(pytester):
+    _setup(pytester, None)
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*NO_BASELINE*",
+            "hint: 1 case(s) have no baseline in baselines/test-box.yaml; record them with: "
+            "pytest perf_tests --specperf-update-baselines",
+        ]
+    )
+
+
+def test_update_records_measured_and_keeps_the_rest(pytester, recorded):
+    data = yaml.safe_load(recorded)
+    data["cases"]["elsewhere.py::test_other"] = {
+        "ctx=1 kv=contiguous bs=1": copy.deepcopy(data["cases"][TEST][KEY])
+    }
+    path = _setup(pytester, _edit(yaml.safe_dump(data), _scale("verify", 0.5)))
+    before = yaml.safe_load(path.read_text())
+    result = _run(pytester, "--specperf-update-baselines")
+    result.assert_outcomes(passed=1)  # a regression does not fail an update run
+    result.stdout.fnmatch_lines(
+        ["baselines written: baselines/test-box.yaml (1 case(s) recorded, 1 kept)"]
+    )
+    after = yaml.safe_load(path.read_text())
+    assert after["cases"]["elsewhere.py::test_other"] == before["cases"]["elsewhere.py::test_other"]
+    new = after["cases"][TEST][KEY]["metrics"]["verify"]["median"]
+    assert new > 1.5 * before["cases"][TEST][KEY]["metrics"]["verify"]["median"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "cases: [not, closed\n",
+        "schema_version: 7\ncases: {}\n",
+        "schema_version: 1\ncases: !!python/object/apply:os.system ['touch PWNED']\n",
+    ],
+    ids=["malformed", "schema", "python-tag"],
+)
+@pytest.mark.parametrize("update", [False, True], ids=["compare", "update"])
+def test_bad_baseline_file_is_refused_untouched(pytester, text, update):
+    path = _setup(pytester, text)
+    before = path.read_bytes()
+    result = _run(pytester, *(["--specperf-update-baselines"] if update else []))
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "baselines/test-box.yaml" in out or str(path) in out
+    assert not (pytester.path / "PWNED").exists()
+    assert path.read_bytes() == before
+
+
+def test_json_report_and_server_teardown(pytester, recorded):
+    _setup(pytester, recorded)
+    result = _run(pytester, "--specperf-json=report.json", "--specperf-tolerance=60%")
+    result.assert_outcomes(passed=1)
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["schema_version"] == 1
+    assert report["device"]["slug"] == "test-box"
+    (case,) = report["cases"]
+    for field in (
+        "test",
+        "context_len",
+        "kv_layout",
+        "batch_size",
+        "verdict",
+        "step_ms",
+        "phases",
+        "accept_len",
+        "samples",
+    ):
+        assert field in case
+    assert case["test"] == TEST and case["context_len"] == 2048 and case["batch_size"] == 1
+    assert case["step_ms"]["median"] > 0
+    assert case["phases"]["verify"]["median_ms"] > 0
+    assert len(case["samples"]["step_ms"]) == 8
+    pid = report["server"]["pid"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the server (and its process group) is gone

@@ -1,0 +1,152 @@
+"""Options: parsing, ini twins (command line wins), and UsageErrors that name the fix."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pytest_specperf.options import OPTIONS
+
+SHOW = """
+def test_show(request):
+    from pytest_specperf.session import get_session
+    s = get_session(request.config).settings
+    print("SETTINGS", s.backend, s.tolerance, s.steps, s.warmup_steps, s.device_slug,
+          s.server_args, s.update_baselines, s.baselines_dir.name, s.long_context_min)
+"""
+
+
+def test_every_option_is_listed_in_help(pytester):
+    result = pytester.runpytest("--help")
+    for o in OPTIONS:
+        result.stdout.fnmatch_lines([f"*{o.flag}*"])
+    result.stdout.fnmatch_lines(["*specperf_tolerance*", "*specperf_long_context_min*"])
+
+
+def test_defaults(pytester):
+    pytester.makepyfile(SHOW)
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(["*SETTINGS reference 0.08 32 8 None () False baselines 32768"])
+
+
+def test_ini_twins_and_command_line_wins(pytester):
+    pytester.makeini(
+        textwrap.dedent("""
+        [pytest]
+        specperf_tolerance = 12%
+        specperf_steps = 16
+        specperf_device = my-box
+        specperf_update_baselines = true
+        specperf_long_context_min = 1000
+        specperf_server_args =
+            --page-size=32
+            --threads=1
+    """)
+    )
+    pytester.makepyfile(SHOW)
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(
+        [
+            "*SETTINGS reference 0.12 16 8 my-box ('--page-size=32', '--threads=1') True baselines 1000"
+        ]
+    )
+    result = pytester.runpytest(
+        "-s",
+        "--specperf-tolerance=0.05",
+        "--specperf-steps=40",
+        "--specperf-device=other",
+        "--specperf-server-arg=--x=1",
+    )
+    result.stdout.fnmatch_lines(
+        ["*SETTINGS reference 0.05 40 8 other ('--x=1',) True baselines 1000"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--specperf-backend=vllm"],
+            "*--specperf-backend: invalid value 'vllm'; expected one of: reference, sglang*",
+        ),
+        (
+            ["--specperf-tolerance=abc"],
+            "*--specperf-tolerance: invalid value 'abc'; expected a fraction*",
+        ),
+        (["--specperf-tolerance=150%"], "*--specperf-tolerance: invalid value '150%'*"),
+        (["--specperf-tolerance=0"], "*--specperf-tolerance: invalid value '0'*"),
+        (
+            ["--specperf-steps=two"],
+            "*--specperf-steps: invalid value 'two'; expected an integer in [[]4, *",
+        ),
+        (["--specperf-steps=2"], "*--specperf-steps: invalid value '2'*"),
+        (["--specperf-warmup-steps=-1"], "*--specperf-warmup-steps: invalid value '-1'*"),
+        (
+            ["--specperf-device=../etc"],
+            "*--specperf-device: invalid value '../etc'; expected a lowercase slug*",
+        ),
+        (["--specperf-device=NVIDIA H200"], "*--specperf-device: invalid value 'NVIDIA H200'*"),
+        (
+            ["--specperf-server-url=localhost:30000"],
+            "*--specperf-server-url: server URL 'localhost:30000' must look like http://*",
+        ),
+        (["--specperf-server-url=http://127.0.0.1:99999"], "*invalid port*"),
+        (
+            ["--specperf-run-dir=/tmp"],
+            "*--specperf-run-dir applies only with --specperf-server-url*",
+        ),
+        (
+            ["--specperf-server-url=http://127.0.0.1:3", "--specperf-model=x"],
+            "*attaches to a running server*",
+        ),
+        (["--specperf-server-arg="], "*--specperf-server-arg: invalid value ''*"),
+    ],
+)
+def test_bad_values_are_usage_errors(pytester, args, message):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_bad_ini_value_names_the_ini_option(pytester):
+    pytester.makeini("[pytest]\nspecperf_backend = tgi\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini option specperf_backend: invalid value 'tgi'*"])
+
+
+def test_baselines_path_that_is_a_file(pytester):
+    pytester.makefile(".yaml", baselines="x: 1")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--specperf-baselines=baselines.yaml")
+    result.stderr.fnmatch_lines(
+        ["*--specperf-baselines: invalid value 'baselines.yaml'; expected a directory*"]
+    )
+
+
+def test_plugin_can_be_disabled(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:specperf", "--specperf-steps=8")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unrecognized arguments: --specperf-steps=8*"])
+    assert pytester.runpytest("-p", "no:specperf").ret == 0
+
+
+def test_loads_and_lists_options_without_torch(pytester, monkeypatch):
+    """A machine without torch: the plugin loads and --help lists its options."""
+    blocker = pytester.mkpydir("torch")
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not installed here')\n")
+    pytester.makepyfile("""
+        import sys
+        def test_no_torch_loaded():
+            assert 'torch' not in sys.modules
+    """)
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path))
+    result = pytester.runpytest_subprocess("--help")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*--specperf-backend=NAME*"])
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)

@@ -1,0 +1,116 @@
+"""Verdict statistics on recorded sample sets (deterministic, no timing)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_specperf.stats import Summary, summarize
+from pytest_specperf.verdict import (
+    Verdict,
+    combine,
+    judge_metric,
+    judge_share,
+    paired_noise,
+)
+
+# Per-step verify times (ms) of 4 blocks x 4 steps, as recorded on the 2-core CPU box.
+BASE = [
+    20.9,
+    21.3,
+    21.0,
+    21.4,
+    20.6,
+    20.8,
+    21.1,
+    20.7,
+    21.5,
+    21.2,
+    21.0,
+    21.6,
+    20.8,
+    20.9,
+    21.0,
+    21.2,
+]
+BLOCKS = [i // 4 for i in range(16)]
+
+
+def s(xs, factor=1.0, center="median"):
+    return summarize([x * factor for x in xs], BLOCKS, center=center)
+
+
+def test_same_within_tolerance_and_noise():
+    v = judge_metric("verify", s(BASE), s(BASE, 1.02), 0.08)
+    assert v.verdict is Verdict.SAME
+    assert v.change == pytest.approx(0.02, abs=1e-9)
+
+
+def test_slower_beyond_tolerance_and_noise():
+    v = judge_metric("verify", s(BASE), s(BASE, 1.18), 0.08)
+    assert v.verdict is Verdict.SLOWER
+    assert v.describe().startswith("verify +18.0% (21.00 -> 24.78 ms, tol 8%, noise +-")
+
+
+def test_faster():
+    assert judge_metric("verify", s(BASE), s(BASE, 0.8), 0.08).verdict is Verdict.FASTER
+
+
+def test_higher_is_better_metrics_regress_downwards():
+    acc = [3.0, 4.0, 2.0, 3.0] * 4
+    v = judge_metric("accept_len", s(acc, center="mean"), s(acc, 0.8, center="mean"), 0.08)
+    assert v.verdict is Verdict.SLOWER and v.change == pytest.approx(-0.2)
+
+
+def test_change_beyond_tolerance_but_within_noise_is_unstable():
+    noisy = [x * f for x, f in zip(BASE, [1.0] * 4 + [1.6] * 4 + [0.7] * 4 + [1.3] * 4)]
+    v = judge_metric("verify", s(BASE), s(noisy), 0.05)
+    assert v.verdict is Verdict.UNSTABLE
+    assert v.steps_to_decide is not None and v.steps_to_decide > 16
+    # more steps shrink the noise as 1/sqrt(n): the estimate is that n
+    target = max(0.05, abs(v.change))
+    assert v.steps_to_decide == math.ceil(16 * (3 * v.noise / target) ** 2)
+
+
+def test_paired_blocks_cancel_block_effects():
+    """Blocks differ a lot (different prompts) but identically in both runs: no noise."""
+    base = [1.0] * 4 + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
+    now = [x * 1.1 for x in base]
+    assert paired_noise(s(base), s(now)) == pytest.approx(0.0, abs=1e-12)
+    assert judge_metric("step", s(base), s(now), 0.08).verdict is Verdict.SLOWER
+
+
+def test_unpaired_blocks_fall_back_to_independent_errors():
+    a = summarize(BASE, BLOCKS)
+    b = summarize(BASE[:12], BLOCKS[:12])
+    assert paired_noise(a, b) == pytest.approx(math.hypot(a.rel_se(), b.rel_se()))
+
+
+def test_unaccounted_is_judged_as_a_share_of_the_step():
+    step = s(BASE)
+    un_base = s([0.02] * 16)
+    un_now = s([4.2] * 16)
+    step_now = s(BASE, 1.2)
+    v = judge_share("unaccounted", un_base, un_now, step, step_now, 0.08)
+    assert v.verdict is Verdict.SLOWER
+    assert v.change == pytest.approx(4.2 / (21.05 * 1.2) - 0.02 / 21.05, rel=0.01)
+    assert "pp of step" in v.describe()
+    tiny = judge_share("unaccounted", un_base, s([0.05] * 16), step, step, 0.08)
+    assert tiny.verdict is Verdict.SAME  # +150% of almost nothing is not a regression
+
+
+def test_combine_order():
+    assert combine([Verdict.SAME, Verdict.UNSTABLE, Verdict.FASTER]) is Verdict.UNSTABLE
+    assert combine([Verdict.SAME, Verdict.SLOWER, Verdict.UNSTABLE]) is Verdict.SLOWER
+    assert combine([]) is Verdict.SAME
+
+
+def test_summary_round_trip_and_validation():
+    x = s(BASE)
+    y = Summary.from_dict(x.to_dict(), "here")
+    assert y.median == pytest.approx(x.median) and y.blocks == pytest.approx(x.blocks)
+    with pytest.raises(ValueError, match=r"here.median: expected a finite number"):
+        Summary.from_dict({**x.to_dict(), "median": "fast"}, "here")
+    with pytest.raises(ValueError, match="here: missing n"):
+        Summary.from_dict({"median": 1.0}, "here")
