@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.inject import InjectSpec, parse_inject
+
 BACKENDS = ("reference", "sglang")
 DEFAULT_TOLERANCE = 0.08
 DEFAULT_STEPS = 32
@@ -88,6 +90,12 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt("--specperf-draft-model", "SGLang draft model path or id", metavar="MODEL"),
     _Opt(
+        "--specperf-inject",
+        "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
+        "unaccounted); injected runs are labelled and never recorded as baselines",
+        metavar="PHASE=FACTOR[,...]",
+    ),
+    _Opt(
         "--specperf-server-arg",
         "extra server argument, passed through as is (repeatable), e.g. "
         "--specperf-server-arg=--speculative-num-draft-tokens=16",
@@ -153,6 +161,7 @@ class Settings:
     model: str | None
     draft_model: str | None
     server_args: tuple[str, ...]
+    inject: InjectSpec | None
     long_context_min: int
     ready_timeout_s: float
 
@@ -274,6 +283,24 @@ def load_settings(config: pytest.Config) -> Settings:
             "launches the server: drop them or drop --specperf-server-url"
         )
 
+    inject_raw, src = get("--specperf-inject")
+    inject = None
+    if inject_raw:
+        try:
+            inject = parse_inject(str(inject_raw))
+        except ValueError as e:
+            raise pytest.UsageError(f"{src}: invalid value {inject_raw!r}: {e}") from None
+        if update:
+            raise pytest.UsageError(
+                f"{src} cannot be combined with --specperf-update-baselines: an injected "
+                "slowdown must never become a baseline; drop one of the two"
+            )
+        if url:
+            raise pytest.UsageError(
+                f"{src} needs a server launched by the plugin; with --specperf-server-url, "
+                "start the server with SPECPERF_INJECT set in its environment instead"
+            )
+
     lc = config.getini("specperf_long_context_min")
     long_min = _int(lc, "ini option specperf_long_context_min", 1, 10**9)
     rt = config.getini("specperf_ready_timeout")
@@ -298,6 +325,7 @@ def load_settings(config: pytest.Config) -> Settings:
         model=model,
         draft_model=draft,
         server_args=server_args,
+        inject=inject,
         long_context_min=long_min,
         ready_timeout_s=ready,
     )

@@ -107,6 +107,8 @@ def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
     slower = outcome.verdict.worst(Verdict.SLOWER)
     head = slower[0]
     lines = [f"{head.describe()} at {outcome.where} [{baseline_display}]"]
+    if outcome.run.labels.get("inject"):
+        lines[0] += f" [injected: {outcome.run.labels['inject']}]"
     lines += [f"  also {m.describe()}" for m in slower[1:]]
     lines += outcome.notes
     lines.append("")

@@ -115,7 +115,12 @@ class SpecperfSession:
 
     def backend_settings(self) -> BackendSettings:
         s = self.settings
-        return BackendSettings(model=s.model, draft_model=s.draft_model, server_args=s.server_args)
+        return BackendSettings(
+            model=s.model,
+            draft_model=s.draft_model,
+            server_args=s.server_args,
+            inject=str(s.inject) if s.inject else None,
+        )
 
     # -- judging -----------------------------------------------------------------------------
     def judge(self, item: pytest.Item, run: DecodeRun, opts: CaseOptions, key: str) -> CaseOutcome:
@@ -157,6 +162,12 @@ class SpecperfSession:
             fingerprint=fp,
         )
         if self.settings.update_baselines:
+            if run.labels.get("inject"):
+                raise pytest.fail(
+                    f"refusing to record {key} as a baseline: the server injected a canary "
+                    f"slowdown ({run.labels['inject']}); restart it without SPECPERF_INJECT",
+                    pytrace=False,
+                )
             self.to_record.append(self._as_baseline(test, key, run, fp))
             outcome.recorded = True
         self.outcomes.append(outcome)
@@ -293,6 +304,9 @@ class SpecperfSession:
                 f"baselines {self.display_path(self.baseline_path)}, tolerance "
                 f"{self.settings.tolerance:.0%}"
             )
+            if self.settings.inject:
+                lines.append(f"canary injection active: {self.settings.inject} (runs are "
+                             "labelled [injected] and never recorded as baselines)")
             lines += summary_lines(self.outcomes)
         missing = [o for o in self.outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
         if missing and not self.settings.update_baselines:

@@ -50,8 +50,12 @@ def test_engine_returns_every_page(tiny_engine_factory, layout):
     eng = tiny_engine_factory("DFLASH", 8)
     total = eng.allocator.num_pages
     eng.set_kv_layout(layout, 1.0, 1)
-    reqs = [GenRequest(rid=f"r{i}", max_new_tokens=30, context_len=3000 + 100 * i,
-                       ignore_eos=True, seed=i) for i in range(3)]
+    reqs = [
+        GenRequest(
+            rid=f"r{i}", max_new_tokens=30, context_len=3000 + 100 * i, ignore_eos=True, seed=i
+        )
+        for i in range(3)
+    ]
     eng.generate(reqs)
     assert eng.allocator.free_count == total
     eng.allocator.check([])
@@ -61,8 +65,9 @@ def test_engine_measures_requested_fragmentation(tiny_engine_factory):
     eng = tiny_engine_factory("DFLASH", 8)
     for level in (0.3, 1.0):
         eng.set_kv_layout("fragmented", level, 2)
-        r = eng.generate([GenRequest(rid="f", max_new_tokens=8, context_len=32000,
-                                     ignore_eos=True)])[0]
+        r = eng.generate(
+            [GenRequest(rid="f", max_new_tokens=8, context_len=32000, ignore_eos=True)]
+        )[0]
         assert r.kv_fragmentation == pytest.approx(level, abs=0.05)
         assert r.kv_layout == "fragmented"
     eng.set_kv_layout("contiguous")

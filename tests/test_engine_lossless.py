@@ -48,8 +48,12 @@ def test_long_synthetic_context_lossless(tiny_engine_factory, layout):
 def test_batch_equals_single(tiny_engine_factory):
     """Lockstep batch decoding gives each request the tokens it gets alone."""
     eng = tiny_engine_factory("DFLASH", 8)
-    reqs = [GenRequest(rid=f"b{i}", max_new_tokens=24, input_ids=_prompt(10 + i, 40 + 9 * i),
-                       ignore_eos=True) for i in range(3)]
+    reqs = [
+        GenRequest(
+            rid=f"b{i}", max_new_tokens=24, input_ids=_prompt(10 + i, 40 + 9 * i), ignore_eos=True
+        )
+        for i in range(3)
+    ]
     together = eng.generate(reqs)
     alone = [eng.generate([r])[0] for r in reqs]
     assert [r.output_ids for r in together] == [r.output_ids for r in alone]
@@ -60,8 +64,13 @@ def test_mean_acceptance_is_not_trivial(tiny_engine_factory):
     eng = tiny_engine_factory("DFLASH", 8)
     steps = tokens = 0
     for seed in range(4):
-        r = eng.generate([GenRequest(rid=f"a{seed}", max_new_tokens=96, context_len=8192,
-                                     ignore_eos=True, seed=seed)])[0]
+        r = eng.generate(
+            [
+                GenRequest(
+                    rid=f"a{seed}", max_new_tokens=96, context_len=8192, ignore_eos=True, seed=seed
+                )
+            ]
+        )[0]
         steps += r.spec_verify_ct
         tokens += r.completion_tokens - 1
     mean = tokens / steps
@@ -70,11 +79,13 @@ def test_mean_acceptance_is_not_trivial(tiny_engine_factory):
 
 def test_simulated_acceptance_pins_the_mean(tiny_engine_factory):
     eng = tiny_engine_factory("DFLASH", 8, simulate=3.5)
-    r = eng.generate([GenRequest(rid="sim", max_new_tokens=401, input_ids=_prompt(3),
-                                 ignore_eos=True, seed=1)])[0]
+    r = eng.generate(
+        [GenRequest(rid="sim", max_new_tokens=401, input_ids=_prompt(3), ignore_eos=True, seed=1)]
+    )[0]
     assert abs(r.spec_accept_length - 3.5) < 0.4
-    again = eng.generate([GenRequest(rid="sim", max_new_tokens=401, input_ids=_prompt(3),
-                                     ignore_eos=True, seed=1)])[0]
+    again = eng.generate(
+        [GenRequest(rid="sim", max_new_tokens=401, input_ids=_prompt(3), ignore_eos=True, seed=1)]
+    )[0]
     assert again.output_ids == r.output_ids  # seeded: the same run to run
 
 
@@ -85,8 +96,9 @@ def test_eos_stops_unless_ignored(tiny_engine_factory):
     # find a prompt whose greedy continuation hits EOS within the first tokens
     for seed in range(200):
         ids = _prompt(seed, 8)
-        free = eng.generate([GenRequest(rid="e", max_new_tokens=64, input_ids=ids,
-                                        ignore_eos=True)])[0].output_ids
+        free = eng.generate(
+            [GenRequest(rid="e", max_new_tokens=64, input_ids=ids, ignore_eos=True)]
+        )[0].output_ids
         if EOS_TOKEN_ID in free:
             break
     else:
@@ -107,8 +119,10 @@ def test_graph_mode_forward_matches_eager(tiny_engine_factory):
 
     eng = tiny_engine_factory("DFLASH", 8)
     eng.set_kv_layout("fragmented", 0.5, 3)
-    lives = [_Live(req=GenRequest(f"r{i}", 4, context_len=n, seed=i), pages=[])
-             for i, n in enumerate((3000, 1700))]
+    lives = [
+        _Live(req=GenRequest(f"r{i}", 4, context_len=n, seed=i), pages=[])
+        for i, n in enumerate((3000, 1700))
+    ]
     try:
         for lr in lives:
             eng._prefill(lr)
@@ -118,11 +132,17 @@ def test_graph_mode_forward_matches_eager(tiny_engine_factory):
         tokens = torch.randint(3, 4096, (2 * t,), generator=gen)
         positions = torch.cat([torch.arange(lr.seq_len, lr.seq_len + t) for lr in lives])
         slots = torch.tensor([s for lr in lives for s in eng._slots(lr, lr.seq_len, t)])
-        eager = PlannedReads([SeqRows(i * t, (i + 1) * t, plan_reads(lr.pages, lr.seq_len, 16, "cpu"))
-                              for i, lr in enumerate(lives)])
+        eager = PlannedReads(
+            [
+                SeqRows(i * t, (i + 1) * t, plan_reads(lr.pages, lr.seq_len, 16, "cpu"))
+                for i, lr in enumerate(lives)
+            ]
+        )
         l1, f1 = eng.target.forward(tokens, positions, eager, eng.kv, slots)
         bucket = page_bucket(max(-(-lr.seq_len // 16) for lr in lives))
-        padded = static_inputs([lr.pages for lr in lives], [lr.seq_len for lr in lives], bucket, "cpu")
+        padded = static_inputs(
+            [lr.pages for lr in lives], [lr.seq_len for lr in lives], bucket, "cpu"
+        )
         l2, f2 = eng.target.forward(tokens, positions, padded, eng.kv, slots)
         assert torch.allclose(l1, l2, atol=1e-4) and torch.allclose(f1, f2, atol=1e-4)
         assert torch.equal(l1.argmax(-1), l2.argmax(-1))

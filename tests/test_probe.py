@@ -125,5 +125,12 @@ def test_record_version_mismatch_is_explained(tmp_path):
 
 
 def test_phase_vocabulary_is_the_designed_one():
-    assert PHASES == ("schedule", "draft", "build_verify_input", "prepare_for_verify", "verify",
-                      "accept", "kv_commit")
+    assert PHASES == (
+        "schedule",
+        "draft",
+        "build_verify_input",
+        "prepare_for_verify",
+        "verify",
+        "accept",
+        "kv_commit",
+    )

@@ -18,8 +18,19 @@ from pytest_specperf.server import ServerClient, ServerHTTPError, ServerProcess,
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("refsrv")
     port = free_port()
-    cmd = [sys.executable, "-m", "pytest_specperf.engines.reference.server", "--port", str(port),
-           "--run-dir", str(work / "run"), "--max-body-bytes", "65536", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_specperf.engines.reference.server",
+        "--port",
+        str(port),
+        "--run-dir",
+        str(work / "run"),
+        "--max-body-bytes",
+        "65536",
+        "--threads",
+        "1",
+    ]
     proc = ServerProcess(cmd, log_path=work / "server.log", name="reference server")
     proc.start()
     client = ServerClient(f"http://127.0.0.1:{port}", timeout=120)
@@ -61,9 +72,13 @@ def test_server_info_has_config_device_fingerprint_counters(server):
 
 def test_generate_input_ids(server):
     client, run_dir, _ = server
-    out = client.generate({"input_ids": [5, 6, 7, 8], "rid": "ids-1",
-                           "sampling_params": {"max_new_tokens": 12, "temperature": 0,
-                                               "ignore_eos": True}})
+    out = client.generate(
+        {
+            "input_ids": [5, 6, 7, 8],
+            "rid": "ids-1",
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        }
+    )
     meta = out["meta_info"]
     assert len(out["output_ids"]) == 12
     assert meta["prompt_tokens"] == 4 and meta["completion_tokens"] == 12
@@ -75,13 +90,19 @@ def test_generate_input_ids(server):
 
 def test_generate_context_len_and_batch(server):
     client, _, _ = server
-    out = client.generate({"context_len": [2048, 3000], "rid": ["c1", "c2"],
-                           "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})
+    out = client.generate(
+        {
+            "context_len": [2048, 3000],
+            "rid": ["c1", "c2"],
+            "sampling_params": {"max_new_tokens": 6, "ignore_eos": True},
+        }
+    )
     assert [o["meta_info"]["id"] for o in out] == ["c1", "c2"]
     assert [o["meta_info"]["prompt_tokens"] for o in out] == [2048, 3000]
     assert all(o["meta_info"]["specperf"]["synthetic_prefill"] for o in out)
-    batch = client.generate({"input_ids": [[5, 6, 7], [9, 10]],
-                             "sampling_params": {"max_new_tokens": 4}})
+    batch = client.generate(
+        {"input_ids": [[5, 6, 7], [9, 10]], "sampling_params": {"max_new_tokens": 4}}
+    )
     assert len(batch) == 2 and all(len(b["output_ids"]) == 4 for b in batch)
 
 
@@ -106,7 +127,7 @@ def test_flush_cache(server):
 
 BAD_GENERATE = [
     (b'{"input_ids": [1, 2', 400, "malformed JSON"),
-    (b'[1, 2, 3]', 400, "JSON object"),
+    (b"[1, 2, 3]", 400, "JSON object"),
     (b'{"input_ids": "hello"}', 400, "non-empty list"),
     (b'{"input_ids": []}', 400, "non-empty list"),
     (b'{"input_ids": [1, "2"]}', 400, "integers"),
@@ -114,12 +135,18 @@ BAD_GENERATE = [
     (b'{"input_ids": [1, 99999]}', 400, "outside the vocabulary"),
     (b'{"input_ids": [-1]}', 400, "outside the vocabulary"),
     (b'{"context_len": 99999999}', 400, "context_len must be in"),
-    (b'{"context_len": 130000, "sampling_params": {"max_new_tokens": 9000}}', 400,
-     "exceeds the configured maximum context"),
+    (
+        b'{"context_len": 130000, "sampling_params": {"max_new_tokens": 9000}}',
+        400,
+        "exceeds the configured maximum context",
+    ),
     (b'{"context_len": "46000"}', 400, "must be an integer"),
     (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}', 400, "max_new_tokens"),
-    (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 100000000}}', 400,
-     "max_new_tokens"),
+    (
+        b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 100000000}}',
+        400,
+        "max_new_tokens",
+    ),
     (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 2.5}}', 400, "integer"),
     (b'{"input_ids": [1], "sampling_params": {"temperature": 0.7}}', 400, "greedy"),
     (b'{"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}', 400, "ignore_eos"),
@@ -136,8 +163,9 @@ BAD_GENERATE = [
 ]
 
 
-@pytest.mark.parametrize(("body", "status", "fragment"), BAD_GENERATE,
-                         ids=[b[2] for b in BAD_GENERATE])
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"), BAD_GENERATE, ids=[b[2] for b in BAD_GENERATE]
+)
 def test_bad_generate_gets_4xx_and_server_keeps_serving(server, body, status, fragment):
     client, _, _ = server
     code, payload = _raw(client, "POST", "/generate", body)
@@ -146,14 +174,17 @@ def test_bad_generate_gets_4xx_and_server_keeps_serving(server, body, status, fr
     assert client.get("/health") == {"status": "ok"}
 
 
-@pytest.mark.parametrize(("body", "fragment"), [
-    (b'{"layout": "swiss-cheese"}', "unknown KV layout"),
-    (b'{"layout": "fragmented", "level": 1.5}', "level must be"),
-    (b'{"layout": "fragmented", "level": "high"}', "level must be"),
-    (b'{"layout": "fragmented", "seed": -4}', "seed must be"),
-    (b'{"layout": "fragmented", "extra": 1}', "unknown field"),
-    (b'nope', "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"layout": "swiss-cheese"}', "unknown KV layout"),
+        (b'{"layout": "fragmented", "level": 1.5}', "level must be"),
+        (b'{"layout": "fragmented", "level": "high"}', "level must be"),
+        (b'{"layout": "fragmented", "seed": -4}', "seed must be"),
+        (b'{"layout": "fragmented", "extra": 1}', "unknown field"),
+        (b"nope", "malformed JSON"),
+    ],
+)
 def test_bad_kv_layout(server, body, fragment):
     client, _, _ = server
     code, payload = _raw(client, "POST", "/specperf/kv_layout", body)
@@ -180,14 +211,29 @@ def test_unknown_route_and_missing_length(server):
 def test_sigterm_stops_the_server_and_keeps_records(tmp_path):
     port = free_port()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pytest_specperf.engines.reference.server", "--port", str(port),
-           "--run-dir", str(run_dir), "--threads", "1", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest_specperf.engines.reference.server",
+        "--port",
+        str(port),
+        "--run-dir",
+        str(run_dir),
+        "--threads",
+        "1",
+        "--quiet",
+    ]
     proc = ServerProcess(cmd, log_path=tmp_path / "log", name="reference server")
     proc.start()
     client = ServerClient(f"http://127.0.0.1:{port}")
     proc.wait_ready(client, deadline_s=120)
-    client.generate({"input_ids": [4, 5, 6], "rid": "k",
-                     "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}})
+    client.generate(
+        {
+            "input_ids": [4, 5, 6],
+            "rid": "k",
+            "sampling_params": {"max_new_tokens": 10, "ignore_eos": True},
+        }
+    )
     pid = proc.pid
     assert pid is not None
     assert proc.stop() == 0  # SIGTERM: graceful exit
@@ -208,7 +254,9 @@ def test_startup_errors_are_clear(tmp_path):
 
     out = subprocess.run(
         [sys.executable, "-m", "pytest_specperf.engines.reference.server", "--config", "huge"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2 and "invalid choice: 'huge'" in out.stderr
     import torch
@@ -216,7 +264,17 @@ def test_startup_errors_are_clear(tmp_path):
     if torch.cuda.is_available():
         return  # the CUDA error path needs a machine without CUDA
     out = subprocess.run(
-        [sys.executable, "-m", "pytest_specperf.engines.reference.server", "--device", "cuda:0",
-         "--port", "0"], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest_specperf.engines.reference.server",
+            "--device",
+            "cuda:0",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2 and "CUDA is not available" in out.stderr

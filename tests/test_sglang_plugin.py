@@ -242,3 +242,53 @@ def test_unit_resolve_target_and_runtime_params() -> None:
     assert sgl_plugin.runtime_params(g) == ("x", "*args", "y")
     assert sgl_plugin.runtime_params(len) == ("obj",)
     assert sgl_plugin.runtime_params(object()) is None  # not introspectable: not compared
+
+
+@pytest.mark.parametrize(("algorithm", "skipped_family", "kept_family"), [
+    ("EAGLE3", "dflash", "eagle"),
+    ("DFLASH", "eagle", "dflash"),
+    ("NEXTN", "dflash-fork", "eagle-multi-layer"),
+])
+def test_unit_install_skips_families_the_algorithm_cannot_use(
+    tmp_path: Path, algorithm: str, skipped_family: str, kept_family: str
+) -> None:
+    pm = load_builtin()
+    resolved: list[str] = []
+
+    def resolve(target: str) -> Any:
+        resolved.append(target)
+        return def_a
+
+    report = sgl_plugin.install(ProbeRuntime(tmp_path, use_cuda=False), pm,
+                                lambda t, h: None, resolve, algorithm)
+    family = {e.target: e.family for e in pm.entries}
+    assert report["speculative_algorithm"] == algorithm
+    assert {family[t] for t in report["not_for_this_algorithm"]} == (
+        {"dflash", "dflash-fork"} if algorithm != "DFLASH"
+        else {"eagle", "eagle-multi-layer", "frozen-kv-mtp"})
+    assert not any(family[t] == skipped_family for t in resolved)  # never imported
+    assert any(family[t] == kept_family for t in resolved)
+    assert any(family[t] is None for t in resolved)  # scheduler plumbing, graph runners
+
+
+def test_unit_install_with_unknown_algorithm_keeps_everything(tmp_path: Path) -> None:
+    pm = load_builtin()
+    for algo in (None, "MY_DDTREE"):
+        report = sgl_plugin.install(ProbeRuntime(tmp_path, use_cuda=False), pm,
+                                    lambda t, h: None, lambda t: def_a, algo)
+        assert report["not_for_this_algorithm"] == []
+        assert len(report["installed"]) == len(pm.active())
+
+
+def test_unit_load_reads_the_algorithm_from_server_args(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
+    server_args = types.SimpleNamespace(speculative_algorithm="DFLASH")
+    _in_scheduler(sgl_plugin.load, server_args=server_args)
+    report = json.loads(next(tmp_path.glob("hooks-*.json")).read_text())
+    assert report["speculative_algorithm"] == "DFLASH"
+    assert sgl_plugin._runtime is not None
+    assert sgl_plugin._runtime.labels["speculative_algorithm"] == "DFLASH"
+    assert report["installed"] == []  # the fake resolver only knows two EAGLE targets
+    assert not any("eagle_worker_v2" in m["target"] for m in report["missing"])

@@ -38,6 +38,9 @@ class PhaseInjector(Protocol):
     def stretch(self, phase: str, elapsed_ns: int) -> None:
         """Called inside the phase just before it ends, with its elapsed host time."""
 
+    def observe_device(self, phase: str, device_ns: int) -> None:
+        """Called when a step's device times are resolved (GPU only)."""
+
 
 @dataclass
 class _DeviceSpan:
@@ -280,6 +283,10 @@ class StepProbe:
             for s, t in zip(spans, excl):
                 device[PHASES[s.index]] += round(t)
             record.device_ns = device
+            if self._injector is not None:
+                for name, ns in device.items():
+                    if ns:
+                        self._injector.observe_device(name, ns)
             record.device_step_ns = round(ev0.elapsed_time(ev1) * 1e6)
             for s in spans:
                 self._event_pool.append(s.start)

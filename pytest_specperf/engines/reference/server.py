@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from pytest_specperf import __version__
+from pytest_specperf.engines.base import ENV_INJECT
 from pytest_specperf.engines.reference.config import CONFIGS, get_config
 from pytest_specperf.engines.reference.engine import (
     ALGORITHMS,
@@ -42,6 +43,7 @@ from pytest_specperf.engines.reference.engine import (
     RequestError,
 )
 from pytest_specperf.engines.reference.kv import LAYOUTS
+from pytest_specperf.inject import Injector, parse_inject
 
 #: Request bodies above this size are refused with 413 before being read.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -497,8 +499,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --device {device} requested but CUDA is not available", file=sys.stderr)
         return 2
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="specperf-run-")
+    injector, labels = None, {}
+    spec_text = os.environ.get(ENV_INJECT, "").strip()
+    if spec_text:
+        try:
+            spec = parse_inject(spec_text)
+        except ValueError as e:
+            print(f"error: {ENV_INJECT}={spec_text!r}: {e}", file=sys.stderr)
+            return 2
+        injector, labels = Injector(spec, device=device), {"inject": str(spec)}
+        print(f"canary injection active: {spec}", flush=True)
     sink = None if args.no_probe else RunDirSink(run_dir)
-    probe = NullProbe() if sink is None else StepProbe(sink, use_cuda=device.startswith("cuda"))
+    probe = (
+        NullProbe()
+        if sink is None
+        else StepProbe(sink, use_cuda=device.startswith("cuda"), labels=labels, injector=injector)
+    )
     try:
         engine = Engine(
             get_config(args.config),

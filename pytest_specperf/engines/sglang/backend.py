@@ -293,6 +293,10 @@ class SGLangBackend:
             )
         from pytest_specperf.engines.sglang.phase_map import builtin_name_for
 
+        if self._vocab_size is None:  # attach mode: check() was not called
+            paths = [server_info.get("model_path"), server_info.get("speculative_draft_model_path")]
+            sizes = [v for v in (config_vocab_size(p) for p in paths if isinstance(p, str)) if v]
+            self._vocab_size = min(sizes) if sizes else None
         version = server_info.get("version")
         fp: dict[str, Any] = {
             "backend": "sglang",

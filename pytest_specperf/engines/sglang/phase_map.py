@@ -27,7 +27,10 @@ File format (YAML, read with ``yaml.safe_load``)::
         label: MyRunner            # optional (graph): counter name (default: the
                                    #   runner's class name, "[draft]" for draft runners)
         optional: true             # optional: expected to be missing in some versions
-        family: dflash-fork        # optional: free text, shown in reports
+        family: dflash-fork        # optional: shown in reports; entries of the built-in
+                                   #   families (eagle, eagle-multi-layer, frozen-kv-mtp,
+                                   #   dflash, dflash-fork) are skipped when the server's
+                                   #   --speculative-algorithm cannot use them
         note: ...                  # optional: free text
 
 ``target`` is ``module.function`` or ``module.Class.method``. A user entry whose target
@@ -42,8 +45,8 @@ the signatures of the 0.5.23 functions they are mapped to.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -297,7 +300,3 @@ def load_effective(version: str | None, user_file: str | None) -> PhaseMap:
     if user_file:
         pm = pm.extended(load_file(user_file))
     return pm
-
-
-def with_source(entries: Iterable[HookEntry], source: str) -> tuple[HookEntry, ...]:
-    return tuple(replace(e, source=source) for e in entries)

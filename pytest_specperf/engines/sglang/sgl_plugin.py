@@ -8,7 +8,9 @@ from SGLang's ``run_scheduler_process``, whose ``tp_rank`` it reads). In a sched
 
 - builds the phase map for the installed SGLang version, extended by the file named in
   ``SPECPERF_PHASE_MAP`` if any;
-- resolves every target; those missing in this SGLang are listed, not fatal;
+- resolves every target (importing its module, as ``HookRegistry.apply_hooks`` would),
+  skipping the families of the map the server's ``--speculative-algorithm`` cannot use;
+  targets missing in this SGLang are listed, not fatal;
 - registers one AROUND hook per found target with ``HookRegistry``;
 - writes the report ``hooks-pid<P>-rank<R>.json`` into ``SPECPERF_RUN_DIR`` (targets
   installed, missing, and with a changed signature).
@@ -70,8 +72,9 @@ def load() -> None:
             if ctx.get(key) is not None:
                 labels[key] = str(ctx[key])
         algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
+        algo = None if algo is None else str(getattr(algo, "name", algo))
         if algo is not None:
-            labels["speculative_algorithm"] = str(algo)
+            labels["speculative_algorithm"] = algo
         rt = ProbeRuntime(run_dir, rank=rank, labels=labels)
         pm = load_builtin(version)
         map_error = None
@@ -86,7 +89,7 @@ def load() -> None:
         def register(target: str, hook: Any) -> None:
             HookRegistry.register(target, hook, HookType.AROUND)
 
-        report = install(rt, pm, register, resolve_target)
+        report = install(rt, pm, register, resolve_target, algo)
         report.update(process=_process_info(ctx), sglang_version=version,
                       phase_map_error=map_error)
         if rt.sink is not None:
@@ -100,23 +103,43 @@ def load() -> None:
         log.exception("pytest-specperf plugin failed to load: %s", e)
 
 
+#: Which families of the phase map each speculative algorithm can use. Entries of a
+#: known family that the server's algorithm cannot use are skipped (their modules are not
+#: imported); entries without a family, of another family, or under an unknown algorithm
+#: are always installed.
+ALGORITHM_FAMILIES: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"),
+                    frozenset({"eagle", "eagle-multi-layer", "frozen-kv-mtp"})),
+    "DFLASH": frozenset({"dflash", "dflash-fork"}),
+}
+KNOWN_FAMILIES = frozenset().union(*ALGORITHM_FAMILIES.values())
+
+
 def install(
     rt: ProbeRuntime,
     pm: PhaseMap,
     register: Any,
     resolve: Any,
+    algorithm: str | None = None,
 ) -> dict[str, Any]:
     """Register a hook for every resolvable entry of ``pm``; return the hooks report.
 
     ``register(target, hook)`` registers an AROUND hook; ``resolve(target)`` returns the
-    callable at ``target`` or raises (any exception: the target is missing).
+    callable at ``target`` (importing its module) or raises: the target is missing.
+    ``algorithm``: the server's ``--speculative-algorithm``, to skip other families.
     """
     from pytest_specperf.engines.sglang.hooks import make_hook
 
+    usable = ALGORITHM_FAMILIES.get(str(algorithm).upper()) if algorithm else None
     installed: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
     changed: list[dict[str, Any]] = []
+    skipped: list[str] = []
     for entry in pm.active():
+        if (usable is not None and entry.family in KNOWN_FAMILIES
+                and entry.family not in usable):
+            skipped.append(entry.target)
+            continue
         try:
             fn = resolve(entry.target)
         except Exception as e:
@@ -135,9 +158,11 @@ def install(
         installed.append(_describe(entry))
     return {
         "phase_map": list(pm.sources),
+        "speculative_algorithm": algorithm,
         "installed": installed,
         "missing": missing,
         "signature_changed": changed,
+        "not_for_this_algorithm": skipped,
     }
 
 

@@ -13,7 +13,6 @@ import ast
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 
@@ -44,8 +43,8 @@ def installed_version() -> str | None:
         return None
 
 
-@lru_cache(maxsize=64)
 def parse_file(path: Path) -> ast.Module:
+    """Parse one source file (not cached: callers that parse often keep the tree)."""
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
@@ -116,8 +115,16 @@ def _class_in(body: list[ast.stmt], name: str) -> ast.ClassDef | None:
 
 def find_callable(root: Path, target: str) -> FoundCallable:
     """Locate ``module.function`` or ``module.Class.method`` (defined in that class body)."""
+    return SourceTree(root).find_callable(target)
+
+
+def _find_callable(src: SourceTree, target: str) -> FoundCallable:
+    root = src.root
     _module, path, rest = _split_target(root, target)
-    tree = parse_file(path)
+    if len(rest) > 2:
+        missing = ".".join(target.split(".")[:-2])
+        raise SourceLookupError(f"{target}: no module {missing} under {root}")
+    tree = src.parse(path)
     if len(rest) == 1:
         fn = _function_in(tree.body, rest[0])
         if fn is None:
@@ -149,11 +156,15 @@ def base_names(cls: ast.ClassDef) -> list[str]:
 
 def iter_classes(root: Path, subdirs: tuple[str, ...]) -> list[tuple[Path, ast.ClassDef]]:
     """Every module-level class under ``root/<subdir>`` (recursively)."""
+    return SourceTree(root).iter_classes(subdirs)
+
+
+def _iter_classes(src: SourceTree, subdirs: tuple[str, ...]) -> list[tuple[Path, ast.ClassDef]]:
     out: list[tuple[Path, ast.ClassDef]] = []
     for sub in subdirs:
-        for path in sorted((root / sub).rglob("*.py")):
+        for path in sorted((src.root / sub).rglob("*.py")):
             try:
-                tree = parse_file(path)
+                tree = src.parse(path)
             except SyntaxError:
                 continue
             out.extend((path, n) for n in tree.body if isinstance(n, ast.ClassDef))
@@ -163,10 +174,14 @@ def iter_classes(root: Path, subdirs: tuple[str, ...]) -> list[tuple[Path, ast.C
 def class_attributes(root: Path, module: str, cls_name: str) -> set[str]:
     """Names a class defines: annotated fields, class-level assignments, methods, and
     ``self.<name> = ...`` assignments in its methods (its bases are not followed)."""
-    path = module_file(root, module)
+    return SourceTree(root).class_attributes(module, cls_name)
+
+
+def _class_attributes(src: SourceTree, module: str, cls_name: str) -> set[str]:
+    path = module_file(src.root, module)
     if path is None:
-        raise SourceLookupError(f"no module {module} under {root}")
-    cls = _class_in(parse_file(path).body, cls_name)
+        raise SourceLookupError(f"no module {module} under {src.root}")
+    cls = _class_in(src.parse(path).body, cls_name)
     if cls is None:
         raise SourceLookupError(f"no class {cls_name} in {path}")
     names: set[str] = set()
@@ -177,12 +192,12 @@ def class_attributes(root: Path, module: str, cls_name: str) -> set[str]:
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
-    for node in ast.walk(cls):
+    for sub in ast.walk(cls):
         targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-            targets = [node.target]
+        if isinstance(sub, ast.Assign):
+            targets = list(sub.targets)
+        elif isinstance(sub, (ast.AnnAssign, ast.AugAssign)):
+            targets = [sub.target]
         for t in targets:
             elts = t.elts if isinstance(t, ast.Tuple) else [t]
             for e in elts:
@@ -190,3 +205,36 @@ def class_attributes(root: Path, module: str, cls_name: str) -> set[str]:
                         and e.value.id == "self"):
                     names.add(e.attr)
     return names
+
+
+class SourceTree:
+    """The source of one SGLang installation, each file parsed at most once per instance.
+
+    The module-level functions of the same names build a fresh instance per call; keep one
+    instance to look many things up (the contract tests do).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._trees: dict[Path, ast.Module] = {}
+
+    def parse(self, path: Path) -> ast.Module:
+        tree = self._trees.get(path)
+        if tree is None:
+            tree = self._trees[path] = parse_file(path)
+        return tree
+
+    def find_callable(self, target: str) -> FoundCallable:
+        return _find_callable(self, target)
+
+    def class_attributes(self, module: str, cls_name: str) -> set[str]:
+        return _class_attributes(self, module, cls_name)
+
+    def iter_classes(self, subdirs: tuple[str, ...]) -> list[tuple[Path, ast.ClassDef]]:
+        return _iter_classes(self, subdirs)
+
+    def module(self, module: str) -> ast.Module:
+        path = module_file(self.root, module)
+        if path is None:
+            raise SourceLookupError(f"no module {module} under {self.root}")
+        return self.parse(path)

@@ -1,0 +1,24 @@
+"""``specperf`` / ``python -m pytest_specperf``: command-line tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pytest_specperf import __version__, calibrate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specperf", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pytest-specperf {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    calibrate.add_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "calibrate":
+        return calibrate.run(args)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

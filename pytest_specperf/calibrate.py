@@ -1,0 +1,255 @@
+"""``specperf calibrate``: how often does the gate cry wolf, and what does it catch?
+
+On the current machine and backend it records a baseline, then runs the suite again and
+again, each time in a fresh pytest process (fresh server): ``K`` A/A repetitions (nothing
+changed: every SLOWER is a false alarm), ``K`` repetitions per injected slowdown (every
+run that does not fail naming the injected phase is a miss), optionally ``K`` A/A
+repetitions with a CPU hog on one core (UNSTABLE is the right answer there; SLOWER is
+not). Conditions are interleaved round-robin, so that slow drift of the machine hits
+every condition alike. It prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
+DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
+UNACCOUNTED = "unaccounted"
+
+
+@dataclass
+class Condition:
+    name: str
+    inject: str | None = None
+    hog: bool = False
+    expect: str | None = None  # the phase a detection must name (None: A/A)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def slower_runs(self) -> int:
+        return sum(1 for r in self.runs if r["slower_cases"])
+
+    @property
+    def named_right(self) -> int:
+        return sum(1 for r in self.runs if r["slower_cases"] and r["named_right"])
+
+    @property
+    def detected(self) -> int:
+        return sum(1 for r in self.runs if r["detected"])
+
+    @property
+    def unstable_runs(self) -> int:
+        return sum(1 for r in self.runs if r["unstable_cases"])
+
+
+def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
+    slower, unstable = [], []
+    for case in report.get("cases", []):
+        ms = [m for m in case["metrics"] if m["verdict"] == "SLOWER"]
+        if case["verdict"] == "SLOWER":
+            ms.sort(key=lambda m: -abs(m["change"]))
+            slower.append({"key": case["key"], "head": ms[0]["metric"] if ms else "?",
+                           "metrics": [m["metric"] for m in ms]})
+        elif case["verdict"] == "UNSTABLE":
+            unstable.append(case["key"])
+    detected = bool(expect) and any(expect in c["metrics"] for c in slower)
+    named_right = bool(slower) and bool(expect) and all(c["head"] == expect for c in slower)
+    return {"slower_cases": slower, "unstable_cases": unstable, "detected": detected,
+            "named_right": named_right, "cases": len(report.get("cases", []))}
+
+
+class Calibration:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="specperf-calibrate-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.baselines = self.work / "baselines"
+        self.suite = list(args.pytest_args or DEFAULT_SUITE)
+        self.t0 = time.monotonic()
+
+    def _pytest(self, tag: str, extra: list[str]) -> tuple[int, dict[str, Any] | None, float]:
+        report_path = self.work / f"{tag}.json"
+        cmd = [sys.executable, "-m", "pytest", *self.suite, "-q", "-p", "no:cacheprovider",
+               "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
+               *extra]
+        t = time.monotonic()
+        with open(self.work / f"{tag}.log", "wb") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        report = json.loads(report_path.read_text()) if report_path.exists() else None
+        return rc, report, time.monotonic() - t
+
+    def record(self) -> dict[str, Any]:
+        print(f"recording the baseline: pytest {' '.join(self.suite)} "
+              "--specperf-update-baselines", flush=True)
+        rc, report, dt = self._pytest("baseline", ["--specperf-update-baselines"])
+        if rc != 0 or report is None:
+            raise SystemExit(f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}")
+        print(f"  baseline recorded in {dt:.0f} s ({len(report['cases'])} cases)", flush=True)
+        return report
+
+    def run(self) -> dict[str, Any]:
+        base = self.record()
+        steps = [c["step_ms"]["median"] for c in base["cases"]]
+        ref_step = sorted(steps)[len(steps) // 2]
+        stall_ms = round(self.args.host_stall_share * ref_step, 1)
+        conds = [Condition("A/A")]
+        for f in self.args.inject or DEFAULT_FACTORS:
+            conds.append(Condition(f, inject=f, expect=f.split("=")[0]))
+        conds.append(Condition(f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}",
+                               expect=UNACCOUNTED))
+        if self.args.hog:
+            conds.append(Condition("A/A + CPU hog", hog=True))
+        total = len(conds) * self.args.repetitions
+        n = 0
+        for rep in range(self.args.repetitions):
+            for cond in conds:
+                n += 1
+                extra = ["--specperf-inject", cond.inject] if cond.inject else []
+                hog = _start_hog() if cond.hog else None
+                try:
+                    rc, report, dt = self._pytest(f"rep{rep:02d}-{_slug(cond.name)}", extra)
+                finally:
+                    if hog is not None:
+                        _stop_hog(hog)
+                if report is None:
+                    print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
+                          f"(exit {rc}); see {self.work}", flush=True)
+                    continue
+                out = _run_outcome(report, cond.expect)
+                out.update({"rep": rep, "exit": rc, "wall_s": round(dt, 1)})
+                cond.runs.append(out)
+                what = ", ".join(f"{c['head']}@{c['key']}" for c in out["slower_cases"]) or "pass"
+                unst = f", {len(out['unstable_cases'])} UNSTABLE" if out["unstable_cases"] else ""
+                print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{self.args.repetitions}  "
+                      f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  {dt:.0f} s",
+                      flush=True)
+        return self.summarize(conds, base, stall_ms, ref_step)
+
+    def summarize(self, conds: list[Condition], base: dict[str, Any], stall_ms: float,
+                  ref_step: float) -> dict[str, Any]:
+        wall = time.monotonic() - self.t0
+        rows: list[dict[str, Any]] = []
+        for c in conds:
+            k = len(c.runs)
+            rows.append({
+                "condition": c.name, "inject": c.inject, "hog": c.hog, "expect": c.expect,
+                "runs": k, "slower_runs": c.slower_runs, "detected": c.detected,
+                "named_right": c.named_right, "unstable_runs": c.unstable_runs,
+                "rate": c.slower_runs / k if k else math.nan, "details": c.runs,
+            })
+        smallest: tuple[str, float] | None = None
+        for c in conds:
+            if c.inject and c.expect and c.expect != UNACCOUNTED and c.runs:
+                if c.detected / len(c.runs) >= 0.95:
+                    f = float(c.inject.split("=")[1])
+                    if smallest is None or f < smallest[1]:
+                        smallest = (c.inject, f)
+        return {"suite": self.suite, "repetitions": self.args.repetitions,
+                "host_stall_ms": stall_ms, "reference_step_ms": ref_step,
+                "smallest_detected_95": smallest[0] if smallest else None,
+                "wall_s": round(wall, 1), "conditions": rows,
+                "baseline_cases": [c["key"] for c in base["cases"]], "work_dir": str(self.work)}
+
+
+def format_table(summary: dict[str, Any]) -> list[str]:
+    head = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE"]
+    lines = []
+    data = []
+    for r in summary["conditions"]:
+        named = "-" if not r["expect"] else f"{r['named_right']}/{r['runs']} ({r['expect']})"
+        failed = f"{r['slower_runs']}/{r['runs']}"
+        if r["expect"] is None:
+            failed += " false alarms"
+        data.append([r["condition"], str(r["runs"]), failed, named,
+                     f"{r['unstable_runs']}/{r['runs']}"])
+    widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(head)]
+    for row in [head, ["-" * w for w in widths], *data]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    lines.append(f"smallest injected factor detected in >= 95% of runs: "
+                 f"{summary['smallest_detected_95'] or 'none of those tried'}")
+    lines.append(f"host stall: {summary['host_stall_ms']} ms per step (about "
+                 f"{summary['host_stall_ms'] / summary['reference_step_ms']:.0%} of the median "
+                 f"case's {summary['reference_step_ms']:.1f} ms step)")
+    wall = summary["wall_s"]
+    lines.append(f"wall time: {int(wall // 3600)}h {int(wall % 3600 // 60)}m {int(wall % 60)}s "
+                 f"({summary['repetitions']} repetitions per condition)")
+    return lines
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in name)
+
+
+def _start_hog() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            start_new_session=True)
+
+
+def _stop_hog(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser(
+        "calibrate", help="measure false-alarm rate and detection power on this machine",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("-k", "--repetitions", type=int, default=20,
+                   help="repetitions per condition (default 20)")
+    c.add_argument("--inject", action="append", metavar="PHASE=FACTOR",
+                   help=f"slowdown to test (repeatable; default: {', '.join(DEFAULT_FACTORS)})")
+    c.add_argument("--host-stall-share", type=float, default=0.20,
+                   help="host stall per step, as a share of the median case's step (default 0.2)")
+    c.add_argument("--hog", action="store_true",
+                   help="add A/A repetitions with a busy process on one core")
+    c.add_argument("--json", type=Path, help="write the results to this file")
+    c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
+    c.add_argument("pytest_args", nargs="*",
+                   help=f"suite to run, after -- (default: {' '.join(DEFAULT_SUITE)})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pytest_specperf.inject import parse_inject
+
+    if args.repetitions < 1:
+        print("error: --repetitions must be at least 1", file=sys.stderr)
+        return 2
+    if not 0 < args.host_stall_share < 5:
+        print("error: --host-stall-share must be in (0, 5)", file=sys.stderr)
+        return 2
+    for f in args.inject or ():
+        try:
+            spec = parse_inject(f)
+        except ValueError as e:
+            print(f"error: --inject {f!r}: {e}", file=sys.stderr)
+            return 2
+        if len(spec.factors) != 1 or spec.host_stall_ms:
+            print(f"error: --inject {f!r}: give one PHASE=FACTOR per --inject", file=sys.stderr)
+            return 2
+    cal = Calibration(args)
+    summary = cal.run()
+    print()
+    for line in format_table(summary):
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+        print(f"JSON: {args.json}")
+    if not args.work_dir:
+        shutil.rmtree(cal.work, ignore_errors=True)
+    return 0

@@ -1,0 +1,145 @@
+"""Canary slowdowns: ``--specperf-inject verify=1.10,host_stall=5``.
+
+``PHASE=FACTOR`` makes the named phase really take ``FACTOR`` times as long: when the
+phase is about to end, busy work on the same device runs for ``(FACTOR - 1)`` times the
+phase's own duration, inside the phase. On the CPU the busy work is real matrix work,
+timed to the phase's measured host time; on a GPU it is a kernel sized from the phase's
+recent device time (the host part of a GPU phase is only the launch cost).
+
+``host_stall=MS`` stalls the host for ``MS`` milliseconds once per step, between two
+phases and outside all of them, so the device idles and the time lands in
+``unaccounted``: the incident that motivated this project.
+
+The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable;
+records of injected steps carry the label ``inject=<spec>``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_specperf.probe.phases import PHASES, VERIFY
+
+HOST_STALL = "host_stall"
+#: The phase before which the host stall happens: the host is late to launch the verify.
+STALL_BEFORE = VERIFY
+MAX_FACTOR = 10.0
+MAX_STALL_MS = 10_000.0
+
+
+@dataclass(frozen=True)
+class InjectSpec:
+    factors: dict[str, float] = field(default_factory=dict)
+    host_stall_ms: float = 0.0
+
+    def __str__(self) -> str:
+        parts = [f"{p}={f:g}" for p, f in sorted(self.factors.items())]
+        if self.host_stall_ms:
+            parts.append(f"{HOST_STALL}={self.host_stall_ms:g}")
+        return ",".join(parts)
+
+
+def parse_inject(text: str) -> InjectSpec:
+    """Parse ``PHASE=FACTOR[,PHASE=FACTOR...][,host_stall=MS]``; ValueError names the fix."""
+    factors: dict[str, float] = {}
+    stall = 0.0
+    if not text.strip():
+        raise ValueError("empty spec; expected PHASE=FACTOR such as verify=1.10")
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep:
+            raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
+        try:
+            x = float(value)
+        except ValueError:
+            raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+        if name == HOST_STALL:
+            if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
+                raise ValueError(f"host_stall: {value.strip()} ms must be in (0, {MAX_STALL_MS:g}]")
+            stall = x
+        elif name in PHASES:
+            if not 1.0 < x <= MAX_FACTOR:
+                raise ValueError(
+                    f"{name}: factor {value.strip()} must be in (1, {MAX_FACTOR:g}] "
+                    "(a slowdown: 1.10 makes the phase 10% slower)"
+                )
+            if name in factors:
+                raise ValueError(f"{name} is given twice")
+            factors[name] = x
+        else:
+            raise ValueError(
+                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)}, or host_stall=MS"
+            )
+    return InjectSpec(factors, stall)
+
+
+class Injector:
+    """Implements ``probe.PhaseInjector`` for one server process."""
+
+    def __init__(self, spec: InjectSpec, *, device: Any = None) -> None:
+        self.spec = spec
+        self._cuda = device is not None and str(device).startswith("cuda")
+        self._torch: Any = None
+        self._work: Any = None
+        self._device_ns: dict[str, float] = {}
+        self._cycles_per_ns = 0.0
+
+    def _ensure_work(self) -> None:
+        if self._torch is not None:
+            return
+        import torch
+
+        self._torch = torch
+        if self._cuda:
+            self._cycles_per_ns = _calibrate_cuda_sleep(torch)
+        else:
+            self._work = (torch.randn(64, 64), torch.randn(64, 64))
+
+    def before_phase(self, phase: str) -> None:
+        if phase == STALL_BEFORE and self.spec.host_stall_ms:
+            _spin(self.spec.host_stall_ms * 1e6)
+
+    def stretch(self, phase: str, elapsed_ns: int) -> None:
+        factor = self.spec.factors.get(phase)
+        if factor is None:
+            return
+        self._ensure_work()
+        if self._cuda:
+            dev = self._device_ns.get(phase)
+            if dev:
+                cycles = int(dev * (factor - 1.0) * self._cycles_per_ns)
+                self._torch.cuda._sleep(max(cycles, 1))
+            return
+        deadline = time.perf_counter_ns() + int(elapsed_ns * (factor - 1.0))
+        a, b = self._work
+        while time.perf_counter_ns() < deadline:
+            a = self._torch.mm(a, b).clamp_(-1.0, 1.0)  # real work on the phase's device
+
+    def observe_device(self, phase: str, device_ns: int) -> None:
+        """Feed back a resolved device time (EMA) so GPU busy work tracks the phase."""
+        old = self._device_ns.get(phase)
+        self._device_ns[phase] = device_ns if old is None else 0.8 * old + 0.2 * device_ns
+
+
+def _spin(ns: float) -> None:
+    end = time.perf_counter_ns() + ns
+    while time.perf_counter_ns() < end:
+        pass
+
+
+def _calibrate_cuda_sleep(torch: Any) -> float:
+    """GPU clock cycles per nanosecond for ``torch.cuda._sleep``, measured with events."""
+    torch.cuda._sleep(1000)  # warm up
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    cycles = 10_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    ns = start.elapsed_time(end) * 1e6
+    return cycles / ns if ns > 0 else 1.0
