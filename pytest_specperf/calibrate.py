@@ -12,6 +12,7 @@ every condition alike. It prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pytest_specperf.verdict import HIGHER_IS_BETTER, RAW_TIME_METRICS, Z
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
@@ -60,15 +63,76 @@ def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
     for case in report.get("cases", []):
         ms = [m for m in case["metrics"] if m["verdict"] == "SLOWER"]
         if case["verdict"] == "SLOWER":
-            ms.sort(key=lambda m: -abs(m["change"]))
-            slower.append({"key": case["key"], "head": ms[0]["metric"] if ms else "?",
-                           "metrics": [m["metric"] for m in ms]})
+            slower.append(
+                {
+                    "key": case["key"],
+                    "head": case.get("culprit") or "?",
+                    "metrics": [m["metric"] for m in ms],
+                }
+            )
         elif case["verdict"] == "UNSTABLE":
             unstable.append(case["key"])
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
     named_right = bool(slower) and bool(expect) and all(c["head"] == expect for c in slower)
-    return {"slower_cases": slower, "unstable_cases": unstable, "detected": detected,
-            "named_right": named_right, "cases": len(report.get("cases", []))}
+    judged = [
+        [{k: m[k] for k in ("metric", "change", "noise", "share_based")} for m in case["metrics"]]
+        for case in report.get("cases", [])
+        if case["verdict"] not in ("NO_BASELINE", "INVALID")
+    ]
+    return {
+        "slower_cases": slower,
+        "unstable_cases": unstable,
+        "detected": detected,
+        "named_right": named_right,
+        "cases": len(report.get("cases", [])),
+        "judged": judged,
+    }
+
+
+def slower_at(
+    judged: list[list[dict[str, Any]]], tolerance: float, kind: str, z: float = Z
+) -> list[list[str]]:
+    """Per case, the metrics of ``kind`` ("phase" or "step", as ``verdict.Tolerances``
+    splits them) that would be SLOWER at ``tolerance``: the same rule as verdict.py."""
+    out = []
+    for case in judged:
+        bad = []
+        for m in case:
+            if (m["metric"] in RAW_TIME_METRICS) != (kind == "step"):
+                continue
+            worse = m["change"]
+            if not m["share_based"] and m["metric"] in HIGHER_IS_BETTER:
+                worse = -worse
+            if abs(m["change"]) > tolerance and abs(m["change"]) > z * m["noise"] and worse > 0:
+                bad.append(m["metric"])
+        out.append(bad)
+    return out
+
+
+def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[dict[str, Any]]:
+    """Failed runs and detections each tolerance would have given on the same runs."""
+    rows = []
+    for tol in tolerances:
+        row: dict[str, Any] = {"tolerance": tol}
+        for c in conds:
+            fails = detect = 0
+            for r in c.runs:
+                per_case = slower_at(r["judged"], tol, kind)
+                if any(per_case):
+                    fails += 1
+                if c.expect and any(c.expect in bad for bad in per_case):
+                    detect += 1
+            row[c.name] = {"failed": fails, "detected": detect, "runs": len(c.runs)}
+        rows.append(row)
+    return rows
+
+
+def recommend(rows: list[dict[str, Any]], conds: list[Condition]) -> float | None:
+    """Smallest tolerance with at most 1 false alarm per 20 A/A runs (hog runs included)."""
+    for row in rows:
+        if all(row[c.name]["failed"] <= len(c.runs) // 20 for c in conds if c.expect is None):
+            return float(row["tolerance"])
+    return None
 
 
 class Calibration:
@@ -82,9 +146,20 @@ class Calibration:
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, dict[str, Any] | None, float]:
         report_path = self.work / f"{tag}.json"
-        cmd = [sys.executable, "-m", "pytest", *self.suite, "-q", "-p", "no:cacheprovider",
-               "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
-               *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            *self.suite,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--specperf-baselines",
+            str(self.baselines),
+            "--specperf-json",
+            str(report_path),
+            *extra,
+        ]
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -92,8 +167,10 @@ class Calibration:
         return rc, report, time.monotonic() - t
 
     def record(self) -> dict[str, Any]:
-        print(f"recording the baseline: pytest {' '.join(self.suite)} "
-              "--specperf-update-baselines", flush=True)
+        print(
+            f"recording the baseline: pytest {' '.join(self.suite)} --specperf-update-baselines",
+            flush=True,
+        )
         rc, report, dt = self._pytest("baseline", ["--specperf-update-baselines"])
         if rc != 0 or report is None:
             raise SystemExit(f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}")
@@ -108,8 +185,11 @@ class Calibration:
         conds = [Condition("A/A")]
         for f in self.args.inject or DEFAULT_FACTORS:
             conds.append(Condition(f, inject=f, expect=f.split("=")[0]))
-        conds.append(Condition(f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}",
-                               expect=UNACCOUNTED))
+        conds.append(
+            Condition(
+                f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}", expect=UNACCOUNTED
+            )
+        )
         if self.args.hog:
             conds.append(Condition("A/A + CPU hog", hog=True))
         total = len(conds) * self.args.repetitions
@@ -125,43 +205,74 @@ class Calibration:
                     if hog is not None:
                         _stop_hog(hog)
                 if report is None:
-                    print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
-                          f"(exit {rc}); see {self.work}", flush=True)
+                    print(
+                        f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
+                        f"(exit {rc}); see {self.work}",
+                        flush=True,
+                    )
                     continue
                 out = _run_outcome(report, cond.expect)
                 out.update({"rep": rep, "exit": rc, "wall_s": round(dt, 1)})
                 cond.runs.append(out)
                 what = ", ".join(f"{c['head']}@{c['key']}" for c in out["slower_cases"]) or "pass"
                 unst = f", {len(out['unstable_cases'])} UNSTABLE" if out["unstable_cases"] else ""
-                print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{self.args.repetitions}  "
-                      f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  {dt:.0f} s",
-                      flush=True)
+                print(
+                    f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{self.args.repetitions}  "
+                    f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  {dt:.0f} s",
+                    flush=True,
+                )
         return self.summarize(conds, base, stall_ms, ref_step)
 
-    def summarize(self, conds: list[Condition], base: dict[str, Any], stall_ms: float,
-                  ref_step: float) -> dict[str, Any]:
+    def summarize(
+        self, conds: list[Condition], base: dict[str, Any], stall_ms: float, ref_step: float
+    ) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         rows: list[dict[str, Any]] = []
         for c in conds:
             k = len(c.runs)
-            rows.append({
-                "condition": c.name, "inject": c.inject, "hog": c.hog, "expect": c.expect,
-                "runs": k, "slower_runs": c.slower_runs, "detected": c.detected,
-                "named_right": c.named_right, "unstable_runs": c.unstable_runs,
-                "rate": c.slower_runs / k if k else math.nan, "details": c.runs,
-            })
+            rows.append(
+                {
+                    "condition": c.name,
+                    "inject": c.inject,
+                    "hog": c.hog,
+                    "expect": c.expect,
+                    "runs": k,
+                    "slower_runs": c.slower_runs,
+                    "detected": c.detected,
+                    "named_right": c.named_right,
+                    "unstable_runs": c.unstable_runs,
+                    "rate": c.slower_runs / k if k else math.nan,
+                    "details": c.runs,
+                }
+            )
         smallest: tuple[str, float] | None = None
         for c in conds:
-            if c.inject and c.expect and c.expect != UNACCOUNTED and c.runs:
-                if c.detected / len(c.runs) >= 0.95:
-                    f = float(c.inject.split("=")[1])
-                    if smallest is None or f < smallest[1]:
-                        smallest = (c.inject, f)
-        return {"suite": self.suite, "repetitions": self.args.repetitions,
-                "host_stall_ms": stall_ms, "reference_step_ms": ref_step,
-                "smallest_detected_95": smallest[0] if smallest else None,
-                "wall_s": round(wall, 1), "conditions": rows,
-                "baseline_cases": [c["key"] for c in base["cases"]], "work_dir": str(self.work)}
+            if (
+                c.inject
+                and c.expect
+                and c.expect != UNACCOUNTED
+                and c.runs
+                and c.detected / len(c.runs) >= 0.95
+            ):
+                f = float(c.inject.split("=")[1])
+                if smallest is None or f < smallest[1]:
+                    smallest = (c.inject, f)
+        tolerances = [round(0.01 * t, 2) for t in range(2, 16)]
+        swept = {kind: sweep(conds, tolerances, kind) for kind in ("phase", "step")}
+        recommended = {kind: recommend(rows, conds) for kind, rows in swept.items()}
+        return {
+            "suite": self.suite,
+            "repetitions": self.args.repetitions,
+            "sweep": swept,
+            "recommended_tolerance": recommended,
+            "host_stall_ms": stall_ms,
+            "reference_step_ms": ref_step,
+            "smallest_detected_95": smallest[0] if smallest else None,
+            "wall_s": round(wall, 1),
+            "conditions": rows,
+            "baseline_cases": [c["key"] for c in base["cases"]],
+            "work_dir": str(self.work),
+        }
 
 
 def format_table(summary: dict[str, Any]) -> list[str]:
@@ -173,19 +284,57 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         failed = f"{r['slower_runs']}/{r['runs']}"
         if r["expect"] is None:
             failed += " false alarms"
-        data.append([r["condition"], str(r["runs"]), failed, named,
-                     f"{r['unstable_runs']}/{r['runs']}"])
+        data.append(
+            [r["condition"], str(r["runs"]), failed, named, f"{r['unstable_runs']}/{r['runs']}"]
+        )
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(head)]
     for row in [head, ["-" * w for w in widths], *data]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    lines.append(f"smallest injected factor detected in >= 95% of runs: "
-                 f"{summary['smallest_detected_95'] or 'none of those tried'}")
-    lines.append(f"host stall: {summary['host_stall_ms']} ms per step (about "
-                 f"{summary['host_stall_ms'] / summary['reference_step_ms']:.0%} of the median "
-                 f"case's {summary['reference_step_ms']:.1f} ms step)")
+    for kind, what in (
+        ("phase", "phases, accept length, unaccounted share: --specperf-tolerance"),
+        ("step", "raw step time and tokens/s: --specperf-step-tolerance"),
+    ):
+        rows = summary.get("sweep", {}).get(kind)
+        if not rows:
+            continue
+        lines.append("")
+        lines.append(f"the same runs judged at other tolerances for {what}")
+        lines.append(
+            "(A/A columns: runs that would fail; injected columns: runs that would "
+            "detect the injected phase)"
+        )
+        hdr = ["tolerance", *(r["condition"] for r in summary["conditions"])]
+        table = []
+        for row in rows:
+            cells = [f"{row['tolerance']:.0%}"]
+            for r in summary["conditions"]:
+                v = row[r["condition"]]
+                key = "failed" if r["expect"] is None else "detected"
+                cells.append(f"{v[key]}/{v['runs']}")
+            table.append(cells)
+        w = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(hdr)]
+        for row_cells in [hdr, ["-" * x for x in w], *table]:
+            lines.append("  ".join(c.ljust(x) for c, x in zip(row_cells, w)).rstrip())
+        rec = summary["recommended_tolerance"].get(kind)
+        lines.append(
+            "smallest tolerance with at most 1 false alarm per 20 A/A runs: "
+            + (f"{rec:.0%}" if rec is not None else "none up to 15%")
+        )
+    lines.append("")
+    lines.append(
+        f"smallest injected factor detected in >= 95% of runs: "
+        f"{summary['smallest_detected_95'] or 'none of those tried'}"
+    )
+    lines.append(
+        f"host stall: {summary['host_stall_ms']} ms per step (about "
+        f"{summary['host_stall_ms'] / summary['reference_step_ms']:.0%} of the median "
+        f"case's {summary['reference_step_ms']:.1f} ms step)"
+    )
     wall = summary["wall_s"]
-    lines.append(f"wall time: {int(wall // 3600)}h {int(wall % 3600 // 60)}m {int(wall % 60)}s "
-                 f"({summary['repetitions']} repetitions per condition)")
+    lines.append(
+        f"wall time: {int(wall // 3600)}h {int(wall % 3600 // 60)}m {int(wall % 60)}s "
+        f"({summary['repetitions']} repetitions per condition)"
+    )
     return lines
 
 
@@ -194,34 +343,47 @@ def _slug(name: str) -> str:
 
 
 def _start_hog() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
 
 
 def _stop_hog(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()
 
 
 def add_parser(sub: Any) -> None:
     c = sub.add_parser(
-        "calibrate", help="measure false-alarm rate and detection power on this machine",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("-k", "--repetitions", type=int, default=20,
-                   help="repetitions per condition (default 20)")
-    c.add_argument("--inject", action="append", metavar="PHASE=FACTOR",
-                   help=f"slowdown to test (repeatable; default: {', '.join(DEFAULT_FACTORS)})")
-    c.add_argument("--host-stall-share", type=float, default=0.20,
-                   help="host stall per step, as a share of the median case's step (default 0.2)")
-    c.add_argument("--hog", action="store_true",
-                   help="add A/A repetitions with a busy process on one core")
+        "calibrate",
+        help="measure false-alarm rate and detection power on this machine",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument(
+        "-k", "--repetitions", type=int, default=20, help="repetitions per condition (default 20)"
+    )
+    c.add_argument(
+        "--inject",
+        action="append",
+        metavar="PHASE=FACTOR",
+        help=f"slowdown to test (repeatable; default: {', '.join(DEFAULT_FACTORS)})",
+    )
+    c.add_argument(
+        "--host-stall-share",
+        type=float,
+        default=0.20,
+        help="host stall per step, as a share of the median case's step (default 0.2)",
+    )
+    c.add_argument(
+        "--hog", action="store_true", help="add A/A repetitions with a busy process on one core"
+    )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
-    c.add_argument("pytest_args", nargs="*",
-                   help=f"suite to run, after -- (default: {' '.join(DEFAULT_SUITE)})")
+    c.add_argument(
+        "pytest_args",
+        nargs="*",
+        help=f"suite to run, after -- (default: {' '.join(DEFAULT_SUITE)})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

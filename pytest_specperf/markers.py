@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pytest
@@ -11,11 +10,12 @@ from pytest_specperf.options import parse_fraction
 from pytest_specperf.probe.phases import ALL_PHASES
 
 MARKERS = (
-    "specperf(gate=None, tolerance=None, steps=None, warmup=None, context_len=None): "
-    "speculative-decoding performance case: gate=[metrics or phases] to judge "
-    "(step, accept_len, tokens_per_s, unaccounted, or a phase name such as verify), "
-    "tolerance=0.1 or '10%' to override the run's tolerance, steps=/warmup= decode steps, "
-    "context_len= to declare the context length of a non-parametrized case",
+    "specperf(gate=None, tolerance=None, step_tolerance=None, steps=None, warmup=None, "
+    "context_len=None): speculative-decoding performance case: gate=[metrics or phases] to "
+    "judge (step, accept_len, tokens_per_s, unaccounted, or a phase such as verify), "
+    "tolerance= / step_tolerance= (0.1 or '10%') to override the run's tolerances, "
+    "steps= / warmup= decode steps, context_len= to declare the context length of a "
+    "non-parametrized case",
     "long_context: decode at a long context; added automatically to cases whose context "
     "length is at or above the ini option specperf_long_context_min",
     "gpu: needs a CUDA GPU; skipped with a reason where there is none",
@@ -23,7 +23,7 @@ MARKERS = (
 
 #: Metrics a case can gate, besides the phases.
 GATEABLE_METRICS = ("step", "accept_len", "tokens_per_s", *ALL_PHASES)
-_KEYWORDS = ("gate", "tolerance", "steps", "warmup", "context_len")
+_KEYWORDS = ("gate", "tolerance", "step_tolerance", "steps", "warmup", "context_len")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class CaseOptions:
 
     gate: tuple[str, ...] | None = None
     tolerance: float | None = None
+    step_tolerance: float | None = None
     steps: int | None = None
     warmup: int | None = None
     context_len: int | None = None
@@ -70,20 +71,21 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
                 )
             )
         gates = tuple(gate)
-    tol = merged.get("tolerance")
-    tolerance = None
-    if tol is not None:
+    fractions: dict[str, float | None] = {}
+    for name in ("tolerance", "step_tolerance"):
+        tol = merged.get(name)
+        fractions[name] = None
+        if tol is None:
+            continue
         try:
             if isinstance(tol, bool):
                 raise ValueError
-            tolerance = parse_fraction(str(tol))
-            if not math.isfinite(tolerance):
-                raise ValueError
+            fractions[name] = parse_fraction(str(tol))
         except ValueError:
             raise ValueError(
                 _err(
                     item,
-                    f"tolerance {tol!r} must be a fraction in (0, 1) like "
+                    f"{name} {tol!r} must be a fraction in (0, 1) like "
                     "0.1 or a percentage like '10%'",
                 )
             ) from None
@@ -95,7 +97,8 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
         ints[name] = v if isinstance(v, int) else None
     return CaseOptions(
         gate=gates,
-        tolerance=tolerance,
+        tolerance=fractions["tolerance"],
+        step_tolerance=fractions["step_tolerance"],
         steps=ints["steps"],
         warmup=ints["warmup"],
         context_len=ints["context_len"],

@@ -32,6 +32,8 @@ DISCARD_PER_BLOCK = 1
 #: Metrics judged on their mean: accepted tokens per step is an integer per step, so its
 #: median moves in whole tokens; tokens/s follows it.
 MEAN_METRICS = frozenset({"accept_len", "tokens_per_s"})
+#: Suffix of the drift-free form of a phase.
+PER_REST = "/rest"
 #: Seconds to wait for the records of a finished request to reach the sink.
 RECORD_WAIT_S = 15.0
 
@@ -91,8 +93,19 @@ class DecodeRun:
         return sum(g["eager"] for g in self.graphs.values())
 
 
+def per_rest(phase: str) -> str:
+    """Name of ``phase``'s time relative to the rest of its step (judged for phases)."""
+    return f"{phase}{PER_REST}"
+
+
 def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
-    """Per-step metric samples: times in ms, accept_len in tokens, tokens_per_s."""
+    """Per-step metric samples: times in ms, accept_len in tokens, tokens_per_s.
+
+    Also the drift-free form the verdicts use for phases: each phase's time relative to
+    the other named phases of the same step (``verify/rest``). A slower machine slows
+    them alike; a slower phase stands out. ``unaccounted`` is not part of the rest, so a
+    host stall does not move the phases.
+    """
     out: dict[str, list[float]] = {
         "step": [],
         UNACCOUNTED: [],
@@ -107,11 +120,17 @@ def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
             out[f"device.{p}"] = []
         out["device.step"] = []
         out["device_busy"] = []
+    for p in PHASES:
+        out[per_rest(p)] = []
     for r in records:
         out["step"].append(r.step_ns / 1e6)
         out[UNACCOUNTED].append(r.unaccounted_ns / 1e6)
+        named = sum(r.host_ns.get(p, 0) for p in PHASES)
         for p in PHASES:
-            out[p].append(r.host_ns.get(p, 0) / 1e6)
+            ns = r.host_ns.get(p, 0)
+            out[p].append(ns / 1e6)
+            rest = named - ns
+            out[per_rest(p)].append(ns / rest if rest > 0 else 0.0)
         out["accept_len"].append(r.accepted_tokens / max(r.batch_size, 1))
         out["tokens_per_s"].append(r.accepted_tokens / (r.step_ns / 1e9) if r.step_ns else 0.0)
         if device and r.device_ns is not None:

@@ -16,7 +16,8 @@ import pytest
 from pytest_specperf.inject import InjectSpec, parse_inject
 
 BACKENDS = ("reference", "sglang")
-DEFAULT_TOLERANCE = 0.08
+DEFAULT_TOLERANCE = 0.05
+DEFAULT_STEP_TOLERANCE = 0.10
 DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8
 DEFAULT_LONG_CONTEXT_MIN = 32768
@@ -60,8 +61,15 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "--specperf-tolerance",
-        f"relative change a metric may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
-        "0.08 or 8%",
+        "relative change a phase (judged against the rest of its step), the accept length "
+        f"or the unaccounted share may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
+        "0.05 or 5%",
+        metavar="FRACTION",
+    ),
+    _Opt(
+        "--specperf-step-tolerance",
+        "relative change the raw step time and tokens/s may show before they count "
+        f"(default {DEFAULT_STEP_TOLERANCE:.0%}; wider: they carry the machine's drift)",
         metavar="FRACTION",
     ),
     _Opt(
@@ -153,6 +161,7 @@ class Settings:
     update_baselines: bool
     device_slug: str | None
     tolerance: float
+    step_tolerance: float
     steps: int
     warmup_steps: int
     json_path: Path | None
@@ -231,15 +240,22 @@ def load_settings(config: pytest.Config) -> Settings:
             "([a-z0-9][a-z0-9._-]*, at most 80 characters)",
         )
 
-    tol_raw, src = get("--specperf-tolerance")
-    tolerance = DEFAULT_TOLERANCE
-    if tol_raw is not None:
-        try:
-            tolerance = parse_fraction(str(tol_raw))
-        except ValueError:
-            raise _usage(
-                src, tol_raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%"
-            ) from None
+    fractions = {}
+    for flag, default in (
+        ("--specperf-tolerance", DEFAULT_TOLERANCE),
+        ("--specperf-step-tolerance", DEFAULT_STEP_TOLERANCE),
+    ):
+        tol_raw, src = get(flag)
+        fractions[flag] = default
+        if tol_raw is not None:
+            try:
+                fractions[flag] = parse_fraction(str(tol_raw))
+            except ValueError:
+                raise _usage(
+                    src, tol_raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%"
+                ) from None
+    tolerance = fractions["--specperf-tolerance"]
+    step_tolerance = fractions["--specperf-step-tolerance"]
 
     steps_raw, src = get("--specperf-steps")
     steps = DEFAULT_STEPS if steps_raw is None else _int(steps_raw, src, 4, 100000)
@@ -317,6 +333,7 @@ def load_settings(config: pytest.Config) -> Settings:
         update_baselines=bool(update),
         device_slug=slug,
         tolerance=tolerance,
+        step_tolerance=step_tolerance,
         steps=steps,
         warmup_steps=warmup,
         json_path=json_path,

@@ -150,6 +150,12 @@ def _summary_json(run: DecodeRun, name: str) -> dict[str, Any]:
     return s
 
 
+def culprit(o: CaseOutcome) -> str | None:
+    """The metric a failing case is blamed on (a phase when one is slower)."""
+    slower = o.verdict.worst(Verdict.SLOWER)
+    return slower[0].metric if slower else None
+
+
 def case_json(o: CaseOutcome) -> dict[str, Any]:
     from pytest_specperf.probe.phases import PHASES
 
@@ -164,6 +170,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "kv_fragmentation": run.fragmentation,
         "batch_size": run.batch_size,
         "verdict": o.verdict.verdict.value,
+        "culprit": culprit(o),
         "reasons": o.verdict.reasons + o.notes,
         "recorded": o.recorded,
         "labels": run.labels,
@@ -195,6 +202,8 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
                 "noise": m.noise,
                 "tolerance": m.tolerance,
                 "share_based": m.share_based,
+                "basis": m.basis,
+                "raw_change": m.raw_change,
                 "steps_to_decide": m.steps_to_decide,
             }
             for m in o.verdict.metrics

@@ -38,10 +38,10 @@ from pytest_specperf.report import (
 from pytest_specperf.verdict import (
     CaseVerdict,
     MetricVerdict,
+    Tolerances,
     Verdict,
     combine,
-    judge_metric,
-    judge_share,
+    judge_gate,
 )
 
 if TYPE_CHECKING:
@@ -133,7 +133,10 @@ class SpecperfSession:
         except BaselineError as e:
             raise pytest.fail(str(e), pytrace=False) from None
         base = bf.get(test, key) if bf else None
-        tol = opts.tolerance or self.settings.tolerance
+        tol = Tolerances(
+            phase=opts.tolerance or self.settings.tolerance,
+            step=opts.step_tolerance or self.settings.step_tolerance,
+        )
         if base is None:
             where = self.display_path(path)
             why = f"no baseline for {key} in {where}" if bf else f"no baseline file {where}"
@@ -185,23 +188,17 @@ class SpecperfSession:
         return gates
 
     def _compare(
-        self, base: CaseBaseline, run: DecodeRun, opts: CaseOptions, tol: float
+        self, base: CaseBaseline, run: DecodeRun, opts: CaseOptions, tol: Tolerances
     ) -> CaseVerdict:
         gates = list(opts.gate) if opts.gate else self.default_gates(base, run)
         metrics: list[MetricVerdict] = []
         missing = []
         for m in gates:
-            b, n = base.metrics.get(m), run.summaries.get(m)
-            if b is None or n is None:
+            mv = judge_gate(m, base.metrics, run.summaries, tol)
+            if mv is None:
                 missing.append(m)
-                continue
-            if m == UNACCOUNTED:
-                metrics.append(
-                    judge_share(m, b, n, base.metrics["step"], run.summaries["step"], tol)
-                )
             else:
-                unit = {"accept_len": "tok/step", "tokens_per_s": "tok/s"}.get(m, "ms")
-                metrics.append(judge_metric(m, b, n, tol, unit=unit))
+                metrics.append(mv)
         v = combine([m.verdict for m in metrics])
         reasons = (
             [f"gated metric(s) {', '.join(missing)} missing in the baseline"] if missing else []
@@ -280,6 +277,7 @@ class SpecperfSession:
             "backend": self.settings.backend,
             "baselines": str(self.baseline_path),
             "tolerance": self.settings.tolerance,
+            "step_tolerance": self.settings.step_tolerance,
             "update_baselines": self.settings.update_baselines,
             "server": None
             if srv is None
@@ -302,11 +300,14 @@ class SpecperfSession:
             lines.append(
                 f"specperf: {self.settings.backend} backend, device {self.device().slug}, "
                 f"baselines {self.display_path(self.baseline_path)}, tolerance "
-                f"{self.settings.tolerance:.0%}"
+                f"{self.settings.tolerance:.0%} (phases), {self.settings.step_tolerance:.0%} "
+                "(step time)"
             )
             if self.settings.inject:
-                lines.append(f"canary injection active: {self.settings.inject} (runs are "
-                             "labelled [injected] and never recorded as baselines)")
+                lines.append(
+                    f"canary injection active: {self.settings.inject} (runs are "
+                    "labelled [injected] and never recorded as baselines)"
+                )
             lines += summary_lines(self.outcomes)
         missing = [o for o in self.outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
         if missing and not self.settings.update_baselines:

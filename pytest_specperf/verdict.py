@@ -18,6 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.stats import Summary
 
 #: Noise multiplier: a change must exceed Z combined standard errors.
@@ -71,6 +72,9 @@ class MetricVerdict:
     unit: str
     steps_to_decide: int | None = None
     share_based: bool = False
+    #: what the change was judged relative to (None: the raw value)
+    basis: str | None = None
+    raw_change: float | None = None
 
     def describe(self) -> str:
         b, n = fmt_value(self.base), fmt_value(self.now)
@@ -79,10 +83,13 @@ class MetricVerdict:
                 f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
                 f"tol {self.tolerance * 100:.0f} pp)"
             )
-        return (
+        text = (
             f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, "
-            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%)"
+            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%"
         )
+        if self.basis and self.raw_change is not None:
+            text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
+        return text + ")"
 
 
 @dataclass
@@ -92,9 +99,10 @@ class CaseVerdict:
     reasons: list[str] = field(default_factory=list)
 
     def worst(self, verdict: Verdict) -> list[MetricVerdict]:
-        """Metrics with ``verdict``, largest change first."""
+        """Metrics with ``verdict``: phases first (the cause), then the rest (the
+        symptoms: step, tokens/s), each by the size of the change."""
         ms = [m for m in self.metrics if m.verdict is verdict]
-        return sorted(ms, key=lambda m: -abs(m.change))
+        return sorted(ms, key=lambda m: (m.metric not in ALL_PHASES, -abs(m.change)))
 
 
 def paired_noise(base: Summary, now: Summary) -> float:
@@ -184,3 +192,58 @@ def judge_share(
         None,
         share_based=True,
     )
+
+
+#: Units of the metrics that are not times.
+UNITS = {"accept_len": "tok/step", "tokens_per_s": "tok/s", "device_busy": "share"}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Allowed relative change: ``phase`` for phases judged against the rest of their
+    step (drift cancels out, so it can be tight), accept length and the unaccounted share
+    (percentage points); ``step`` for raw step time and tokens/s, which carry the
+    machine's drift between runs."""
+
+    phase: float
+    step: float
+
+    def of(self, metric: str) -> float:
+        return self.step if metric in RAW_TIME_METRICS else self.phase
+
+
+#: Metrics judged as raw times or rates (with the step tolerance).
+RAW_TIME_METRICS = frozenset({"step", "tokens_per_s"})
+
+
+def judged_form(metric: str) -> tuple[str, str | None]:
+    """The drift-free form a gate is judged on, and how to say so.
+
+    A phase is judged relative to the other named phases of its own step: a slower
+    machine slows them alike, an injected or real slowdown of the phase does not.
+    Everything else is judged as it is.
+    """
+    if metric in PHASES:
+        return f"{metric}/rest", "against the rest of the step"
+    return metric, None
+
+
+def judge_gate(
+    metric: str, base: dict[str, Summary], now: dict[str, Summary], tolerances: Tolerances
+) -> MetricVerdict | None:
+    """Judge one gated metric; ``None`` if either run lacks it."""
+    b, n = base.get(metric), now.get(metric)
+    if b is None or n is None:
+        return None
+    tolerance = tolerances.of(metric)
+    if metric == UNACCOUNTED:
+        return judge_share(metric, b, n, base["step"], now["step"], tolerance)
+    unit = UNITS.get(metric, "ms")
+    form, basis = judged_form(metric)
+    if basis is None or form not in base or form not in now:
+        return judge_metric(metric, b, n, tolerance, unit=unit)
+    mv = judge_metric(form, base[form], now[form], tolerance, unit=unit)
+    mv.metric, mv.basis = metric, basis
+    mv.base, mv.now = b.value, n.value
+    mv.raw_change = n.value / b.value - 1.0 if b.value else math.inf
+    return mv

@@ -25,7 +25,7 @@ def test_markers_are_registered_for_strict_markers(pytester):
     [
         (
             "specperf(tolerence=0.1)",
-            "*unknown keyword(s) tolerence; valid: gate, tolerance, steps, warmup, context_len*",
+            "*unknown keyword(s) tolerence; valid: gate, tolerance, step_tolerance, steps, warmup, context_len*",
         ),
         ("specperf(gate=['verfy'])", "*gate: unknown metric(s) 'verfy'; valid: step, accept_len*"),
         ("specperf(gate=[])", "*gate must be a non-empty list*"),
