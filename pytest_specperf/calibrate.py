@@ -300,7 +300,9 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         lines.append("")
         lines.append(f"the same runs judged at other tolerances for {what}")
         lines.append(
-            "(A/A columns: runs that would fail; injected columns: runs that would "
+            "(runs that would fail)"
+            if kind == "step"
+            else "(A/A columns: runs that would fail; injected columns: runs that would "
             "detect the injected phase)"
         )
         hdr = ["tolerance", *(r["condition"] for r in summary["conditions"])]
@@ -309,7 +311,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
             cells = [f"{row['tolerance']:.0%}"]
             for r in summary["conditions"]:
                 v = row[r["condition"]]
-                key = "failed" if r["expect"] is None else "detected"
+                key = "failed" if r["expect"] is None or kind == "step" else "detected"
                 cells.append(f"{v[key]}/{v['runs']}")
             table.append(cells)
         w = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(hdr)]
