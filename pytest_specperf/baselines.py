@@ -164,13 +164,14 @@ def load_baselines(path: Path) -> BaselineFile | None:
             path,
             f"refused: the file uses a YAML tag that safe loading does not allow ({e.problem}"
             f"{' ' + str(e.problem_mark).strip() if e.problem_mark else ''}); baselines hold "
-            "plain data only: delete the tagged entry or re-record with "
-            "--specperf-update-baselines",
+            "plain data only: delete the tagged entry, or move the file away and re-record "
+            "with --specperf-update-baselines",
         ) from None
     except yaml.YAMLError as e:
         raise BaselineError(
             path,
-            f"malformed YAML: {e}; fix the file or re-record it with --specperf-update-baselines",
+            f"malformed YAML: {e}; fix the file, or move it away and re-record with "
+            "--specperf-update-baselines",
         ) from None
     if data is None:
         data = {}
@@ -180,8 +181,9 @@ def load_baselines(path: Path) -> BaselineFile | None:
         version == SCHEMA_VERSION,
         path,
         "schema_version",
-        f"is {version!r}, this pytest-specperf reads version {SCHEMA_VERSION}; re-record "
-        "with --specperf-update-baselines (or upgrade pytest-specperf if the file is newer)",
+        f"is {version!r}, this pytest-specperf reads version {SCHEMA_VERSION}; move the file "
+        "away and re-record with --specperf-update-baselines (or upgrade pytest-specperf if "
+        "the file is newer)",
     )
     device = data.get("device", {})
     _expect(isinstance(device, dict), path, "device", "expected a mapping")

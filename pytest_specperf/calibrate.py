@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.verdict import HIGHER_IS_BETTER, RAW_TIME_METRICS, Z
+from pytest_specperf.verdict import RAW_TIME_METRICS, would_be_slower
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
@@ -75,7 +75,10 @@ def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
     named_right = bool(slower) and bool(expect) and all(c["head"] == expect for c in slower)
     judged = [
-        [{k: m[k] for k in ("metric", "change", "noise", "share_based")} for m in case["metrics"]]
+        [
+            {k: m.get(k) for k in ("metric", "change", "noise", "share_based", "points_based")}
+            for m in case["metrics"]
+        ]
         for case in report.get("cases", [])
         if case["verdict"] not in ("NO_BASELINE", "INVALID")
     ]
@@ -89,24 +92,18 @@ def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
     }
 
 
-def slower_at(
-    judged: list[list[dict[str, Any]]], tolerance: float, kind: str, z: float = Z
-) -> list[list[str]]:
+def slower_at(judged: list[list[dict[str, Any]]], tolerance: float, kind: str) -> list[list[str]]:
     """Per case, the metrics of ``kind`` ("phase" or "step", as ``verdict.Tolerances``
-    splits them) that would be SLOWER at ``tolerance``: the same rule as verdict.py."""
-    out = []
-    for case in judged:
-        bad = []
-        for m in case:
-            if (m["metric"] in RAW_TIME_METRICS) != (kind == "step"):
-                continue
-            worse = m["change"]
-            if not m["share_based"] and m["metric"] in HIGHER_IS_BETTER:
-                worse = -worse
-            if abs(m["change"]) > tolerance and abs(m["change"]) > z * m["noise"] and worse > 0:
-                bad.append(m["metric"])
-        out.append(bad)
-    return out
+    splits them) that would be SLOWER at ``tolerance``: verdict.py's own rule."""
+    return [
+        [
+            m["metric"]
+            for m in case
+            if (m["metric"] in RAW_TIME_METRICS) == (kind == "step")
+            and would_be_slower(m, tolerance)
+        ]
+        for case in judged
+    ]
 
 
 def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[dict[str, Any]]:
@@ -345,7 +342,13 @@ def _slug(name: str) -> str:
 
 
 def _start_hog() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+    from pytest_specperf.server.supervisor import set_pdeathsig
+
+    return subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        start_new_session=True,
+        preexec_fn=set_pdeathsig,  # dies with a killed calibrate
+    )
 
 
 def _stop_hog(proc: subprocess.Popen[bytes]) -> None:
@@ -405,6 +408,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         if len(spec.factors) != 1 or spec.host_stall_ms:
             print(f"error: --inject {f!r}: give one PHASE=FACTOR per --inject", file=sys.stderr)
+            return 2
+    if args.json is not None:
+        try:  # fail now, not after hours of runs
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.touch()
+        except OSError as e:
+            print(f"error: --json {args.json}: {e}", file=sys.stderr)
             return 2
     cal = Calibration(args)
     summary = cal.run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -95,8 +96,9 @@ class SpecperfHandle:
         )
         label = f"{self._item.name} ctx={context_len} kv={self.layout.label}"
         prog = self._session.progress.case(label)
-        decoder = Decoder(self.server, prog.update)
+        decoder: Decoder | None = None
         try:
+            decoder = Decoder(self.server, prog.update, sampler=self._session.telemetry_sampler())
             run = decoder.decode(
                 context_len=context_len,
                 batch_size=batch_size,
@@ -112,11 +114,37 @@ class SpecperfHandle:
                 f"specperf: measurement failed: {e}\nserver log tail:\n{tail}", pytrace=False
             ) from None
         finally:
-            decoder.close()
+            if decoder is not None:
+                decoder.close()
         prog.done(f"{run.steps} steps, {run.step_ms.median:.2f} ms/step")
         self.runs.append(run)
         return run
 
+    def profile(self, run: DecodeRun, trace: Path) -> list[Path]:
+        """Re-run ``run``'s case briefly under the server's profiler; return the traces."""
+        backend, client = self.server.backend, self.server.client
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        decoder = Decoder(self.server, lambda done, total, note: None)
+        try:
+            backend.start_profile(client, trace)
+            try:
+                decoder.decode(
+                    context_len=run.context_len,
+                    batch_size=run.batch_size,
+                    steps=PROFILE_STEPS,
+                    warmup_steps=0,
+                    layout=run.kv_layout,
+                    tag="profile",
+                )
+            finally:
+                files = backend.stop_profile(client, trace)
+        finally:
+            decoder.close()
+        return files
+
+
+#: Decode steps of the profiled re-run of a regressed case.
+PROFILE_STEPS = 8
 
 HANDLE_KEY = pytest.StashKey[SpecperfHandle]()
 

@@ -2,9 +2,10 @@
 
 ``PHASE=FACTOR`` makes the named phase really take ``FACTOR`` times as long: when the
 phase is about to end, busy work on the same device runs for ``(FACTOR - 1)`` times the
-phase's own duration, inside the phase. On the CPU the busy work is real matrix work,
-timed to the phase's measured host time; on a GPU it is a kernel sized from the phase's
-recent device time (the host part of a GPU phase is only the launch cost).
+phase's own duration, inside the phase. On the CPU the busy work is integer arithmetic on
+the phase's thread, timed to the phase's measured host time; on a GPU it is a kernel
+(``torch.cuda._sleep``) sized from the phase's recent device time (the host part of a GPU
+phase is only the launch cost).
 
 ``host_stall=MS`` stalls the host for ``MS`` milliseconds once per step, between two
 phases and outside all of them, so the device idles and the time lands in
@@ -85,8 +86,11 @@ class Injector:
         self._cuda = device is not None and str(device).startswith("cuda")
         self._torch: Any = None
         self._work: Any = None
-        self._device_ns: dict[str, float] = {}
+        self._device_ns: dict[str, float] = {}  # phase -> un-stretched device time (EMA)
+        self._injected_ns: dict[str, float] = {}  # phase -> busy work added last time
         self._cycles_per_ns = 0.0
+        if spec.factors:
+            self._ensure_work()  # set up (and warm up) the busy work outside any step
 
     def _ensure_work(self) -> None:
         if self._torch is not None:
@@ -96,8 +100,6 @@ class Injector:
         self._torch = torch
         if self._cuda:
             self._cycles_per_ns = _calibrate_cuda_sleep(torch)
-        else:
-            self._work = (torch.randn(64, 64), torch.randn(64, 64))
 
     def before_phase(self, phase: str) -> None:
         if phase == STALL_BEFORE and self.spec.host_stall_ms:
@@ -111,18 +113,31 @@ class Injector:
         if self._cuda:
             dev = self._device_ns.get(phase)
             if dev:
-                cycles = int(dev * (factor - 1.0) * self._cycles_per_ns)
-                self._torch.cuda._sleep(max(cycles, 1))
+                extra = dev * (factor - 1.0)
+                self._torch.cuda._sleep(max(int(extra * self._cycles_per_ns), 1))
+                self._injected_ns[phase] = extra
             return
-        deadline = time.perf_counter_ns() + int(elapsed_ns * (factor - 1.0))
-        a, b = self._work
-        while time.perf_counter_ns() < deadline:
-            a = self._torch.mm(a, b).clamp_(-1.0, 1.0)  # real work on the phase's device
+        _cpu_work(elapsed_ns * (factor - 1.0))
 
     def observe_device(self, phase: str, device_ns: int) -> None:
-        """Feed back a resolved device time (EMA) so GPU busy work tracks the phase."""
+        """Feed back a resolved device time so GPU busy work tracks the phase.
+
+        The busy work added inside the phase is subtracted first: feeding back the
+        stretched time would make the estimate, and the slowdown, grow step after step.
+        """
+        base = max(device_ns - self._injected_ns.get(phase, 0.0), 0.0)
         old = self._device_ns.get(phase)
-        self._device_ns[phase] = device_ns if old is None else 0.8 * old + 0.2 * device_ns
+        self._device_ns[phase] = base if old is None else 0.8 * old + 0.2 * base
+
+
+def _cpu_work(ns: float) -> None:
+    """Real arithmetic on the CPU for ``ns`` nanoseconds, on this thread only (a parallel
+    torch kernel would wait for a second core that another process may hold)."""
+    end = time.perf_counter_ns() + ns
+    x = 1
+    while time.perf_counter_ns() < end:
+        for _ in range(200):
+            x = (x * 1103515245 + 12345) & 0xFFFFFFFF
 
 
 def _spin(ns: float) -> None:

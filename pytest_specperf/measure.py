@@ -10,12 +10,13 @@ Blocks are the unit of evidence for the noise estimate (see ``stats.py``).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.probe.record import StepRecord
@@ -23,17 +24,28 @@ from pytest_specperf.probe.sink import RecordTail
 from pytest_specperf.serving import ModelServer
 from pytest_specperf.stats import Summary, summarize
 
-#: Measured requests per case (blocks); each gives steps / BLOCKS steps.
-BLOCKS = 8
-#: Fewest measured steps per block.
-MIN_BLOCK_STEPS = 4
+if TYPE_CHECKING:
+    from pytest_specperf.telemetry.nvml import TelemetrySampler
+    from pytest_specperf.telemetry.summary import TelemetrySummary
+
+#: Measured steps per block (request): 4, fewer for short runs so that there are always at
+#: least 3 blocks to estimate the noise from. More steps mean more blocks, so the noise of
+#: the median shrinks as 1/sqrt(steps), which the UNSTABLE advice relies on.
+BLOCK_STEPS = 4
+
+
+def block_steps(steps: int) -> int:
+    return max(1, min(BLOCK_STEPS, steps // 3))
+
+
 #: Steps dropped at the start of every measured request (post-prefill transient).
 DISCARD_PER_BLOCK = 1
 #: Metrics judged on their mean: accepted tokens per step is an integer per step, so its
 #: median moves in whole tokens; tokens/s follows it.
 MEAN_METRICS = frozenset({"accept_len", "tokens_per_s"})
-#: Suffix of the drift-free form of a phase.
+#: Suffix of the drift-free form of a phase; name of the drift-free form of the step.
 PER_REST = "/rest"
+STEP_PER_REF = "step/ref"
 #: Seconds to wait for the records of a finished request to reach the sink.
 RECORD_WAIT_S = 15.0
 
@@ -71,6 +83,12 @@ class DecodeRun:
     warmup_steps: int
     labels: dict[str, str] = field(default_factory=dict)
     has_device_times: bool = False
+    #: NVML/GPM telemetry over the measured blocks (GPU runs)
+    telemetry: TelemetrySummary | None = None
+    #: per block: the request's KV read time (ms), the step's reference (reference engine)
+    reference_ms: list[float] = field(default_factory=list)
+    #: where the server's own metrics disagree with the probe over the measured window
+    cross_check: list[str] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -98,13 +116,19 @@ def per_rest(phase: str) -> str:
     return f"{phase}{PER_REST}"
 
 
-def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
+def samples_from_records(
+    records: list[StepRecord],
+    blocks: list[int] | None = None,
+    reference: dict[int, float] | None = None,
+) -> dict[str, list[float]]:
     """Per-step metric samples: times in ms, accept_len in tokens, tokens_per_s.
 
     Also the drift-free form the verdicts use for phases: each phase's time relative to
     the other named phases of the same step (``verify/rest``). A slower machine slows
     them alike; a slower phase stands out. ``unaccounted`` is not part of the rest, so a
-    host stall does not move the phases.
+    host stall does not move the phases. With a reference read time per block (the
+    request's KV read through its page table, see the reference engine), also the step
+    relative to it (``step/ref``).
     """
     out: dict[str, list[float]] = {
         "step": [],
@@ -118,11 +142,15 @@ def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
     if device:
         for p in PHASES:
             out[f"device.{p}"] = []
+            out[per_rest(f"device.{p}")] = []
         out["device.step"] = []
         out["device_busy"] = []
     for p in PHASES:
         out[per_rest(p)] = []
-    for r in records:
+    use_ref = bool(reference) and blocks is not None and all(b in (reference or {}) for b in blocks)
+    if use_ref:
+        out[STEP_PER_REF] = []
+    for i, r in enumerate(records):
         out["step"].append(r.step_ns / 1e6)
         out[UNACCOUNTED].append(r.unaccounted_ns / 1e6)
         named = sum(r.host_ns.get(p, 0) for p in PHASES)
@@ -131,12 +159,17 @@ def samples_from_records(records: list[StepRecord]) -> dict[str, list[float]]:
             out[p].append(ns / 1e6)
             rest = named - ns
             out[per_rest(p)].append(ns / rest if rest > 0 else 0.0)
+        if use_ref and blocks is not None and reference is not None:
+            out[STEP_PER_REF].append(r.step_ns / 1e6 / reference[blocks[i]])
         out["accept_len"].append(r.accepted_tokens / max(r.batch_size, 1))
         out["tokens_per_s"].append(r.accepted_tokens / (r.step_ns / 1e9) if r.step_ns else 0.0)
         if device and r.device_ns is not None:
             busy = sum(r.device_ns.values())
             for p in PHASES:
-                out[f"device.{p}"].append(r.device_ns.get(p, 0) / 1e6)
+                ns = r.device_ns.get(p, 0)
+                out[f"device.{p}"].append(ns / 1e6)
+                rest = busy - ns
+                out[per_rest(f"device.{p}")].append(ns / rest if rest > 0 else 0.0)
             out["device.step"].append((r.device_step_ns or 0) / 1e6)
             out["device_busy"].append(busy / r.step_ns if r.step_ns else 0.0)
     return out
@@ -152,8 +185,9 @@ def build_run(
     fragmentation: float | None,
     wall_s: float,
     warmup_steps: int,
+    reference: dict[int, float] | None = None,
 ) -> DecodeRun:
-    samples = samples_from_records(records)
+    samples = samples_from_records(records, blocks, reference)
     summaries = {
         k: summarize(v, blocks, center="mean" if k in MEAN_METRICS else "median")
         for k, v in samples.items()
@@ -186,17 +220,28 @@ def build_run(
 class Decoder:
     """Runs the requests of one case against the session's server."""
 
-    def __init__(self, server: ModelServer, progress: Callable[[int, int, str], None]) -> None:
+    def __init__(
+        self,
+        server: ModelServer,
+        progress: Callable[[int, int, str], None],
+        sampler: TelemetrySampler | None = None,
+    ) -> None:
         if server.run_dir is None:
             raise MeasurementError("the server has no readable run directory for step records")
         self.server = server
         self.progress = progress
-        self.tail = RecordTail(server.run_dir)
-        self.tail.poll()  # skip records of earlier cases
+        self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
+        self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+    def _poll(self) -> list[StepRecord]:
+        try:
+            return self.tail.poll()
+        except ValueError as e:
+            raise MeasurementError(str(e)) from None
 
     def _request(
         self,
@@ -222,7 +267,7 @@ class Decoder:
         mine: list[StepRecord] = []
         while True:
             done = fut.done()
-            mine += [r for r in self.tail.poll() if r.mode == "decode" and rid_set & set(r.rids)]
+            mine += [r for r in self._poll() if r.mode == "decode" and rid_set & set(r.rids)]
             self.progress(counted + len(mine), wanted, "")
             if done:
                 break
@@ -237,7 +282,7 @@ class Decoder:
         deadline = time.monotonic() + RECORD_WAIT_S
         while len(mine) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
-            mine += [r for r in self.tail.poll() if r.mode == "decode" and rid_set & set(r.rids)]
+            mine += [r for r in self._poll() if r.mode == "decode" and rid_set & set(r.rids)]
         if len(mine) < expected:
             raise MeasurementError(
                 f"the server ran {expected} decode steps for request {rids[0]} but the probe "
@@ -276,37 +321,50 @@ class Decoder:
                 wanted=steps,
             )
             accept = _accept_estimate(recs, accept)
-        per_block = max(MIN_BLOCK_STEPS, math.ceil(steps / BLOCKS))
-        records: list[StepRecord] = []
-        blocks: list[int] = []
-        frags: list[float] = []
-        b = 0
-        while len(records) < steps:
-            want = min(per_block, steps - len(records))
-            max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
-            recs, metas = self._request(
-                context_len=context_len,
-                batch_size=batch_size,
-                max_new_tokens=max_new,
-                layout=layout,
-                seed=b,
-                tag=f"{tag}-b{b}",
-                counted=len(records),
-                wanted=steps,
-            )
-            accept = _accept_estimate(recs, accept)
-            for m in metas:
-                f = self.server.backend.kv_fragmentation(m, self.server.run_dir)
-                if f is not None:
-                    frags.append(f)
-            kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
-            records += kept
-            blocks += [b] * len(kept)
-            b += 1
-            if b > 4 * steps:
-                raise MeasurementError(f"collected only {len(records)} of {steps} steps")
+        sampler = self.sampler
+        srv = self.server
+        metrics_before = srv.backend.metrics_before(srv.client)
+        window_t0 = time.monotonic()
+        if sampler is not None:
+            sampler.start()
+        try:
+            per_block = block_steps(steps)
+            records: list[StepRecord] = []
+            blocks: list[int] = []
+            frags: list[float] = []
+            reference: dict[int, float] = {}
+            b = 0
+            while len(records) < steps:
+                want = min(per_block, steps - len(records))
+                max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
+                recs, metas = self._request(
+                    context_len=context_len,
+                    batch_size=batch_size,
+                    max_new_tokens=max_new,
+                    layout=layout,
+                    seed=b,
+                    tag=f"{tag}-b{b}",
+                    counted=len(records),
+                    wanted=steps,
+                )
+                accept = _accept_estimate(recs, accept)
+                for m in metas:
+                    f = self.server.backend.kv_fragmentation(m, self.server.run_dir)
+                    if f is not None:
+                        frags.append(f)
+                refs = [x for x in (srv.backend.reference_ms(m) for m in metas) if x]
+                if refs:
+                    reference[b] = statistics.median(refs)
+                kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
+                records += kept
+                blocks += [b] * len(kept)
+                b += 1
+                if b > 4 * steps:
+                    raise MeasurementError(f"collected only {len(records)} of {steps} steps")
+        finally:
+            telemetry = sampler.stop() if sampler is not None else None
         frag = sum(frags) / len(frags) if frags else None
-        return build_run(
+        run = build_run(
             records,
             blocks,
             context_len=context_len,
@@ -315,7 +373,48 @@ class Decoder:
             fragmentation=frag,
             wall_s=time.monotonic() - t0,
             warmup_steps=warmup_steps,
+            reference=reference,
         )
+        run.reference_ms = [reference[b] for b in sorted(reference)]
+        run.cross_check = srv.backend.metrics_check(
+            srv.client, metrics_before, records, time.monotonic() - window_t0
+        )
+        if telemetry is not None:
+            run.telemetry = telemetry
+            run.summaries.update(utilization_summaries(telemetry))
+        return run
+
+
+#: Telemetry medians stored as metrics (and gated as drops in percentage points).
+UTILIZATION_METRICS = {
+    "util.sm": "sm_util_pct",
+    "util.dram": "dram_util_pct",
+    "util.tensor": "tensor_util_pct",
+    "util.gpu": "gpu_util_pct",
+}
+
+
+def utilization_summaries(t: TelemetrySummary) -> dict[str, Summary]:
+    """The telemetry's utilization medians (percent) as summaries (one point each)."""
+    out: dict[str, Summary] = {}
+    if not t.available:
+        return out
+    for name, key in UTILIZATION_METRICS.items():
+        m = t.metrics.get(key)
+        if m is None or not m.n:
+            continue
+        out[name] = Summary(
+            n=m.n,
+            median=m.median,
+            mean=m.median,
+            stdev=0.0,
+            mad=0.0,
+            q10=m.min,
+            q90=m.max,
+            min=m.min,
+            max=m.max,
+        )
+    return out
 
 
 def _accept_estimate(records: list[StepRecord], fallback: float) -> float:

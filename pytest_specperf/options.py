@@ -6,6 +6,7 @@ Bad values raise ``pytest.UsageError`` naming the flag, the value and what is va
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,18 @@ OPTIONS: tuple[_Opt, ...] = (
         metavar="PHASE=FACTOR[,...]",
     ),
     _Opt(
+        "--specperf-nvtx",
+        "emit an NVTX range per phase and per step in the server (for Nsight Systems: "
+        "nsys profile ... pytest perf_tests --specperf-nvtx)",
+        kind="bool",
+    ),
+    _Opt(
+        "--specperf-profile-on-regression",
+        "re-run a regressed case under the PyTorch profiler and save the trace beside the "
+        "reports (the failure message names the file)",
+        kind="bool",
+    ),
+    _Opt(
         "--specperf-server-arg",
         "extra server argument, passed through as is (repeatable), e.g. "
         "--specperf-server-arg=--speculative-num-draft-tokens=16",
@@ -171,6 +184,8 @@ class Settings:
     draft_model: str | None
     server_args: tuple[str, ...]
     inject: InjectSpec | None
+    nvtx: bool
+    profile_on_regression: bool
     long_context_min: int
     ready_timeout_s: float
 
@@ -229,7 +244,12 @@ def load_settings(config: pytest.Config) -> Settings:
     if baselines_dir.exists() and not baselines_dir.is_dir():
         raise _usage(src, str(baselines), "a directory (this path is a file)")
 
-    update, _ = get("--specperf-update-baselines")
+    update, src_update = get("--specperf-update-baselines")
+    if update and os.environ.get("PYTEST_XDIST_WORKER"):
+        raise pytest.UsageError(
+            f"{src_update} cannot run in pytest-xdist workers: parallel writers would lose "
+            "each other's cases, and parallel cases would slow each other down; run without -n"
+        )
 
     slug, src = get("--specperf-device")
     if slug is not None and (not _SLUG.match(slug) or ".." in slug):
@@ -343,6 +363,8 @@ def load_settings(config: pytest.Config) -> Settings:
         draft_model=draft,
         server_args=server_args,
         inject=inject,
+        nvtx=bool(get("--specperf-nvtx")[0]),
+        profile_on_regression=bool(get("--specperf-profile-on-regression")[0]),
         long_context_min=long_min,
         ready_timeout_s=ready,
     )

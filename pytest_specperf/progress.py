@@ -17,10 +17,23 @@ PLAIN_EVERY_S = 10.0
 
 class Progress:
     def __init__(self, config: pytest.Config) -> None:
-        self._tr: Any = config.pluginmanager.get_plugin("terminalreporter")
-        self._capman: Any = config.pluginmanager.get_plugin("capturemanager")
-        self._tty = bool(self._tr is not None and getattr(self._tr, "isatty", False))
+        self._config = config
         self._quiet = config.get_verbosity() < 0
+        self._last_line = 0.0
+
+    # The terminal reporter registers after our pytest_configure: look it up when used.
+    @property
+    def _tr(self) -> Any:
+        return self._config.pluginmanager.get_plugin("terminalreporter")
+
+    @property
+    def _capman(self) -> Any:
+        return self._config.pluginmanager.get_plugin("capturemanager")
+
+    @property
+    def _tty(self) -> bool:
+        tr = self._tr
+        return bool(tr is not None and getattr(tr, "isatty", False))
 
     @contextlib.contextmanager
     def _uncaptured(self) -> Iterator[None]:
@@ -30,9 +43,14 @@ class Progress:
         else:
             yield
 
-    def line(self, text: str) -> None:
+    def line(self, text: str, *, throttle: bool = False) -> None:
+        """Print ``specperf: text``; with ``throttle``, at most one per PLAIN_EVERY_S."""
         if self._tr is None or self._quiet:
             return
+        now = time.monotonic()
+        if throttle and now - self._last_line < PLAIN_EVERY_S:
+            return
+        self._last_line = now
         with self._uncaptured():
             self._tr.ensure_newline()
             self._tr.write_line(f"specperf: {text}")

@@ -12,6 +12,7 @@ from typing import Any
 from pytest_specperf.baselines import CaseBaseline
 from pytest_specperf.measure import DecodeRun
 from pytest_specperf.probe.phases import ALL_PHASES
+from pytest_specperf.telemetry.bottleneck import Bottleneck
 from pytest_specperf.verdict import CaseVerdict, MetricVerdict, Verdict
 
 JSON_SCHEMA_VERSION = 1
@@ -31,6 +32,8 @@ class CaseOutcome:
     fingerprint: dict[str, Any]
     recorded: bool = False
     notes: list[str] = field(default_factory=list)
+    bottleneck: Bottleneck | None = None
+    time_went: str | None = None
 
     @property
     def where(self) -> str:
@@ -110,6 +113,10 @@ def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
     if outcome.run.labels.get("inject"):
         lines[0] += f" [injected: {outcome.run.labels['inject']}]"
     lines += [f"  also {m.describe()}" for m in slower[1:]]
+    if outcome.time_went:
+        lines.append(outcome.time_went)
+    if outcome.bottleneck is not None:
+        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
     lines += outcome.notes
     lines.append("")
     lines += phase_table(outcome.run, outcome.baseline)
@@ -183,6 +190,17 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "tokens_per_s": run.summaries["tokens_per_s"].to_dict(),
         "graphs": run.graphs,
         "fingerprint": o.fingerprint,
+        "bottleneck": None
+        if o.bottleneck is None
+        else {
+            "kind": o.bottleneck.kind,
+            "describe": o.bottleneck.describe(),
+            "reasons": o.bottleneck.reasons,
+            "figures": o.bottleneck.figures,
+        },
+        "time_went": o.time_went,
+        "cross_check": run.cross_check,
+        "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,
         "baseline": None
         if o.baseline is None
         else {
@@ -202,6 +220,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
                 "noise": m.noise,
                 "tolerance": m.tolerance,
                 "share_based": m.share_based,
+                "points_based": m.points_based,
                 "basis": m.basis,
                 "raw_change": m.raw_change,
                 "steps_to_decide": m.steps_to_decide,
@@ -214,6 +233,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
             "unaccounted_ms": run.samples["unaccounted"],
             "accept_len": run.samples["accept_len"],
             "phases_ms": {p: run.samples[p] for p in PHASES},
+            "reference_ms": run.reference_ms,
         },
     }
     if run.has_device_times:

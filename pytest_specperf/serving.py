@@ -9,13 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.base import Backend, BackendSettings, BackendUnavailable
+from pytest_specperf.engines.base import Backend, BackendSettings
 from pytest_specperf.server import (
     ServerClient,
-    ServerHTTPError,
     ServerProcess,
     ServerStartError,
-    ServerUnreachable,
     free_port,
 )
 
@@ -53,8 +51,10 @@ class ModelServer:
             self.process = None
 
 
-def _waiting(progress: Callable[[str], None], name: str) -> Callable[[float], None]:
-    return lambda s: progress(f"waiting for {name}: {s:.0f} s")
+def _waiting(progress: Callable[..., None], name: str) -> Callable[[float], None]:
+    return lambda s: progress(
+        f"waiting for {name} to answer /health_generate: {s:.0f} s", throttle=True
+    )
 
 
 def start_server(
@@ -63,7 +63,7 @@ def start_server(
     *,
     work_dir: Path,
     ready_timeout_s: float,
-    progress: Callable[[str], None],
+    progress: Callable[..., None],
 ) -> ModelServer:
     """Launch a server for ``backend`` on 127.0.0.1 and wait until it generates."""
     backend.check(settings)
@@ -92,10 +92,13 @@ def start_server(
             if "address already in use" in str(e).lower():
                 continue
             raise
+        except BaseException:  # Ctrl-C while waiting, or anything unexpected
+            proc.stop()
+            raise
         try:
             info = client.server_info()
             fp = backend.fingerprint(info)
-        except (ServerHTTPError, ServerUnreachable, BackendUnavailable):
+        except BaseException:
             proc.stop()
             raise
         progress(f"{spec.name} ready in {startup:.1f} s")

@@ -20,6 +20,7 @@ from pytest_specperf.baselines import (
     load_baselines,
     write_baselines,
 )
+from pytest_specperf.diagnosis import diagnose, time_went
 from pytest_specperf.engines.base import BackendSettings
 from pytest_specperf.markers import CaseOptions
 from pytest_specperf.measure import DecodeRun
@@ -35,11 +36,13 @@ from pytest_specperf.report import (
     summary_lines,
     write_json,
 )
+from pytest_specperf.telemetry.gates import invalid_reasons
 from pytest_specperf.verdict import (
     CaseVerdict,
     MetricVerdict,
     Tolerances,
     Verdict,
+    Z,
     combine,
     judge_gate,
 )
@@ -48,11 +51,29 @@ if TYPE_CHECKING:
     from pytest_specperf.fixtures import SpecperfHandle
     from pytest_specperf.serving import ModelServer
     from pytest_specperf.telemetry.device import DeviceInfo
+    from pytest_specperf.telemetry.nvml import TelemetrySampler
 
+#: Utilizations gated by default when both runs have them (drops in points).
+POINT_GATES = ("device_busy", "util.sm", "util.dram")
 #: A phase is gated by default when it is at least this share of the baseline step.
 MIN_GATED_SHARE = 0.05
 #: Parameters that are already part of the case key (or are the layout fixture).
 _KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
+
+
+def unstable_advice(m: MetricVerdict) -> str:
+    """Why a metric could not be decided, and how many steps would decide it."""
+    unit = "pp" if m.share_based or m.points_based else "%"
+    text = (
+        f"{m.metric} changed {m.change * 100:+.1f}{unit} within noise +-{m.noise * 100:.1f}"
+        f"{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > tol {m.tolerance * 100:.0f}{unit})"
+    )
+    if m.steps_to_decide:
+        text += (
+            f"; about {m.steps_to_decide} steps would decide: record the baseline and run "
+            f"with --specperf-steps {m.steps_to_decide} (or the marker's steps=)"
+        )
+    return text
 
 
 def test_id(item: pytest.Item) -> str:
@@ -87,6 +108,7 @@ class SpecperfSession:
         self._baselines_loaded = False
         self.written: BaselineFile | None = None
         self.errors: list[str] = []
+        self.telemetry_note: str | None = None
 
     # -- device and baselines --------------------------------------------------------------
     def device(self) -> DeviceInfo:
@@ -113,6 +135,27 @@ class SpecperfSession:
             self._baselines_loaded = True
         return self._baselines
 
+    def telemetry_sampler(self) -> TelemetrySampler | None:
+        """An NVML sampler for the server's GPU, or None (and a note saying why)."""
+        dev = self.device()
+        if dev.kind != "cuda":
+            self.telemetry_note = "telemetry unavailable: no CUDA device (CPU run); host-side view"
+            return None
+        if dev.nvml_index is None:
+            why = "; ".join(dev.notes) or "NVML did not match the CUDA device"
+            self.telemetry_note = f"telemetry unavailable: {why}"
+            return None
+        from pytest_specperf.telemetry.nvml import TelemetrySampler
+
+        srv = self.server
+        pids = set()
+        if srv is not None:
+            if srv.process is not None and srv.process.pid:
+                pids.add(srv.process.pid)
+            if isinstance(srv.server_info.get("pid"), int):
+                pids.add(srv.server_info["pid"])
+        return TelemetrySampler(dev.nvml_index, uuid=dev.uuid, own_pids=tuple(pids))
+
     def backend_settings(self) -> BackendSettings:
         s = self.settings
         return BackendSettings(
@@ -120,6 +163,7 @@ class SpecperfSession:
             draft_model=s.draft_model,
             server_args=s.server_args,
             inject=str(s.inject) if s.inject else None,
+            nvtx=s.nvtx,
         )
 
     # -- judging -----------------------------------------------------------------------------
@@ -154,6 +198,12 @@ class SpecperfSession:
                 )
             else:
                 verdict = self._compare(base, run, opts, tol)
+        if run.telemetry is not None and not run.telemetry.available:
+            self.telemetry_note = run.telemetry.reason
+        if run.telemetry is not None and verdict.verdict is not Verdict.NO_BASELINE:
+            bad = invalid_reasons(run.telemetry)
+            if bad:  # throttled clocks or another process: never a regression
+                verdict = CaseVerdict(Verdict.INVALID, verdict.metrics, [*verdict.reasons, *bad])
         outcome = CaseOutcome(
             nodeid=item.nodeid,
             test=test,
@@ -163,8 +213,17 @@ class SpecperfSession:
             baseline=base,
             baseline_path=path,
             fingerprint=fp,
+            bottleneck=diagnose(run, self.server.server_info, self.device()),
+            time_went=time_went(run, base),
+            notes=[f"cross-check: {line}" for line in run.cross_check],
         )
         if self.settings.update_baselines:
+            if run.telemetry is not None and invalid_reasons(run.telemetry):
+                raise pytest.fail(
+                    f"refusing to record {key} as a baseline: the measurement is not "
+                    f"trustworthy: {'; '.join(invalid_reasons(run.telemetry))}",
+                    pytrace=False,
+                )
             if run.labels.get("inject"):
                 raise pytest.fail(
                     f"refusing to record {key} as a baseline: the server injected a canary "
@@ -177,7 +236,10 @@ class SpecperfSession:
         return outcome
 
     def default_gates(self, base: CaseBaseline, run: DecodeRun) -> list[str]:
+        """step, unaccounted, accept_len (speculative), every phase that is at least 5% of
+        the baseline step, and on a GPU the device-busy share and SM/DRAM utilization."""
         gates = ["step", UNACCOUNTED]
+        gates += [m for m in POINT_GATES if m in base.metrics and m in run.summaries]
         if self.server is not None and self.server.speculative:
             gates.append("accept_len")
         step = base.metrics["step"].median if "step" in base.metrics else 0.0
@@ -236,6 +298,8 @@ class SpecperfSession:
                 )
             v = outcome.verdict.verdict
             if v is Verdict.SLOWER and not self.settings.update_baselines:
+                if self.settings.profile_on_regression:
+                    outcome.notes.append(self._profile(item, handle, outcome))
                 failures.append(failure_message(outcome, self.display_path(outcome.baseline_path)))
                 continue
             if v is Verdict.INVALID:
@@ -247,6 +311,23 @@ class SpecperfSession:
             )
         if failures:
             pytest.fail("\n\n".join(failures), pytrace=False)
+
+    def _profile(self, item: pytest.Item, handle: SpecperfHandle, outcome: CaseOutcome) -> str:
+        """Profile a re-run of a regressed case; the note names the trace."""
+        where = (
+            self.settings.json_path.parent
+            if self.settings.json_path
+            else self.config.rootpath / "specperf-profiles"
+        )
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{item.name}-{outcome.key}")[:150]
+        trace = where / f"{name}-{stamp}.json"
+        try:
+            files = handle.profile(outcome.run, trace)
+        except Exception as e:  # the regression is the news; a failed profile is a footnote
+            return f"profile of a re-run failed: {type(e).__name__}: {e}"
+        shown = ", ".join(self.display_path(f) for f in files) or "(no trace written)"
+        return f"profile of a re-run of this case: {shown}"
 
     # -- end of session ------------------------------------------------------------------------
     def finish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -286,6 +367,7 @@ class SpecperfSession:
                 "attached": srv.attached,
                 "startup_s": round(srv.startup_s, 3),
                 "pid": srv.server_info.get("pid"),
+                "notes": srv.backend.notes(srv.run_dir),
                 "log": str(srv.log_path or ""),
                 "fingerprint": srv.fingerprint,
             },
@@ -321,19 +403,11 @@ class SpecperfSession:
                 lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
             for m in o.verdict.metrics:
                 if m.verdict is Verdict.UNSTABLE:
-                    more = (
-                        (
-                            f"; about {m.steps_to_decide} steps would decide "
-                            f"(--specperf-steps {m.steps_to_decide})"
-                        )
-                        if m.steps_to_decide
-                        else ""
-                    )
-                    lines.append(
-                        f"UNSTABLE {o.test} {o.key}: {m.metric} changed "
-                        f"{m.change * 100:+.1f}% within noise +-{m.noise * 100:.1f}% "
-                        f"(x3 = {3 * m.noise * 100:.1f}% > tol {m.tolerance:.0%}){more}"
-                    )
+                    lines.append(f"UNSTABLE {o.test} {o.key}: {unstable_advice(m)}")
+        if self.outcomes and self.telemetry_note:
+            lines.append(self.telemetry_note)
+        if self.outcomes and self.server is not None:
+            lines += self.server.backend.notes(self.server.run_dir)
         if self.written is not None:
             n = len(self.to_record)
             lines.append(

@@ -17,6 +17,7 @@ import enum
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.stats import Summary
@@ -75,9 +76,16 @@ class MetricVerdict:
     #: what the change was judged relative to (None: the raw value)
     basis: str | None = None
     raw_change: float | None = None
+    #: judged in absolute percentage points of a utilization (device busy, SM, DRAM)
+    points_based: bool = False
 
     def describe(self) -> str:
         b, n = fmt_value(self.base), fmt_value(self.now)
+        if self.points_based:
+            return (
+                f"{self.metric} {self.change * 100:+.1f} points ({self.base:.1f}% -> "
+                f"{self.now:.1f}%, tol {self.tolerance * 100:.0f} points)"
+            )
         if self.share_based:
             return (
                 f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
@@ -121,6 +129,44 @@ def combine(verdicts: list[Verdict]) -> Verdict:
     return max(verdicts, key=lambda v: _SEVERITY[v]) if verdicts else Verdict.SAME
 
 
+def decide(
+    change: float,
+    noise: float,
+    tolerance: float,
+    *,
+    higher_is_better: bool = False,
+    z: float = Z,
+) -> Verdict:
+    """The one verdict rule, for relative, share and points changes alike.
+
+    SLOWER/FASTER when the change exceeds both the tolerance and ``z`` times the noise;
+    UNSTABLE when the noise band (``z * noise``) is wider than the tolerance, so that a
+    change of the tolerance's size could not be told from none, or when the noise cannot
+    be estimated; SAME otherwise. No change at all is SAME whatever the noise.
+    """
+    if change == 0:
+        return Verdict.SAME
+    if not math.isfinite(noise):
+        return Verdict.UNSTABLE
+    worse = -change if higher_is_better else change
+    if abs(change) > tolerance and abs(change) > z * noise:
+        return Verdict.SLOWER if worse > 0 else Verdict.FASTER
+    if z * noise > tolerance:
+        return Verdict.UNSTABLE
+    return Verdict.SAME
+
+
+def steps_to_decide(
+    n: int, change: float, noise: float, tolerance: float, z: float = Z
+) -> int | None:
+    """Steps that would shrink the noise band to the tolerance (or to the change, if
+    larger), since the noise of a median over blocks shrinks as 1/sqrt(steps)."""
+    target = max(tolerance, abs(change)) if math.isfinite(change) else tolerance
+    if not math.isfinite(noise) or target <= 0:
+        return None
+    return math.ceil(n * (z * noise / target) ** 2)
+
+
 def judge_metric(
     metric: str,
     base: Summary,
@@ -131,29 +177,26 @@ def judge_metric(
     z: float = Z,
 ) -> MetricVerdict:
     """Relative-change verdict for one metric (times: lower is better)."""
-    higher_better = metric in HIGHER_IS_BETTER
     if base.value == 0:
         change = 0.0 if now.value == 0 else math.inf
     else:
         change = now.value / base.value - 1.0
     noise = paired_noise(base, now)
-    worse = -change if higher_better else change
-    threshold = z * noise
-    steps = None
-    if abs(change) > tolerance and abs(change) > threshold:
-        verdict = Verdict.SLOWER if worse > 0 else Verdict.FASTER
-    elif threshold > tolerance:
-        verdict = Verdict.UNSTABLE
-        # Noise shrinks with the square root of the steps: how many steps would make the
-        # noise band as narrow as the tolerance (or the observed change, if larger).
-        target = max(tolerance, abs(change)) if math.isfinite(change) else tolerance
-        if math.isfinite(noise) and target > 0:
-            steps = math.ceil(now.n * (threshold / target) ** 2)
-    else:
-        verdict = Verdict.SAME
+    verdict = decide(change, noise, tolerance, higher_is_better=metric in HIGHER_IS_BETTER, z=z)
+    steps = (
+        steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
+    )
     return MetricVerdict(
         metric, verdict, base.value, now.value, change, noise, tolerance, unit, steps
     )
+
+
+def _paired_point_noise(base: list[float], now: list[float]) -> float | None:
+    """Standard error of the mean paired difference of per-block values, or None."""
+    k = len(base)
+    if k < 3 or len(now) != k:
+        return None
+    return statistics.stdev([n - b for b, n in zip(base, now)]) / math.sqrt(k)
 
 
 def judge_share(
@@ -166,20 +209,25 @@ def judge_share(
     *,
     z: float = Z,
 ) -> MetricVerdict:
-    """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted."""
+    """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted.
+
+    The noise is that of the paired per-block shares when both runs have the same blocks.
+    """
     b = base.median / base_step.median if base_step.median else 0.0
     n = now.median / now_step.median if now_step.median else 0.0
     change = n - b
-    # noise of the share, in points: the metric's own absolute spread over the step
-    noise = math.hypot(base.rel_se() * b, now.rel_se() * n) if b or n else 0.0
-    if not math.isfinite(noise):
-        noise = 0.0
-    if change > tolerance and change > z * noise:
-        verdict = Verdict.SLOWER
-    elif change < -tolerance and -change > z * noise:
-        verdict = Verdict.FASTER
-    else:
-        verdict = Verdict.SAME
+    noise: float | None = None
+    if len(base.blocks) == len(base_step.blocks) and len(now.blocks) == len(now_step.blocks):
+        noise = _paired_point_noise(
+            [m / s if s else 0.0 for m, s in zip(base.blocks, base_step.blocks)],
+            [m / s if s else 0.0 for m, s in zip(now.blocks, now_step.blocks)],
+        )
+    if noise is None:
+        noise = math.hypot(base.rel_se() * b, now.rel_se() * n) if b or n else 0.0
+    verdict = decide(change, noise, tolerance, z=z)
+    steps = (
+        steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
+    )
     return MetricVerdict(
         metric,
         verdict,
@@ -189,7 +237,7 @@ def judge_share(
         noise,
         tolerance,
         "ms",
-        None,
+        steps,
         share_based=True,
     )
 
@@ -220,12 +268,64 @@ def judged_form(metric: str) -> tuple[str, str | None]:
     """The drift-free form a gate is judged on, and how to say so.
 
     A phase is judged relative to the other named phases of its own step: a slower
-    machine slows them alike, an injected or real slowdown of the phase does not.
+    machine slows them alike, an injected or real slowdown of the phase does not. The
+    step is judged relative to the time the server took to read the request's KV through
+    its page table (same memory, same layout, plain torch), when the backend reports it.
     Everything else is judged as it is.
     """
     if metric in PHASES:
         return f"{metric}/rest", "against the rest of the step"
+    if metric == "step":
+        return "step/ref", "against the request's KV read time"
     return metric, None
+
+
+#: Utilizations judged as drops in absolute percentage points, with their scale to percent.
+POINT_METRICS = {
+    "device_busy": 100.0,
+    "util.sm": 1.0,
+    "util.dram": 1.0,
+    "util.tensor": 1.0,
+    "util.gpu": 1.0,
+}
+
+
+def judge_points(
+    metric: str, base: Summary, now: Summary, tolerance: float, *, z: float = Z
+) -> MetricVerdict:
+    """A utilization (higher is better) judged on its change in percentage points.
+
+    ``tolerance`` 0.05 allows a drop of 5 points. Utilizations are bounded, so a relative
+    rule would fire on 2% -> 1%; points do not. The noise is that of paired blocks when
+    both runs have them (device-busy share); NVML/GPM utilization is one median per run,
+    judged against the tolerance alone.
+    """
+    scale = POINT_METRICS.get(metric, 1.0)
+    b, n = base.value * scale, now.value * scale
+    change = (n - b) / 100.0  # in fractions of 100 points: -0.12 is a 12-point drop
+    paired = _paired_point_noise(
+        [x * scale / 100 for x in base.blocks], [x * scale / 100 for x in now.blocks]
+    )
+    noise = paired if paired is not None else 0.0
+    verdict = decide(change, noise, tolerance, higher_is_better=True, z=z)
+    steps = (
+        steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
+    )
+    return MetricVerdict(
+        metric, verdict, b, n, change, noise, tolerance, "%", steps, points_based=True
+    )
+
+
+def would_be_slower(metric: dict[str, Any], tolerance: float, z: float = Z) -> bool:
+    """Whether a judged metric as stored in the JSON report (``change``, ``noise``,
+    ``share_based``, ``points_based``) would be SLOWER at ``tolerance``: the same rule."""
+    higher = bool(metric.get("points_based")) or (
+        not metric.get("share_based") and metric["metric"] in HIGHER_IS_BETTER
+    )
+    v = decide(
+        float(metric["change"]), float(metric["noise"]), tolerance, higher_is_better=higher, z=z
+    )
+    return v is Verdict.SLOWER
 
 
 def judge_gate(
@@ -236,10 +336,18 @@ def judge_gate(
     if b is None or n is None:
         return None
     tolerance = tolerances.of(metric)
+    if metric in POINT_METRICS:
+        return judge_points(metric, b, n, tolerance)
     if metric == UNACCOUNTED:
         return judge_share(metric, b, n, base["step"], now["step"], tolerance)
     unit = UNITS.get(metric, "ms")
     form, basis = judged_form(metric)
+    device = f"device.{metric}"
+    if basis is not None and f"{device}/rest" in base and f"{device}/rest" in now:
+        # On a GPU a phase's host time includes waits for earlier GPU work: judge its
+        # device time (CUDA events around the phase on the stream) instead.
+        form, basis = f"{device}/rest", "on device time, against the rest of the step"
+        b, n = base[device], now[device]
     if basis is None or form not in base or form not in now:
         return judge_metric(metric, b, n, tolerance, unit=unit)
     mv = judge_metric(form, base[form], now[form], tolerance, unit=unit)

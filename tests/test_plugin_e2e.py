@@ -138,7 +138,7 @@ def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
     result.stdout.fnmatch_lines(
         [
             "*UNSTABLE*verify changed *% within noise +-*%*about * steps "
-            "would decide (--specperf-steps *)"
+            "would decide: record the baseline and run with --specperf-steps *"
         ]
     )
 
@@ -238,3 +238,38 @@ def test_json_report_and_server_teardown(pytester, recorded):
     pid = report["server"]["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the server (and its process group) is gone
+
+
+STALL_CASE = """
+import pytest
+
+@pytest.mark.parametrize("context_len", [2048])
+def test_stalled(specperf, context_len):
+    specperf.decode(context_len=context_len)
+"""
+
+
+def test_host_stall_is_reported_as_unaccounted_time(pytester):
+    """The incident: the host stalls between phases; the failure says where the time went."""
+    pytester.makepyfile(test_stall=STALL_CASE)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    result = _run(pytester, "--specperf-inject=host_stall=3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*unaccounted +* pp of step (* -> * ms, tol 5 pp) at ctx=2048 kv=contiguous "
+        "[[]baselines/test-box.yaml[]] [[]injected: host_stall=3[]]",
+        "where the time went: the step grew * ms; * ms (*% of the growth) is unaccounted, "
+        "outside every named phase: a host-side stall between phases, while the device waited",
+        "bottleneck: host only (no device timing): step * ms, unaccounted * ms (*%)*",
+    ])
+    result.stdout.fnmatch_lines(["telemetry unavailable: no CUDA device (CPU run); host-side view"])
+
+
+def test_profile_on_regression_saves_a_trace(pytester, recorded):
+    _setup(pytester, _edit(recorded, _scale("verify", 0.5)))
+    result = _run(pytester, "--specperf-profile-on-regression")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["profile of a re-run of this case: specperf-profiles/*.json"])
+    (trace,) = (pytester.path / "specperf-profiles").glob("*.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("aten::" in str(e.get("name", "")) for e in events)  # a real torch trace

@@ -94,8 +94,6 @@ def test_unit_check_passes_and_learns_the_vocabulary(fake_sglang: Path, model_di
     (lambda d: settings("not a repo id!", *SPEC), "neither an existing path nor a Hugging"),
     (lambda d: BackendSettings(model=str(d), draft_model="/no/draft", server_args=SPEC),
      "--specperf-draft-model '/no/draft': no such file"),
-    (lambda d: settings(str(d), *SPEC, inject="verify=1.1"), "--specperf-inject is not supported"),
-    (lambda d: settings(str(d), *SPEC, device="cpu"), "SGLang serves on CUDA GPUs only"),
     (lambda d: settings(str(d), *SPEC, "--host=0.0.0.0"), "sets --host, which the plugin"),
     (lambda d: settings(str(d), *SPEC, "--port", "8000"), "sets --port, which the plugin"),
     (lambda d: settings(str(d), *SPEC, "--model-path=/x"), "with --specperf-model instead"),
@@ -180,6 +178,9 @@ def test_unit_launch_spec_command_and_environment(
     assert spec.ready_deadline_s >= 600 and spec.name == "sglang server"
     cmd = b.launch_spec(settings(str(model_dir), *SPEC), port=1, run_dir=tmp_path).cmd
     assert cmd.count("--enable-metrics") == 1
+    injected = b.launch_spec(settings(str(model_dir), *SPEC, inject="verify=1.1"), port=1,
+                             run_dir=tmp_path)
+    assert injected.env["SPECPERF_INJECT"] == "verify=1.1"  # read by the scheduler's probe
 
 
 @pytest.mark.parametrize(("whitelist", "expected"), [

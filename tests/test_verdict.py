@@ -114,3 +114,51 @@ def test_summary_round_trip_and_validation():
         Summary.from_dict({**x.to_dict(), "median": "fast"}, "here")
     with pytest.raises(ValueError, match="here: missing n"):
         Summary.from_dict({"median": 1.0}, "here")
+
+
+def test_no_change_is_same_whatever_the_noise():
+    zero = s([0.0] * 16)
+    v = judge_metric("verify", zero, zero, 0.05)
+    assert v.verdict is Verdict.SAME
+
+
+def test_unmeasurable_noise_is_unstable_not_silent():
+    from pytest_specperf.verdict import decide
+
+    assert decide(0.3, math.inf, 0.05) is Verdict.UNSTABLE
+    assert decide(0.0, math.inf, 0.05) is Verdict.SAME
+    assert decide(-0.3, 0.01, 0.05, higher_is_better=True) is Verdict.SLOWER
+
+
+def test_share_uses_paired_block_noise_and_can_be_unstable():
+    step = s(BASE)
+    base = s([0.5, 0.5, 0.5, 0.5] * 4)
+    jumpy = summarize([0.5] * 4 + [12.0] * 4 + [0.5] * 4 + [9.0] * 4, BLOCKS)
+    v = judge_share("unaccounted", base, jumpy, step, step, 0.05)
+    assert v.verdict is Verdict.UNSTABLE and v.steps_to_decide
+    steady = judge_share("unaccounted", base, s([5.0] * 16), step, step, 0.05)
+    assert steady.verdict is Verdict.SLOWER and steady.noise < 0.01
+
+
+def test_utilization_drop_in_points():
+    from pytest_specperf.verdict import judge_points
+
+    busy = [0.9] * 16
+    v = judge_points("device_busy", s(busy), s([0.6] * 16), 0.05)
+    assert v.verdict is Verdict.SLOWER and v.change == pytest.approx(-0.30)
+    assert v.describe() == "device_busy -30.0 points (90.0% -> 60.0%, tol 5 points)"
+    up = judge_points("device_busy", s([0.6] * 16), s(busy), 0.05)
+    assert up.verdict is Verdict.FASTER
+    assert judge_points("device_busy", s(busy), s([0.88] * 16), 0.05).verdict is Verdict.SAME
+
+
+def test_calibration_rule_is_the_verdict_rule():
+    from pytest_specperf.verdict import would_be_slower
+
+    assert would_be_slower({"metric": "verify", "change": 0.09, "noise": 0.01}, 0.05)
+    assert not would_be_slower({"metric": "verify", "change": 0.09, "noise": 0.04}, 0.05)
+    assert would_be_slower({"metric": "accept_len", "change": -0.2, "noise": 0.0}, 0.05)
+    assert not would_be_slower({"metric": "util.sm", "change": 0.2, "noise": 0.0,
+                                "points_based": True}, 0.05)
+    assert would_be_slower({"metric": "util.sm", "change": -0.2, "noise": 0.0,
+                            "points_based": True}, 0.05)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
 
 #: Environment variables read by code running inside server processes.
@@ -13,6 +14,7 @@ ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
 ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entry point hooks
 ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
 ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
+ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
 
 
 class BackendUnavailable(RuntimeError):
@@ -27,7 +29,7 @@ class BackendSettings:
     draft_model: str | None = None
     server_args: tuple[str, ...] = ()
     inject: str | None = None
-    device: str | None = None  # "cpu"/"cuda" override for the reference engine
+    nvtx: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,28 @@ class Backend(Protocol):
 
     def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
         """Engine identity a baseline is valid for (backend, version, model, draft settings)."""
+
+    def reference_ms(self, meta_info: dict[str, Any]) -> float | None:
+        """The request's reference read time (ms) reported by the server, if any: step
+        times are judged relative to it (see verdict.judged_form)."""
+
+    def notes(self, run_dir: Path | None) -> list[str]:
+        """Lines about the server's instrumentation for the run's summary (e.g. hook
+        targets missing in the installed SGLang). Empty when there is nothing to say."""
+
+    def metrics_before(self, client: ServerClient) -> Any:
+        """A snapshot of the server's own metrics before a measured window (or None)."""
+
+    def metrics_check(
+        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+    ) -> list[str]:
+        """Where the server's own metrics disagree with our records over the window."""
+
+    def start_profile(self, client: ServerClient, trace: Path) -> None:
+        """Start the server's PyTorch profiler; the trace is to end up at ``trace``."""
+
+    def stop_profile(self, client: ServerClient, trace: Path) -> list[Path]:
+        """Stop the profiler and return the trace files it wrote."""
 
     def capacity_reason(
         self, server_info: dict[str, Any], context_len: int, batch_size: int

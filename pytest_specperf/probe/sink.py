@@ -111,9 +111,18 @@ def read_records(
 class RecordTail:
     """Incremental reader of a run directory: each ``poll`` parses only new lines."""
 
-    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, from_end: bool = False) -> None:
+        """With ``from_end``, records already in the files are skipped without parsing."""
         self.run_dir = Path(run_dir)
         self._offsets: dict[Path, int] = {}
+        if from_end:
+            for path in self.run_dir.glob("steps-rank*-pid*.jsonl"):
+                try:
+                    with open(path, "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    continue
+                self._offsets[path] = data.rfind(b"\n") + 1
 
     def poll(self) -> list[StepRecord]:
         out: list[StepRecord] = []
@@ -130,6 +139,9 @@ class RecordTail:
                 continue
             for line in chunk[: end + 1].splitlines():
                 if line.strip():
-                    out.append(StepRecord.from_json(json.loads(line)))
+                    try:
+                        out.append(StepRecord.from_json(json.loads(line)))
+                    except (ValueError, KeyError, TypeError, IndexError) as e:
+                        raise ValueError(f"{path}: unreadable step record: {e}") from None
             self._offsets[path] = start + end + 1
         return out

@@ -95,6 +95,9 @@ class NullProbe:
     def end_step(self, *, accepted_tokens: int) -> None:
         return None
 
+    def abort_step(self) -> None:
+        return None
+
     def count_graph(self, runner: str, *, replay: bool) -> None:
         return None
 
@@ -118,6 +121,7 @@ class StepProbe:
         use_cuda: bool = False,
         labels: dict[str, str] | None = None,
         injector: PhaseInjector | None = None,
+        nvtx: bool = False,
     ) -> None:
         self._sink = sink
         self._rank = rank
@@ -127,10 +131,13 @@ class StepProbe:
         self._spans = [_Span(self, i) for i in range(len(PHASES))]
         self._by_name = dict(zip(PHASES, self._spans))
         self._torch: Any = None
+        self._nvtx: Any = None
         if use_cuda:
             import torch
 
             self._torch = torch
+            if nvtx:
+                self._nvtx = torch.cuda.nvtx  # one range per phase, for Nsight Systems
         self._event_pool: list[Any] = []
         self._pending: list[tuple[StepRecord, list[_DeviceSpan], Any, Any]] = []
         self._completed: list[StepRecord] = []
@@ -158,8 +165,20 @@ class StepProbe:
         self._rids = rids
         self._mode = mode
         self._wall = time.time_ns()
+        if self._nvtx is not None:
+            self._nvtx.range_push(f"specperf.step ctx={context_len} bs={batch_size}")
         self._step_ev0 = self._event() if self._torch is not None else None
         self._t0 = _perf_ns()
+
+    def abort_step(self) -> None:
+        """Forget a step that raised (no record); the next ``begin_step`` starts clean."""
+        if not self._in_step:
+            return
+        if self._nvtx is not None:
+            for _ in range(len(self._stack) + 1):
+                self._nvtx.range_pop()
+        self._in_step = 0
+        self._reset()
 
     def end_step(self, *, accepted_tokens: int) -> None:
         if self._in_step == 0:
@@ -174,6 +193,8 @@ class StepProbe:
             self._depth[idx] = 1
             self._exit(idx, now=t1)
         self._in_step = 0
+        if self._nvtx is not None:
+            self._nvtx.range_pop()
         host = dict(zip(PHASES, self._host))
         record = StepRecord(
             step=self._step_no,
@@ -216,6 +237,8 @@ class StepProbe:
         if self._injector is not None and not self._stack:
             self._injector.before_phase(PHASES[index])
         self._depth[index] = 1
+        if self._nvtx is not None:
+            self._nvtx.range_push(PHASES[index])
         pos = -1
         if self._torch is not None:
             parent = self._stack[-1][3] if self._stack else -1
@@ -241,6 +264,8 @@ class StepProbe:
             self._depth[idx] = 0
             if pos >= 0:
                 self._dev_spans[pos].end = self._event()
+            if self._nvtx is not None:
+                self._nvtx.range_pop()
             if self._stack:
                 self._stack[-1][2] += incl
             if idx == index:

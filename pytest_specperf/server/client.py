@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -61,7 +62,7 @@ class ServerClient:
             except (ValueError, AttributeError):
                 message = raw.decode(errors="replace")[:500]
             raise ServerHTTPError(method, url, e.code, message) from None
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
+        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             raise ServerUnreachable(f"{method} {url}: {reason}") from None
         if not raw:

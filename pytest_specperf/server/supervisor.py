@@ -32,7 +32,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def set_pdeathsig() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -74,7 +74,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_set_pdeathsig,
+                preexec_fn=set_pdeathsig,
             )
         except OSError as e:
             raise ServerStartError(f"cannot start {self.name}: {e}") from None

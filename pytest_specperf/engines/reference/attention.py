@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 MIN_VIEW_PAGES = 4
 #: At most this many views per request (the longest runs); the rest is gathered.
 MAX_VIEWS = 16
+#: On the CPU, context is attended in chunks of this many tokens (see paged_attention).
+CPU_CHUNK_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,16 @@ def paged_attention(
     plan: ReadPlan,
     page_size: int,
     block_mask: torch.Tensor | None,
+    chunk_tokens: int | None = None,
 ) -> torch.Tensor:
     """Attention of one request's block over its paged context plus the block itself.
 
     ``q``: ``(T, H, D)``; ``block_k``/``block_v``: ``(T, Hkv, D)``, the block's own keys
     (``block_mask`` is added to their scores, e.g. causal). Pools: ``(Hkv, slots, D)``.
+    With ``chunk_tokens``, the context is read in chunks of at most that many tokens
+    (split-K, as GPU decode kernels do): on the CPU this keeps every temporary small
+    enough for the heap, so a step does not pay page faults for fresh hundred-megabyte
+    buffers, whose cost depends on the host's huge-page supply rather than on the code.
     Returns ``(T, H, D)``.
     """
     import torch
@@ -117,15 +124,25 @@ def paged_attention(
     if block_mask is not None:
         mask = block_mask.repeat(g, 1).unsqueeze(0)  # (1, g*T, T)
     parts = [_partial(qh, block_k.transpose(0, 1), block_v.transpose(0, 1), scale, mask)]
+    step = chunk_tokens or (1 << 62)
     for a, b in plan.views:
-        parts.append(_partial(qh, pool_k[:, a:b], pool_v[:, a:b], scale, None))
+        for c in range(a, b, step):
+            e = min(c + step, b)
+            parts.append(_partial(qh, pool_k[:, c:e], pool_v[:, c:e], scale, None))
     if plan.gather_pages is not None:
-        n = plan.gather_pages.numel()
-        kp = pool_k.view(hkv, -1, page_size, d).index_select(1, plan.gather_pages)
-        vp = pool_v.view(hkv, -1, page_size, d).index_select(1, plan.gather_pages)
-        kp = kp.view(hkv, n * page_size, d)[:, : plan.gather_len]
-        vp = vp.view(hkv, n * page_size, d)[:, : plan.gather_len]
-        parts.append(_partial(qh, kp, vp, scale, None))
+        gp = plan.gather_pages
+        per = max(1, step // page_size)
+        kpool = pool_k.view(hkv, -1, page_size, d)
+        vpool = pool_v.view(hkv, -1, page_size, d)
+        left = plan.gather_len
+        for i in range(0, gp.numel(), per):
+            idx = gp[i : i + per]
+            n = idx.numel()
+            take = min(n * page_size, left)
+            left -= take
+            kp = kpool.index_select(1, idx).view(hkv, n * page_size, d)[:, :take]
+            vp = vpool.index_select(1, idx).view(hkv, n * page_size, d)[:, :take]
+            parts.append(_partial(qh, kp, vp, scale, None))
     if len(parts) == 1:
         out = parts[0][0]
     else:

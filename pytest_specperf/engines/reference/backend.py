@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.base import (
     ENV_INJECT,
+    ENV_NVTX,
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
 )
+from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
 
 #: Server flags the plugin sets itself; passing them through would be ambiguous.
-_RESERVED = ("--host", "--port", "--run-dir", "--config")
+_RESERVED = ("--host", "--port", "--run-dir", "--config", "--no-probe")
 
 
 def default_threads() -> int:
@@ -78,12 +81,12 @@ class ReferenceBackend:
             settings.model or "tiny",
             "--quiet",
         ]
-        if settings.device:
-            cmd += ["--device", settings.device]
         if not any(a.split("=", 1)[0] == "--threads" for a in settings.server_args):
             cmd += ["--threads", str(default_threads())]
         cmd += list(settings.server_args)
         env = {ENV_INJECT: settings.inject} if settings.inject else {}
+        if settings.nvtx:
+            env[ENV_NVTX] = "1"
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=120.0, name="reference server")
 
     def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
@@ -130,3 +133,30 @@ class ReferenceBackend:
                 f"{pages * page} tokens on {server_info.get('device')}"
             )
         return None
+
+    def start_profile(self, client: ServerClient, trace: Path) -> None:
+        client.post("/specperf/profile", {"action": "start"})
+
+    def stop_profile(self, client: ServerClient, trace: Path) -> list[Path]:
+        out = client.post("/specperf/profile", {"action": "stop"})
+        written = Path(out["path"]) if isinstance(out, dict) and "path" in out else None
+        if written is None or not written.is_file():
+            return []
+        shutil.move(written, trace)  # the server writes inside its run directory only
+        return [trace]
+
+    def reference_ms(self, meta_info: dict[str, Any]) -> float | None:
+        sp = meta_info.get("specperf") or {}
+        value = sp.get("reference_ms")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    def notes(self, run_dir: Path | None) -> list[str]:
+        return []
+
+    def metrics_before(self, client: ServerClient) -> Any:
+        return None  # the reference server has no metrics of its own to cross-check
+
+    def metrics_check(
+        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+    ) -> list[str]:
+        return []

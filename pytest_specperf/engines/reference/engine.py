@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_specperf import __version__
-from pytest_specperf.engines.reference.attention import ReadPlan, plan_reads
+from pytest_specperf.engines.reference.attention import CPU_CHUNK_TOKENS, ReadPlan, plan_reads
 from pytest_specperf.engines.reference.config import ModelConfig
 from pytest_specperf.engines.reference.kv import (
     LAYOUTS,
@@ -81,6 +81,7 @@ class GenResult:
     kv_fragmentation: float
     kv_pages: int
     synthetic_prefill: bool
+    reference_ms: float | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -105,6 +106,7 @@ class _Live:
     rng: random.Random | None = None
     plan_key: tuple[int, int] = (-1, -1)
     plan: ReadPlan | None = None
+    reference_ms: float | None = None
 
 
 def _tensor(data: list[int], device: Any) -> torch.Tensor:
@@ -260,12 +262,15 @@ class Engine:
         try:
             for lr in live:
                 self._prefill(lr)
+                lr.reference_ms = self._reference_read(lr)
             active = [lr for lr in live if not lr.finish]
+            step = self._step_dflash if self.algorithm == "DFLASH" else self._step_greedy
             while active:
-                if self.algorithm == "DFLASH":
-                    self._step_dflash(active)
-                else:
-                    self._step_greedy(active)
+                try:
+                    step(active)
+                except BaseException:
+                    self.probe.abort_step()  # no half record; later steps are recorded again
+                    raise
                 active = [lr for lr in active if not lr.finish]
             self.probe.flush()
             latency = time.perf_counter() - t0
@@ -281,6 +286,7 @@ class Engine:
                     kv_fragmentation=fragmentation(lr.pages),
                     kv_pages=len(lr.pages),
                     synthetic_prefill=lr.req.context_len is not None,
+                    reference_ms=lr.reference_ms,
                 )
         finally:
             for lr in live:
@@ -399,6 +405,36 @@ class Engine:
             shape = (SYNTH_BANK_TOKENS, self.cfg.num_kv_heads, self.cfg.head_dim)
             self._bank = torch.randn(shape, generator=gen).to(self.device, self.dtype)
         return self._bank
+
+    def _reference_read(self, lr: _Live, reps: int = 3) -> float:
+        """Median ms to read the request's whole target KV through its page table.
+
+        Plain torch (one gather and a sum per layer, K and V): no engine code, the same
+        bytes and memory pages the decode steps read. Measured after the prefill, outside
+        every step; it tracks the memory system's speed for this very layout (huge pages,
+        noisy neighbours), so step times can be judged against it.
+        """
+        import torch
+
+        p = self.cfg.page_size
+        n = -(-lr.seq_len // p)
+        pages = _tensor(lr.pages[:n], self.device)
+        times = []
+        for _ in range(reps):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t = time.perf_counter()
+            acc = torch.zeros((), device=self.device, dtype=torch.float32)
+            per = max(1, CPU_CHUNK_TOKENS // p)  # small temporaries: no page-fault storms
+            for layer in range(self.cfg.num_layers):
+                for pool in (self.kv.k[layer], self.kv.v[layer]):
+                    h, _, d = pool.shape
+                    paged = pool.view(h, -1, p, d)
+                    for i in range(0, n, per):
+                        acc += paged.index_select(1, pages[i : i + per]).sum(dtype=torch.float32)
+            float(acc)  # waits for the device
+            times.append((time.perf_counter() - t) * 1e3)
+        return sorted(times)[len(times) // 2]
 
     # -- decode steps ------------------------------------------------------------------------
     def _count_graph(self, runner: str, replay: bool) -> None:
@@ -562,6 +598,7 @@ class Engine:
             "cuda_graphs": self.graphs.info() if self.graphs is not None else None,
             "counters": dict(self.counters),
             "graph_counters": {k: dict(v) for k, v in self.graph_counters.items()},
+            "kv_bytes_per_token": self.cfg.kv_bytes_per_token(self.kv.k[0].element_size()),
             "kv_free_pages": self.allocator.free_count,
             "kv_total_pages": self.allocator.num_pages,
             "fingerprint": self.fingerprint(),

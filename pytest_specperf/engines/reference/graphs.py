@@ -25,15 +25,21 @@ if TYPE_CHECKING:
 
 #: Batch sizes for which graphs are captured (SGLang captures a similar ladder).
 CAPTURE_BATCH_SIZES = (1, 2, 4, 8)
-#: Smallest page bucket; buckets double up to the pool's size per request.
+#: Smallest page bucket; buckets double up to LINEAR_PAGE_STEP, then grow by it.
 MIN_PAGE_BUCKET = 64
+LINEAR_PAGE_STEP = 512
 
 
 def page_bucket(pages: int) -> int:
+    """Captured page count for ``pages``: powers of two up to LINEAR_PAGE_STEP, then its
+    multiples, so that a long context reads at most LINEAR_PAGE_STEP pages of padding
+    (8192 tokens at 16-token pages) instead of up to twice its KV."""
     b = MIN_PAGE_BUCKET
-    while b < pages:
+    while b < pages and b < LINEAR_PAGE_STEP:
         b *= 2
-    return b
+    if b >= pages:
+        return b
+    return -(-pages // LINEAR_PAGE_STEP) * LINEAR_PAGE_STEP
 
 
 def static_inputs(

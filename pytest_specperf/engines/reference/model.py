@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.engines.reference.attention import (
+    CPU_CHUNK_TOKENS,
     ReadPlan,
     padded_paged_attention,
     paged_attention,
@@ -146,6 +147,8 @@ class _Stack:
         self.rope = _Rope(cfg.head_dim, cfg.rope_theta, device, dtype)
         self.device = device
         self.dtype = dtype
+        cpu = getattr(device, "type", str(device)) == "cpu"
+        self.chunk_tokens = CPU_CHUNK_TOKENS if cpu else None
         self._masks: dict[tuple[int, bool], torch.Tensor | None] = {}
 
     def block_mask(self, t: int, causal: bool) -> torch.Tensor | None:
@@ -209,6 +212,7 @@ class _Stack:
                     s.plan,
                     cfg.page_size,
                     self.block_mask(s.end - s.start, causal),
+                    self.chunk_tokens,
                 )
         x = x + o.view(n, -1) @ w.wo
         m = _rms_norm(x, w.mlp_norm, cfg.rms_eps)

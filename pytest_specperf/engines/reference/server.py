@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from pytest_specperf import __version__
-from pytest_specperf.engines.base import ENV_INJECT
+from pytest_specperf.engines.base import ENV_INJECT, ENV_NVTX
 from pytest_specperf.engines.reference.config import CONFIGS, get_config
 from pytest_specperf.engines.reference.engine import (
     ALGORITHMS,
@@ -47,6 +47,10 @@ from pytest_specperf.inject import Injector, parse_inject
 
 #: Request bodies above this size are refused with 413 before being read.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: A profiler left running longer than this stops by itself (no trace kept).
+PROFILE_MAX_S = 600.0
+#: Seconds a SIGTERM waits for the running job before the process exits anyway.
+STOP_GRACE_S = 5.0
 #: Largest ``max_new_tokens`` accepted in one request.
 MAX_NEW_TOKENS_LIMIT = 65536
 _GENERATE_KEYS = {
@@ -194,6 +198,7 @@ def result_json(res: GenResult) -> dict[str, Any]:
                 "kv_fragmentation": round(res.kv_fragmentation, 6),
                 "kv_pages": res.kv_pages,
                 "synthetic_prefill": res.synthetic_prefill,
+                "reference_ms": None if res.reference_ms is None else round(res.reference_ms, 4),
             },
         },
     }
@@ -212,7 +217,7 @@ class _Job:
     def run(self) -> None:
         try:
             self.result = self.fn()
-        except BaseException as e:  # handed back to the handler thread
+        except Exception as e:  # handed back to the handler thread
             self.error = e
         finally:
             self.done.set()
@@ -237,6 +242,8 @@ class ReferenceServer(ThreadingHTTPServer):
         self.max_body_bytes = max_body_bytes
         self.quiet = quiet
         self.jobs: queue.Queue[_Job | None] = queue.Queue()
+        self.profiler: Any = None
+        self.profiler_started = 0.0
         self.started = time.time()
         self.http_counters = {"requests": 0, "errors": 0}
 
@@ -351,6 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "/generate": self._generate,
                 "/flush_cache": self._flush_cache,
                 "/specperf/kv_layout": self._kv_layout,
+                "/specperf/profile": self._profile,
             }
         )
 
@@ -395,6 +403,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._body()
         eng = self.server.engine
         reqs, batch = parse_generate(body, eng)
+        srv = self.server
+        if srv.profiler is not None and time.monotonic() - srv.profiler_started > PROFILE_MAX_S:
+            prof, srv.profiler = srv.profiler, None  # forgotten: stop it, keep no trace
+            srv.on_engine(prof.stop)
         try:
             results = self.server.on_engine(lambda: eng.generate(reqs))
         except RequestError as e:
@@ -406,6 +418,34 @@ class _Handler(BaseHTTPRequestHandler):
         self._body()
         self.server.on_engine(self.server.engine.flush_cache)
         self._send(200, {"success": True, "message": "Cache flushed."})
+
+    def _profile(self) -> None:
+        """``{"action": "start"}`` / ``{"action": "stop"}``: the PyTorch profiler around the
+        engine's requests in between. The trace (Chrome format) is written inside the run
+        directory under a name the server chooses, returned as ``path``; a profiler left
+        running stops by itself after PROFILE_MAX_S."""
+        body = self._body()
+        if not isinstance(body, dict) or set(body) - {"action"}:
+            raise _bad('the body must be {"action": "start"} or {"action": "stop"}')
+        srv = self.server
+        action = body.get("action")
+        if action == "start":
+            if srv.profiler is not None:
+                raise HTTPError(HTTPStatus.CONFLICT, "the profiler is already running")
+            srv.profiler = srv.on_engine(lambda: _start_profiler(srv.engine.device.type))
+            srv.profiler_started = time.monotonic()
+            self._send(200, {"success": True, "profiling": True})
+            return
+        if action != "stop":
+            raise _bad(f"unknown profile action {action!r:.40}; use start or stop")
+        if srv.profiler is None:
+            raise HTTPError(HTTPStatus.CONFLICT, "the profiler is not running")
+        prof, srv.profiler = srv.profiler, None
+        out_dir = os.path.join(srv.run_dir, "profiles")
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(out_dir, f"trace-{os.getpid()}-{uuid.uuid4().hex[:8]}.json")
+        srv.on_engine(lambda: (prof.stop(), prof.export_chrome_trace(path)))
+        self._send(200, {"success": True, "path": path})
 
     def _kv_layout(self) -> None:
         body = self._body()
@@ -434,9 +474,21 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
 
+def _start_profiler(device_type: str) -> Any:
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device_type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities)
+    prof.start()
+    return prof
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pytest_specperf.engines.reference.server",
+        allow_abbrev=False,
         description="Reference speculative-decoding server (SGLang-compatible HTTP subset).",
     )
     p.add_argument("--host", default="127.0.0.1")
@@ -513,7 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     probe = (
         NullProbe()
         if sink is None
-        else StepProbe(sink, use_cuda=device.startswith("cuda"), labels=labels, injector=injector)
+        else StepProbe(
+            sink,
+            use_cuda=device.startswith("cuda"),
+            labels=labels,
+            injector=injector,
+            nvtx=os.environ.get(ENV_NVTX) == "1",
+        )
     )
     try:
         engine = Engine(
@@ -548,7 +606,12 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def _stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        # End the engine loop after the current job (queued from another thread: the main
+        # thread may hold the queue's lock right now), and exit hard if that job hangs.
+        threading.Thread(target=server.jobs.put, args=(None,), daemon=True).start()
+        timer = threading.Timer(STOP_GRACE_S, os._exit, args=(3,))
+        timer.daemon = True  # only fires if the process is still running then
+        timer.start()
 
     signal.signal(signal.SIGTERM, _stop)
     print(

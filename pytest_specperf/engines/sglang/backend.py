@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.base import (
+    ENV_INJECT,
+    ENV_NVTX,
     ENV_PHASE_MAP,
     ENV_RUN_DIR,
     ENV_SGLANG_PLUGIN,
@@ -36,8 +38,9 @@ from pytest_specperf.engines.base import (
     BackendUnavailable,
     LaunchSpec,
 )
-from pytest_specperf.engines.sglang import kv_fragment, launcher, source
-from pytest_specperf.server.client import ServerClient, ServerHTTPError
+from pytest_specperf.engines.sglang import kv_fragment, launcher, metrics, source
+from pytest_specperf.probe.record import StepRecord
+from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
 
 #: The entry point SGLang's load_plugins() discovers (declared in pyproject.toml).
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -50,10 +53,22 @@ DEFAULT_ID_RANGE = (1000, 30000)
 CAPACITY_ROOM = 512
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _FINGERPRINT_KEYS = (
-    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-    "speculative_num_draft_tokens", "speculative_dflash_block_size", "load_format",
-    "speculative_draft_load_format", "dtype", "kv_cache_dtype", "quantization", "page_size",
-    "tp_size", "pp_size", "dp_size", "attention_backend", "cuda_graph_max_bs_decode",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_dflash_block_size",
+    "load_format",
+    "speculative_draft_load_format",
+    "dtype",
+    "kv_cache_dtype",
+    "quantization",
+    "page_size",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "attention_backend",
+    "cuda_graph_max_bs_decode",
     "disable_radix_cache",
 )
 
@@ -70,15 +85,16 @@ def check_model(value: str, option: str) -> None:
             )
         return
     looks_like_path = (
-        value.startswith(("/", "./", "../", "~", "\\")) or value.count("/") > 1
-        or "\\" in value or value.endswith("/")
+        value.startswith(("/", "./", "../", "~", "\\"))
+        or value.count("/") > 1
+        or "\\" in value
+        or value.endswith("/")
     )
     if looks_like_path:
         raise BackendUnavailable(f"{option} {value!r}: no such file or directory")
     if not _HF_ID.match(value):
         raise BackendUnavailable(
-            f"{option} {value!r} is neither an existing path nor a Hugging Face repo id "
-            "(org/name)"
+            f"{option} {value!r} is neither an existing path nor a Hugging Face repo id (org/name)"
         )
 
 
@@ -159,16 +175,6 @@ class SGLangBackend:
         check_model(settings.model, "--specperf-model")
         if settings.draft_model:
             check_model(settings.draft_model, "--specperf-draft-model")
-        if settings.inject:
-            raise BackendUnavailable(
-                "--specperf-inject is not supported by the sglang backend yet (the "
-                "in-scheduler probe has no slowdown injector); use --specperf-backend reference"
-            )
-        if settings.device and not settings.device.startswith("cuda"):
-            raise BackendUnavailable(
-                f"--specperf-device {settings.device!r}: SGLang serves on CUDA GPUs only "
-                "(choose GPUs with --specperf-server-arg=--base-gpu-id=N)"
-            )
         tokens = launcher.split_server_args(settings.server_args)
         launcher.check_server_args(tokens, launcher.known_flags(root), self._version)
         if not launcher.has_flag(tokens, "--speculative-algorithm", "--config"):
@@ -192,8 +198,14 @@ class SGLangBackend:
                 load_file(user_map)
             except PhaseMapError as e:
                 raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
-        sizes = [v for v in (config_vocab_size(settings.model),
-                             config_vocab_size(settings.draft_model or "")) if v]
+        sizes = [
+            v
+            for v in (
+                config_vocab_size(settings.model),
+                config_vocab_size(settings.draft_model or ""),
+            )
+            if v
+        ]
         self._vocab_size = min(sizes) if sizes else None
 
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
@@ -209,6 +221,10 @@ class SGLangBackend:
         )
         self._run_dir = Path(run_dir)
         env = launcher.build_env(self._run_dir, os.environ)
+        if settings.inject:
+            env[ENV_INJECT] = settings.inject  # the scheduler's probe slows phases down
+        if settings.nvtx:
+            env[ENV_NVTX] = "1"
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=1200.0, name="sglang server")
 
     # -- per case --------------------------------------------------------------------------
@@ -310,6 +326,46 @@ class SGLangBackend:
         fp["cuda_graphs"] = decode_cuda_graphs(server_info)
         return fp
 
+    def reference_ms(self, meta_info: dict[str, Any]) -> float | None:
+        return None  # no reference read inside SGLang: step times are judged raw
+
+    def notes(self, run_dir: Path | None) -> list[str]:
+        return self.describe_hooks(run_dir)
+
+    def metrics_before(self, client: ServerClient) -> Any:
+        try:
+            return metrics.scrape(client)
+        except (metrics.MetricsParseError, ServerHTTPError, ServerUnreachable):
+            return None
+
+    def metrics_check(
+        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+    ) -> list[str]:
+        if before is None:
+            return ["sglang metrics unavailable (start the server with --enable-metrics)"]
+        try:
+            after = metrics.scrape(client)
+        except (metrics.MetricsParseError, ServerHTTPError, ServerUnreachable) as e:
+            return [f"sglang metrics unavailable: {e}"]
+        return metrics.cross_check(before, after, records, wall_s=wall_s)
+
+    def start_profile(self, client: ServerClient, trace: Path) -> None:
+        """SGLang's own profiler endpoint (torch.profiler in every scheduler)."""
+        trace.mkdir(parents=True, exist_ok=True)
+        client.post(
+            "/start_profile", {"output_dir": str(trace.resolve()), "activities": ["CPU", "GPU"]}
+        )
+
+    def stop_profile(self, client: ServerClient, trace: Path) -> list[Path]:
+        client.post("/stop_profile", {})
+        deadline = time.monotonic() + 120.0
+        while time.monotonic() < deadline:  # the schedulers write their traces after stop
+            files = sorted(p for p in trace.glob("*") if p.is_file())
+            if files:
+                return files
+            time.sleep(0.5)
+        return []
+
     def capacity_reason(
         self, server_info: dict[str, Any], context_len: int, batch_size: int
     ) -> str | None:
@@ -323,16 +379,22 @@ class SGLangBackend:
         need = context_len + CAPACITY_ROOM + block
         limit = _int(server_info.get("context_length"))
         if limit and need > limit:
-            return (f"context {context_len} + {CAPACITY_ROOM + block} decode tokens exceeds the "
-                    f"model's context length of {limit} tokens on this server")
+            return (
+                f"context {context_len} + {CAPACITY_ROOM + block} decode tokens exceeds the "
+                f"model's context length of {limit} tokens on this server"
+            )
         max_input = _int(server_info.get("max_req_input_len"))
         if max_input and context_len > max_input:
-            return (f"context {context_len} exceeds the server's max_req_input_len of "
-                    f"{max_input} tokens")
+            return (
+                f"context {context_len} exceeds the server's max_req_input_len of "
+                f"{max_input} tokens"
+            )
         pool = _int(server_info.get("max_total_num_tokens"))
         if pool and batch_size * need > pool:
-            return (f"{batch_size} x {need} tokens of KV do not fit in the server's KV pool of "
-                    f"{pool} tokens (max_total_num_tokens)")
+            return (
+                f"{batch_size} x {need} tokens of KV do not fit in the server's KV pool of "
+                f"{pool} tokens (max_total_num_tokens)"
+            )
         return None
 
     # -- reports (not part of the Backend protocol) ---------------------------------------
@@ -355,18 +417,24 @@ class SGLangBackend:
         """Readable lines about hooks missing or changed, and hook errors, for reports."""
         reports = self.hook_reports(run_dir)
         if not reports:
-            return ["sglang: no hook report in the run directory: the pytest-specperf plugin "
-                    "did not load in any scheduler (no phase timings will be recorded)"]
+            return [
+                "sglang: no hook report in the run directory: the pytest-specperf plugin "
+                "did not load in any scheduler (no phase timings will be recorded)"
+            ]
         r = reports[0]
-        lines = [f"sglang {r.get('sglang_version')}: {len(r.get('installed', []))} hooks "
-                 f"installed from {', '.join(r.get('phase_map', []))}"]
+        lines = [
+            f"sglang {r.get('sglang_version')}: {len(r.get('installed', []))} hooks "
+            f"installed from {', '.join(r.get('phase_map', []))}"
+        ]
         for m in r.get("missing", []):
             kind = "optional target" if m.get("optional") else "MISSING target"
-            lines.append(f"  {kind} {m['target']} ({m.get('phase') or m['role']}): "
-                         f"{m.get('reason', '')}")
+            lines.append(
+                f"  {kind} {m['target']} ({m.get('phase') or m['role']}): {m.get('reason', '')}"
+            )
         for c in r.get("signature_changed", []):
-            lines.append(f"  signature changed: {c['target']}: expected {c['expected']}, "
-                         f"found {c['actual']}")
+            lines.append(
+                f"  signature changed: {c['target']}: expected {c['expected']}, found {c['actual']}"
+            )
         if r.get("phase_map_error"):
             lines.append(f"  {r['phase_map_error']}")
         rd = self._resolve_run_dir(run_dir)

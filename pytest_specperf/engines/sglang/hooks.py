@@ -44,7 +44,7 @@ from pytest_specperf.engines.sglang import kv_fragment
 from pytest_specperf.engines.sglang.phase_map import HookEntry
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RunDirSink
-from pytest_specperf.probe.spans import StepProbe
+from pytest_specperf.probe.spans import PhaseInjector, StepProbe
 
 logger = logging.getLogger("pytest_specperf.sglang")
 
@@ -62,8 +62,9 @@ class DeferredSink(RunDirSink):
     older than ``max_hold`` steps, or on :meth:`release_through`.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0,
-                 max_hold: int = 8) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, rank: int = 0, max_hold: int = 8
+    ) -> None:
         super().__init__(run_dir, rank=rank)
         self.max_hold = max_hold
         self._held: dict[int, StepRecord] = {}
@@ -155,11 +156,15 @@ class ProbeRuntime:
         labels: dict[str, str] | None = None,
         use_cuda: bool | None = None,
         meta_suffix: str | None = None,
+        injector: PhaseInjector | None = None,
+        nvtx: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rank = rank
         self.labels = dict(labels or {})
         self._use_cuda = use_cuda
+        self._injector = injector
+        self._nvtx = nvtx
         self.meta_suffix = meta_suffix or f"pid{os.getpid()}"
         self.sink: DeferredSink | None = (
             DeferredSink(self.run_dir, rank=rank) if self.run_dir is not None else None
@@ -192,8 +197,14 @@ class ProbeRuntime:
                     use_cuda = bool(torch.cuda.is_available())
                 except Exception:
                     use_cuda = False
-            self._probe = StepProbe(self.sink, rank=self.rank, use_cuda=use_cuda,
-                                    labels=self.labels)
+            self._probe = StepProbe(
+                self.sink,
+                rank=self.rank,
+                use_cuda=use_cuda,
+                labels=self.labels,
+                injector=self._injector,
+                nvtx=self._nvtx,
+            )
         return self._probe
 
     # -- errors ------------------------------------------------------------------------
@@ -201,8 +212,12 @@ class ProbeRuntime:
         entry = self.errors.get(where)
         if entry is None:
             self.errors[where] = [1, f"{type(exc).__name__}: {exc}"]
-            logger.warning("pytest-specperf hook %s failed (server unaffected): %s: %s",
-                           where, type(exc).__name__, exc)
+            logger.warning(
+                "pytest-specperf hook %s failed (server unaffected): %s: %s",
+                where,
+                type(exc).__name__,
+                exc,
+            )
             self.write_errors()
         else:
             entry[0] += 1
@@ -235,8 +250,9 @@ class ProbeRuntime:
             mode = "decode"
         reqs = batch.reqs
         rids = [str(r.rid) for r in reqs]
-        self.probe.begin_step(context_len=_context_len(batch, reqs), batch_size=len(rids),
-                              rids=rids, mode=mode)
+        self.probe.begin_step(
+            context_len=_context_len(batch, reqs), batch_size=len(rids), rids=rids, mode=mode
+        )
         self.step_depth = 1
         self.cur_mode = mode
         if mode == "decode":
@@ -317,17 +333,25 @@ class ProbeRuntime:
         try:
             req = kv_fragment.read_request(self.run_dir)
         except kv_fragment.KVLayoutError as e:
-            self.sink.write_meta(f"{kv_fragment.RESULT_META}-{self.meta_suffix}",
-                                 {"request_id": None, "status": "refused", "message": str(e)})
+            self.sink.write_meta(
+                f"{kv_fragment.RESULT_META}-{self.meta_suffix}",
+                {"request_id": None, "status": "refused", "message": str(e)},
+            )
             return
         if req is None:
             return
-        status = {"request_id": req["id"], "layout": req["layout"], "level": req["level"],
-                  "seed": req["seed"], "rank": self.rank}
+        status = {
+            "request_id": req["id"],
+            "layout": req["layout"],
+            "level": req["level"],
+            "seed": req["seed"],
+            "rank": self.rank,
+        }
         try:
             allocator = scheduler.token_to_kv_pool_allocator
-            status.update(kv_fragment.apply_layout(allocator, req["layout"], req["level"],
-                                                   req["seed"]))
+            status.update(
+                kv_fragment.apply_layout(allocator, req["layout"], req["level"], req["seed"])
+            )
             status["status"] = "ok"
             self.kv_layout = req
         except kv_fragment.KVLayoutError as e:
@@ -349,15 +373,19 @@ class ProbeRuntime:
             return
         pool = tree_cache.req_to_token_pool
         allocator = getattr(tree_cache, "token_to_kv_pool_allocator", None)
-        page_size = int(getattr(allocator, "page_size", None)
-                        or getattr(tree_cache, "page_size", 1) or 1)
+        page_size = int(
+            getattr(allocator, "page_size", None) or getattr(tree_cache, "page_size", 1) or 1
+        )
         data = kv_fragment.measure_request(pool.req_to_token, int(row), int(length), page_size)
         data["rid"] = str(req.rid)
         layout = self.kv_layout or {}
-        data.update(layout=layout.get("layout"), level=layout.get("level"),
-                    seed=layout.get("seed"), request_id=layout.get("id"))
-        self.sink.write_meta(kv_fragment.FRAG_META_PREFIX + kv_fragment.rid_key(str(req.rid)),
-                             data)
+        data.update(
+            layout=layout.get("layout"),
+            level=layout.get("level"),
+            seed=layout.get("seed"),
+            request_id=layout.get("id"),
+        )
+        self.sink.write_meta(kv_fragment.FRAG_META_PREFIX + kv_fragment.rid_key(str(req.rid)), data)
 
     # -- graph counters --------------------------------------------------------------------
     def runner_label(self, runner: Any) -> str:
@@ -455,8 +483,11 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
         if self_attr is not None and not (args and getattr(args[0], self_attr, False)):
             return original(*args, **kwargs)
         if arg is not None:
-            value = kwargs[arg] if arg in kwargs else (
-                args[arg_idx] if arg_idx is not None and len(args) > arg_idx else None)
+            value = (
+                kwargs[arg]
+                if arg in kwargs
+                else (args[arg_idx] if arg_idx is not None and len(args) > arg_idx else None)
+            )
             if not value:
                 return original(*args, **kwargs)
         span = rt.probe.phase(phase)
@@ -499,8 +530,9 @@ def _result_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     pos = 2 if idx is None else idx
 
     def result_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
-        result = kwargs["result"] if "result" in kwargs else (
-            args[pos] if len(args) > pos else None)
+        result = (
+            kwargs["result"] if "result" in kwargs else (args[pos] if len(args) > pos else None)
+        )
         step = None
         if result is not None:
             try:

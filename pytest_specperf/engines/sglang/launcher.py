@@ -29,7 +29,7 @@ from pytest_specperf.engines.base import ENV_RUN_DIR, ENV_SGLANG_PLUGIN, Backend
 #: Flags the plugin sets itself.
 RESERVED = {
     "--host": "the server always listens on 127.0.0.1 (use --specperf-server-url to attach "
-              "to a server elsewhere)",
+    "to a server elsewhere)",
     "--port": "the plugin picks a free port",
 }
 #: Flags that have their own specperf option.
@@ -103,17 +103,24 @@ def _field_flags(tree: ast.Module) -> set[str]:
             if not isinstance(st, ast.AnnAssign) or not isinstance(st.target, ast.Name):
                 continue
             ann = st.annotation
-            if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name)
-                    and ann.value.id == "A" and isinstance(ann.slice, ast.Tuple)
-                    and len(ann.slice.elts) >= 2):
+            if not (
+                isinstance(ann, ast.Subscript)
+                and isinstance(ann.value, ast.Name)
+                and ann.value.id == "A"
+                and isinstance(ann.slice, ast.Tuple)
+                and len(ann.slice.elts) >= 2
+            ):
                 continue
             meta = ann.slice.elts[1]
             name = "--" + st.target.id.replace("_", "-")
             if isinstance(meta, ast.Constant) and isinstance(meta.value, str):
                 out.add(name)
                 continue
-            if not (isinstance(meta, ast.Call) and isinstance(meta.func, ast.Name)
-                    and meta.func.id == "Arg"):
+            if not (
+                isinstance(meta, ast.Call)
+                and isinstance(meta.func, ast.Name)
+                and meta.func.id == "Arg"
+            ):
                 continue
             kw = {k.arg: k.value for k in meta.keywords if k.arg}
             if _const(kw.get("no_cli")) is True:
@@ -135,8 +142,11 @@ def _field_flags(tree: ast.Module) -> set[str]:
 def _add_argument_flags(tree: ast.Module) -> set[str]:
     out: set[str] = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             for a in node.args:
                 v = _const(a)
                 if isinstance(v, str) and v.startswith("--"):
@@ -148,8 +158,9 @@ def _const(node: ast.expr | None) -> object:
     return node.value if isinstance(node, ast.Constant) else None
 
 
-def check_server_args(tokens: Sequence[str], known: frozenset[str] | None,
-                      version: str | None) -> None:
+def check_server_args(
+    tokens: Sequence[str], known: frozenset[str] | None, version: str | None
+) -> None:
     """Raise :class:`BackendUnavailable` for a reserved, duplicated-option or unknown flag."""
     for token in tokens:
         flag = flag_of(token)
@@ -175,8 +186,9 @@ def check_server_args(tokens: Sequence[str], known: frozenset[str] | None,
             )
 
 
-def build_command(python: str, *, model: str, draft_model: str | None, port: int,
-                  server_args: Sequence[str]) -> list[str]:
+def build_command(
+    python: str, *, model: str, draft_model: str | None, port: int, server_args: Sequence[str]
+) -> list[str]:
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model]
     if draft_model:
         cmd += ["--speculative-draft-model-path", draft_model]

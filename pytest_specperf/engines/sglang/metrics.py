@@ -65,7 +65,8 @@ class MetricsSnapshot:
 
     def select(self, name: str, **labels: str) -> list[Sample]:
         return [
-            s for s in self.samples
+            s
+            for s in self.samples
             if s.name == name and all(s.label(k) == v for k, v in labels.items())
         ]
 
@@ -146,13 +147,16 @@ def scrape(client: ServerClient) -> MetricsSnapshot:
     """``GET /metrics`` and parse it."""
     body = client.get("/metrics", timeout=30.0)
     if not isinstance(body, str):
-        raise MetricsParseError("GET /metrics did not return Prometheus text "
-                                "(is the server started with --enable-metrics?)")
+        raise MetricsParseError(
+            "GET /metrics did not return Prometheus text "
+            "(is the server started with --enable-metrics?)"
+        )
     return parse_prometheus(body)
 
 
-def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str,
-           **labels: str) -> float | None:
+def _delta(
+    before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: str
+) -> float | None:
     a = after.total(name, **labels)
     if a is None:
         return None
@@ -212,19 +216,25 @@ def cross_check(
     with_dev = [r for r in recs if r.device_ns is not None]
     ours_fwd: float | None = None
     if with_dev:
-        ours_fwd = sum(sum((r.device_ns or {}).get(p, 0) for p in FORWARD_PHASES)
-                       for r in with_dev) / 1e9
+        ours_fwd = (
+            sum(sum((r.device_ns or {}).get(p, 0) for p in FORWARD_PHASES) for r in with_dev) / 1e9
+        )
     cats = after.by_label(FORWARD_SECONDS, "category")
     if not cats:
-        out.append(f"{FORWARD_SECONDS} is absent (needs --enable-metrics and "
-                   "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)")
+        out.append(
+            f"{FORWARD_SECONDS} is absent (needs --enable-metrics and "
+            "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)"
+        )
     elif ours_fwd is None:
-        out.append("our records carry no device times (probe ran without CUDA events); "
-                   "forward GPU time not compared")
+        out.append(
+            "our records carry no device times (probe ran without CUDA events); "
+            "forward GPU time not compared"
+        )
     else:
         prev = before.by_label(FORWARD_SECONDS, "category")
-        theirs_fwd = sum(v - prev.get(c, 0.0) for c, v in cats.items()
-                         if c not in PREFILL_CATEGORIES)
+        theirs_fwd = sum(
+            v - prev.get(c, 0.0) for c, v in cats.items() if c not in PREFILL_CATEGORIES
+        )
         ours_step = sum(r.device_step_ns or 0 for r in with_dev) / 1e9
         if theirs_fwd > ours_step * (1 + tolerance) + 1e-3:
             out.append(
@@ -276,6 +286,7 @@ def summarize(snapshot: MetricsSnapshot) -> dict[str, Any]:
 def as_mapping(snapshot: MetricsSnapshot) -> Mapping[str, float]:
     """Flat ``name{labels}`` -> value view (debugging)."""
     return {
-        s.name + ("{" + ",".join(f'{k}="{v}"' for k, v in s.labels) + "}" if s.labels else ""):
-        s.value for s in snapshot.samples
+        s.name
+        + ("{" + ",".join(f'{k}="{v}"' for k, v in s.labels) + "}" if s.labels else ""): s.value
+        for s in snapshot.samples
     }

@@ -56,8 +56,17 @@ from pytest_specperf.probe.phases import PHASES
 SCHEMA_VERSION = 1
 ROLES = ("step", "phase", "graph", "step_result", "kv_release", "kv_flush", "idle", "disabled")
 _KEYS = {
-    "target", "role", "phase", "params", "when", "outermost", "replay", "label", "optional",
-    "family", "note",
+    "target",
+    "role",
+    "phase",
+    "params",
+    "when",
+    "outermost",
+    "replay",
+    "label",
+    "optional",
+    "family",
+    "note",
 }
 _TARGET_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 _PARAM_RE = re.compile(r"^(\*{0,2}[A-Za-z_]\w*|\*)$")
@@ -154,19 +163,22 @@ def _entry(raw: Any, i: int, source: str) -> HookEntry:
     where = f"entry {i}" + (f" ({target})" if isinstance(target, str) else "")
     unknown = sorted(str(k) for k in raw if k not in _KEYS)
     if unknown:
-        raise _err(source, where, f"unknown key(s) {', '.join(unknown)}; valid keys: "
-                   f"{', '.join(sorted(_KEYS))}")
+        raise _err(
+            source,
+            where,
+            f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(_KEYS))}",
+        )
     if not isinstance(target, str) or not _TARGET_RE.match(target):
-        raise _err(source, where, "'target' must be a dotted path like "
-                   "sglang.srt.module.Class.method")
+        raise _err(
+            source, where, "'target' must be a dotted path like sglang.srt.module.Class.method"
+        )
     role = raw.get("role")
     if role not in ROLES:
         raise _err(source, where, f"'role' must be one of {', '.join(ROLES)}, got {role!r}")
     phase = raw.get("phase")
     if role == "phase":
         if phase not in PHASES:
-            raise _err(source, where, f"'phase' must be one of {', '.join(PHASES)}, "
-                       f"got {phase!r}")
+            raise _err(source, where, f"'phase' must be one of {', '.join(PHASES)}, got {phase!r}")
     elif phase is not None:
         raise _err(source, where, f"'phase' is only valid with role 'phase' (role is {role!r})")
     params = raw.get("params")
@@ -174,16 +186,23 @@ def _entry(raw: Any, i: int, source: str) -> HookEntry:
         if not isinstance(params, list) or not all(
             isinstance(p, str) and _PARAM_RE.match(p) for p in params
         ):
-            raise _err(source, where, "'params' must be a list of parameter names "
-                       "(\"*\", \"*args\" and \"**kwargs\" allowed)")
+            raise _err(
+                source,
+                where,
+                "'params' must be a list of parameter names "
+                '("*", "*args" and "**kwargs" allowed)',
+            )
         params = tuple(params)
     when = raw.get("when")
     when_self_attr = when_arg = None
     if when is not None:
         if role != "phase":
             raise _err(source, where, "'when' is only valid with role 'phase'")
-        if (not isinstance(when, Mapping) or len(when) != 1
-                or next(iter(when)) not in ("self_attr", "arg")):
+        if (
+            not isinstance(when, Mapping)
+            or len(when) != 1
+            or next(iter(when)) not in ("self_attr", "arg")
+        ):
             raise _err(source, where, "'when' must be {self_attr: NAME} or {arg: NAME}")
         key, value = next(iter(when.items()))
         if not isinstance(value, str) or not value.isidentifier():
@@ -200,8 +219,12 @@ def _entry(raw: Any, i: int, source: str) -> HookEntry:
     replay = raw.get("replay")
     if role == "graph":
         if not isinstance(replay, bool):
-            raise _err(source, where, "role 'graph' needs 'replay: true' (graph replay) or "
-                       "'replay: false' (eager forward)")
+            raise _err(
+                source,
+                where,
+                "role 'graph' needs 'replay: true' (graph replay) or "
+                "'replay: false' (eager forward)",
+            )
     elif replay is not None:
         raise _err(source, where, "'replay' is only valid with role 'graph'")
     label = raw.get("label")
@@ -214,10 +237,19 @@ def _entry(raw: Any, i: int, source: str) -> HookEntry:
         if raw.get(key) is not None and not isinstance(raw.get(key), str):
             raise _err(source, where, f"'{key}' must be a string")
     return HookEntry(
-        target=target, role=role, phase=phase, params=params,
-        when_self_attr=when_self_attr, when_arg=when_arg, outermost=outermost,
-        replay=replay, label=label, optional=optional,
-        family=raw.get("family"), note=raw.get("note"), source=source,
+        target=target,
+        role=role,
+        phase=phase,
+        params=params,
+        when_self_attr=when_self_attr,
+        when_arg=when_arg,
+        outermost=outermost,
+        replay=replay,
+        label=label,
+        optional=optional,
+        family=raw.get("family"),
+        note=raw.get("note"),
+        source=source,
     )
 
 
@@ -227,11 +259,15 @@ def parse_map(data: Any, source: str) -> PhaseMap:
         raise _err(source, "top level", "must be a mapping with keys schema, entries")
     unknown = sorted(str(k) for k in data if k not in ("schema", "sglang_version", "entries"))
     if unknown:
-        raise _err(source, "top level", f"unknown key(s) {', '.join(unknown)}; valid keys: "
-                   "schema, sglang_version, entries")
+        raise _err(
+            source,
+            "top level",
+            f"unknown key(s) {', '.join(unknown)}; valid keys: schema, sglang_version, entries",
+        )
     if data.get("schema") != SCHEMA_VERSION:
-        raise _err(source, "top level", f"'schema' must be {SCHEMA_VERSION}, "
-                   f"got {data.get('schema')!r}")
+        raise _err(
+            source, "top level", f"'schema' must be {SCHEMA_VERSION}, got {data.get('schema')!r}"
+        )
     version = data.get("sglang_version")
     if version is not None and not isinstance(version, str):
         raise _err(source, "top level", "'sglang_version' must be a string such as \"0.5.23\"")

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"
 ENV_RUN_DIR = "SPECPERF_RUN_DIR"
 ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"
+ENV_INJECT = "SPECPERF_INJECT"
+ENV_NVTX = "SPECPERF_NVTX"
 
 #: The one piece of module state: the runtime of this process once its hooks are
 #: registered. SGLang's hooks are process-wide monkeypatches, so registration must
@@ -55,8 +57,11 @@ def load() -> None:
     log = logging.getLogger("pytest_specperf.sglang")
     run_dir = os.environ.get(ENV_RUN_DIR)
     if not run_dir:
-        log.warning("%s=1 but %s is not set: pytest-specperf probe stays off",
-                    ENV_SGLANG_PLUGIN, ENV_RUN_DIR)
+        log.warning(
+            "%s=1 but %s is not set: pytest-specperf probe stays off",
+            ENV_SGLANG_PLUGIN,
+            ENV_RUN_DIR,
+        )
         return
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -75,7 +80,21 @@ def load() -> None:
         algo = None if algo is None else str(getattr(algo, "name", algo))
         if algo is not None:
             labels["speculative_algorithm"] = algo
-        rt = ProbeRuntime(run_dir, rank=rank, labels=labels)
+        injector = None
+        inject_text = os.environ.get(ENV_INJECT, "").strip()
+        if inject_text:
+            from pytest_specperf.inject import Injector, parse_inject
+
+            spec = parse_inject(inject_text)  # validated by the plugin before launch
+            injector = Injector(spec, device="cuda")
+            labels["inject"] = str(spec)
+        rt = ProbeRuntime(
+            run_dir,
+            rank=rank,
+            labels=labels,
+            injector=injector,
+            nvtx=os.environ.get(ENV_NVTX) == "1",
+        )
         pm = load_builtin(version)
         map_error = None
         user_file = os.environ.get(ENV_PHASE_MAP)
@@ -90,14 +109,17 @@ def load() -> None:
             HookRegistry.register(target, hook, HookType.AROUND)
 
         report = install(rt, pm, register, resolve_target, algo)
-        report.update(process=_process_info(ctx), sglang_version=version,
-                      phase_map_error=map_error)
+        report.update(process=_process_info(ctx), sglang_version=version, phase_map_error=map_error)
         if rt.sink is not None:
             rt.sink.write_meta(f"hooks-{rt.meta_suffix}", report)
         missing = [m["target"] for m in report["missing"] if not m["optional"]]
         if missing:
-            log.warning("pytest-specperf: %d hook target(s) not found in sglang %s: %s",
-                        len(missing), version, ", ".join(missing))
+            log.warning(
+                "pytest-specperf: %d hook target(s) not found in sglang %s: %s",
+                len(missing),
+                version,
+                ", ".join(missing),
+            )
         _runtime = rt
     except Exception as e:  # never take the server down
         log.exception("pytest-specperf plugin failed to load: %s", e)
@@ -108,8 +130,10 @@ def load() -> None:
 #: imported); entries without a family, of another family, or under an unknown algorithm
 #: are always installed.
 ALGORITHM_FAMILIES: dict[str, frozenset[str]] = {
-    **dict.fromkeys(("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"),
-                    frozenset({"eagle", "eagle-multi-layer", "frozen-kv-mtp"})),
+    **dict.fromkeys(
+        ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"),
+        frozenset({"eagle", "eagle-multi-layer", "frozen-kv-mtp"}),
+    ),
     "DFLASH": frozenset({"dflash", "dflash-fork"}),
 }
 KNOWN_FAMILIES = frozenset().union(*ALGORITHM_FAMILIES.values())
@@ -136,8 +160,7 @@ def install(
     changed: list[dict[str, Any]] = []
     skipped: list[str] = []
     for entry in pm.active():
-        if (usable is not None and entry.family in KNOWN_FAMILIES
-                and entry.family not in usable):
+        if usable is not None and entry.family in KNOWN_FAMILIES and entry.family not in usable:
             skipped.append(entry.target)
             continue
         try:
@@ -148,8 +171,7 @@ def install(
         if entry.params is not None:
             actual = runtime_params(fn)
             if actual is not None and actual != entry.params:
-                changed.append(_describe(entry, expected=list(entry.params),
-                                         actual=list(actual)))
+                changed.append(_describe(entry, expected=list(entry.params), actual=list(actual)))
         try:
             register(entry.target, make_hook(entry, rt))
         except Exception as e:
@@ -215,15 +237,20 @@ def scheduler_context(max_depth: int = 16) -> dict[str, Any] | None:
             return None
         if frame.f_code.co_name == "run_scheduler_process":
             loc = frame.f_locals
-            return {k: loc.get(k) for k in ("tp_rank", "pp_rank", "dp_rank", "gpu_id",
-                                           "server_args")}
+            return {
+                k: loc.get(k) for k in ("tp_rank", "pp_rank", "dp_rank", "gpu_id", "server_args")
+            }
         frame = frame.f_back  # type: ignore[assignment]
     return None
 
 
 def _describe(entry: HookEntry, **extra: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"target": entry.target, "role": entry.role, "source": entry.source,
-                         "optional": entry.optional}
+    d: dict[str, Any] = {
+        "target": entry.target,
+        "role": entry.role,
+        "source": entry.source,
+        "optional": entry.optional,
+    }
     if entry.phase:
         d["phase"] = entry.phase
     if entry.family:

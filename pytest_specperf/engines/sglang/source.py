@@ -201,8 +201,11 @@ def _class_attributes(src: SourceTree, module: str, cls_name: str) -> set[str]:
         for t in targets:
             elts = t.elts if isinstance(t, ast.Tuple) else [t]
             for e in elts:
-                if (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name)
-                        and e.value.id == "self"):
+                if (
+                    isinstance(e, ast.Attribute)
+                    and isinstance(e.value, ast.Name)
+                    and e.value.id == "self"
+                ):
                     names.add(e.attr)
     return names
 

@@ -22,8 +22,9 @@ VOCAB = 32000
 MAX_POSITIONS = 131072 + 2048
 
 
-def llama_config(*, hidden: int, layers: int, heads: int, kv_heads: int,
-                 intermediate: int) -> dict[str, Any]:
+def llama_config(
+    *, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int
+) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -63,8 +64,7 @@ def write(out_dir: str | Path) -> tuple[Path, Path]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m pytest_specperf.engines.sglang.tiny_model OUT_DIR",
-              file=sys.stderr)
+        print("usage: python -m pytest_specperf.engines.sglang.tiny_model OUT_DIR", file=sys.stderr)
         return 2
     target, draft = write(argv[0])
     print(target)

@@ -1,0 +1,89 @@
+"""The calibration harness's bookkeeping, on recorded reports (no timing, no servers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_specperf import __main__ as cli
+from pytest_specperf.calibrate import (
+    Condition,
+    _run_outcome,
+    format_table,
+    recommend,
+    slower_at,
+    sweep,
+)
+
+
+def _case(key, verdict, metrics, culprit=None):
+    return {"key": key, "verdict": verdict, "culprit": culprit, "metrics": [
+        {"metric": m, "verdict": v, "change": c, "noise": n, "share_based": m == "unaccounted"}
+        for m, v, c, n in metrics]}
+
+
+AA = {"cases": [
+    _case("ctx=46000", "SAME", [("verify", "SAME", 0.012, 0.003), ("step", "SAME", 0.06, 0.01)]),
+    _case("ctx=32768", "SAME", [("verify", "SAME", -0.02, 0.004), ("step", "SAME", 0.03, 0.01)]),
+]}
+INJ = {"cases": [
+    _case("ctx=46000", "SLOWER", [("verify", "SLOWER", 0.088, 0.005), ("step", "SAME", 0.07, 0.01)],
+          culprit="verify"),
+    _case("ctx=32768", "SAME", [("verify", "SAME", 0.041, 0.004), ("step", "SAME", 0.02, 0.01)]),
+]}
+
+
+def test_run_outcome_detects_and_attributes():
+    out = _run_outcome(INJ, "verify")
+    assert out["detected"] and out["named_right"]
+    assert out["slower_cases"] == [{"key": "ctx=46000", "head": "verify", "metrics": ["verify"]}]
+    assert not _run_outcome(AA, None)["slower_cases"]
+
+
+def test_slower_at_uses_the_verdict_rule():
+    judged = _run_outcome(INJ, "verify")["judged"]
+    assert slower_at(judged, 0.05, "phase") == [["verify"], []]
+    assert slower_at(judged, 0.03, "phase") == [["verify"], ["verify"]]
+    assert slower_at(judged, 0.10, "phase") == [[], []]
+    assert slower_at(judged, 0.05, "step") == [["step"], []]  # raw step carries drift
+    # the noise condition: a change within 3x the noise is not SLOWER at any tolerance
+    noisy = [[{"metric": "verify", "change": 0.09, "noise": 0.04, "share_based": False}]]
+    assert slower_at(noisy, 0.02, "phase") == [[]]
+
+
+def test_sweep_and_recommendation():
+    aa, inj = Condition("A/A"), Condition("verify=1.10", inject="verify=1.10", expect="verify")
+    aa.runs = [_run_outcome(AA, None) for _ in range(20)]
+    inj.runs = [_run_outcome(INJ, "verify") for _ in range(20)]
+    rows = sweep([aa, inj], [0.01, 0.02, 0.05, 0.1], "phase")
+    assert [r["A/A"]["failed"] for r in rows] == [20, 0, 0, 0]
+    assert [r["verify=1.10"]["detected"] for r in rows] == [20, 20, 20, 0]
+    assert recommend(rows, [aa, inj]) == 0.02
+    step_rows = sweep([aa, inj], [0.05, 0.07], "step")
+    assert [r["A/A"]["failed"] for r in step_rows] == [20, 0]
+
+
+def test_table_is_readable():
+    aa = Condition("A/A")
+    aa.runs = [_run_outcome(AA, None)]
+    summary = {"conditions": [{"condition": "A/A", "inject": None, "hog": False, "expect": None,
+                               "runs": 1, "slower_runs": 0, "detected": 0, "named_right": 0,
+                               "unstable_runs": 0}],
+               "sweep": {"phase": sweep([aa], [0.05], "phase")},
+               "recommended_tolerance": {"phase": 0.05},
+               "smallest_detected_95": None, "host_stall_ms": 9.0,
+               "reference_step_ms": 45.0, "wall_s": 3725.0, "repetitions": 1}
+    text = "\n".join(format_table(summary))
+    assert "A/A        1     0/1 false alarms" in text
+    assert "smallest tolerance with at most 1 false alarm per 20 A/A runs: 5%" in text
+    assert "wall time: 1h 2m 5s" in text
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["calibrate", "-k", "0"], "--repetitions must be at least 1"),
+    (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
+    (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR per --inject"),
+    (["calibrate", "--host-stall-share", "0"], "--host-stall-share must be in"),
+])
+def test_cli_errors(capsys, argv, message):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
