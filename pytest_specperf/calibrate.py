@@ -68,15 +68,29 @@ def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
                     "key": case["key"],
                     "head": case.get("culprit") or "?",
                     "metrics": [m["metric"] for m in ms],
+                    "gated": [m["metric"] for m in case["metrics"]],
                 }
             )
         elif case["verdict"] == "UNSTABLE":
             unstable.append(case["key"])
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
-    named_right = bool(slower) and bool(expect) and all(c["head"] == expect for c in slower)
+    # Attribution: every failing case that gates the injected phase names it first (a
+    # test gating only the step, say, cannot name a phase and is left out).
+    named = [c for c in slower if expect in c["gated"]]
+    named_right = bool(named) and all(c["head"] == expect for c in named)
     judged = [
         [
-            {k: m.get(k) for k in ("metric", "change", "noise", "share_based", "points_based")}
+            {
+                k: m.get(k)
+                for k in (
+                    "metric",
+                    "change",
+                    "noise",
+                    "share_based",
+                    "points_based",
+                    "scatter_ratio",
+                )
+            }
             for m in case["metrics"]
         ]
         for case in report.get("cases", [])

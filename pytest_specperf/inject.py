@@ -89,8 +89,8 @@ class Injector:
         self._device_ns: dict[str, float] = {}  # phase -> un-stretched device time (EMA)
         self._injected_ns: dict[str, float] = {}  # phase -> busy work added last time
         self._cycles_per_ns = 0.0
-        if spec.factors:
-            self._ensure_work()  # set up (and warm up) the busy work outside any step
+        if spec.factors and not self._cuda:
+            self._ensure_work()  # on a GPU: at the first stretch (the device is chosen late)
 
     def _ensure_work(self) -> None:
         if self._torch is not None:

@@ -18,7 +18,7 @@ from pytest_specperf.inject import InjectSpec, parse_inject
 
 BACKENDS = ("reference", "sglang")
 DEFAULT_TOLERANCE = 0.05
-DEFAULT_STEP_TOLERANCE = 0.10
+DEFAULT_STEP_TOLERANCE = 0.15
 DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8
 DEFAULT_LONG_CONTEXT_MIN = 32768
@@ -312,11 +312,13 @@ def load_settings(config: pytest.Config) -> Settings:
     for a in server_args:
         if not a.strip():
             raise _usage(src, a, "a server argument such as --page-size=16 (not empty)")
-    if url and (server_args or model or draft):
+    nvtx = bool(get("--specperf-nvtx")[0])
+    if url and (server_args or model or draft or nvtx):
         raise pytest.UsageError(
             "--specperf-server-url attaches to a running server; --specperf-model, "
-            "--specperf-draft-model and --specperf-server-arg only apply when the plugin "
-            "launches the server: drop them or drop --specperf-server-url"
+            "--specperf-draft-model, --specperf-server-arg and --specperf-nvtx only apply "
+            "when the plugin launches the server: drop them or drop --specperf-server-url "
+            "(for NVTX ranges in your own server, set SPECPERF_NVTX=1 in its environment)"
         )
 
     inject_raw, src = get("--specperf-inject")
@@ -363,7 +365,7 @@ def load_settings(config: pytest.Config) -> Settings:
         draft_model=draft,
         server_args=server_args,
         inject=inject,
-        nvtx=bool(get("--specperf-nvtx")[0]),
+        nvtx=nvtx,
         profile_on_regression=bool(get("--specperf-profile-on-regression")[0]),
         long_context_min=long_min,
         ready_timeout_s=ready,

@@ -221,6 +221,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
                 "tolerance": m.tolerance,
                 "share_based": m.share_based,
                 "points_based": m.points_based,
+                "scatter_ratio": m.scatter_ratio,
                 "basis": m.basis,
                 "raw_change": m.raw_change,
                 "steps_to_decide": m.steps_to_decide,

@@ -25,6 +25,7 @@ from pytest_specperf.engines.base import BackendSettings
 from pytest_specperf.markers import CaseOptions
 from pytest_specperf.measure import DecodeRun
 from pytest_specperf.options import Settings
+from pytest_specperf.plot import write_svg
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.progress import Progress
 from pytest_specperf.report import (
@@ -62,11 +63,17 @@ _KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
 
 
 def unstable_advice(m: MetricVerdict) -> str:
-    """Why a metric could not be decided, and how many steps would decide it."""
+    """Why a metric could not be decided, and what would decide it."""
     unit = "pp" if m.share_based or m.points_based else "%"
-    text = (
-        f"{m.metric} changed {m.change * 100:+.1f}{unit} within noise +-{m.noise * 100:.1f}"
-        f"{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > tol {m.tolerance * 100:.0f}{unit})"
+    text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
+    if m.disturbed and m.scatter_ratio is not None:
+        return text + (
+            f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
+            "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
+        )
+    text += (
+        f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
+        f"tol {m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
         text += (
@@ -346,6 +353,11 @@ class SpecperfSession:
         if self.settings.json_path is not None and self.outcomes:
             try:
                 write_json(self.settings.json_path, self.json_payload())
+                write_svg(
+                    self.settings.json_path.with_suffix(".svg"),
+                    self.outcomes,
+                    f"pytest-specperf: {self.settings.backend} on {self.device().slug}",
+                )
             except OSError as e:
                 self.errors.append(f"JSON report not written: {e}")
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -419,7 +431,10 @@ class SpecperfSession:
             and self.outcomes
             and not any(e.startswith("JSON") for e in self.errors)
         ):
-            lines.append(f"JSON report: {self.settings.json_path}")
+            lines.append(
+                f"JSON report: {self.settings.json_path} (picture: "
+                f"{self.settings.json_path.with_suffix('.svg').name})"
+            )
         lines += [f"ERROR: {e}" for e in self.errors]
         return lines
 

@@ -78,6 +78,12 @@ class MetricVerdict:
     raw_change: float | None = None
     #: judged in absolute percentage points of a utilization (device busy, SM, DRAM)
     points_based: bool = False
+    #: this run's block scatter over the baseline's (see ``disturbance``)
+    scatter_ratio: float | None = None
+
+    @property
+    def disturbed(self) -> bool:
+        return self.scatter_ratio is not None and self.scatter_ratio > DISTURBED_RATIO
 
     def describe(self) -> str:
         b, n = fmt_value(self.base), fmt_value(self.now)
@@ -123,6 +129,34 @@ def paired_noise(base: Summary, now: Summary) -> float:
         logs = [math.log(n / b) for b, n in zip(base.blocks, now.blocks)]
         return statistics.stdev(logs) / math.sqrt(k)
     return math.hypot(base.rel_se(), now.rel_se())
+
+
+#: A run whose blocks scatter this many times more than its baseline's was disturbed.
+DISTURBED_RATIO = 3.0
+#: Block scatter below this (log units, ~1%) counts as this much, so that a very quiet
+#: baseline does not make every ordinary run look disturbed.
+SCATTER_FLOOR = 0.01
+
+
+def scatter(blocks: tuple[float, ...]) -> float | None:
+    """Standard deviation of the log block centers (about the relative scatter)."""
+    if len(blocks) < 3 or any(b <= 0 for b in blocks):
+        return None
+    return statistics.stdev(math.log(b) for b in blocks)
+
+
+def disturbance(base: Summary, now: Summary) -> float | None:
+    """How many times more the current run's blocks scatter than the baseline's.
+
+    Both runs measure the same blocks, so their scatter is comparable whatever the
+    prompts. A code regression moves the blocks together; a noisy neighbour, a CPU hog
+    or the host's memory management moves some blocks more than others. Well above 1,
+    the run says more about the machine than about the code.
+    """
+    sb, sn = scatter(base.blocks), scatter(now.blocks)
+    if sb is None or sn is None:
+        return None
+    return sn / max(sb, SCATTER_FLOOR)
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:
@@ -183,12 +217,18 @@ def judge_metric(
         change = now.value / base.value - 1.0
     noise = paired_noise(base, now)
     verdict = decide(change, noise, tolerance, higher_is_better=metric in HIGHER_IS_BETTER, z=z)
+    ratio = disturbance(base, now)
+    disturbed = ratio is not None and ratio > DISTURBED_RATIO
+    if disturbed and verdict in (Verdict.SLOWER, Verdict.FASTER):
+        verdict = Verdict.UNSTABLE  # the machine, not the code, moved this run
     steps = (
         steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
     )
-    return MetricVerdict(
+    mv = MetricVerdict(
         metric, verdict, base.value, now.value, change, noise, tolerance, unit, steps
     )
+    mv.scatter_ratio = ratio
+    return mv
 
 
 def _paired_point_noise(base: list[float], now: list[float]) -> float | None:
@@ -325,6 +365,9 @@ def would_be_slower(metric: dict[str, Any], tolerance: float, z: float = Z) -> b
     v = decide(
         float(metric["change"]), float(metric["noise"]), tolerance, higher_is_better=higher, z=z
     )
+    ratio = metric.get("scatter_ratio")
+    if isinstance(ratio, (int, float)) and ratio > DISTURBED_RATIO:
+        return False  # judge_metric makes a disturbed SLOWER UNSTABLE
     return v is Verdict.SLOWER
 
 

@@ -35,8 +35,18 @@ INJ = {"cases": [
 def test_run_outcome_detects_and_attributes():
     out = _run_outcome(INJ, "verify")
     assert out["detected"] and out["named_right"]
-    assert out["slower_cases"] == [{"key": "ctx=46000", "head": "verify", "metrics": ["verify"]}]
+    assert out["slower_cases"] == [{"key": "ctx=46000", "head": "verify", "metrics": ["verify"],
+                                    "gated": ["verify", "step"]}]
     assert not _run_outcome(AA, None)["slower_cases"]
+
+
+def test_attribution_ignores_cases_that_do_not_gate_the_phase():
+    step_only = _case("accept-test", "SLOWER", [("step", "SLOWER", 0.2, 0.01)], culprit="step")
+    out = _run_outcome({"cases": [*INJ["cases"], step_only]}, "verify")
+    assert out["detected"] and out["named_right"]
+    wrong = _case("ctx=8192", "SLOWER", [("verify", "SAME", 0.01, 0.01), ("draft", "SLOWER", 0.2, 0.01)],
+                  culprit="draft")
+    assert not _run_outcome({"cases": [*INJ["cases"], wrong]}, "verify")["named_right"]
 
 
 def test_slower_at_uses_the_verdict_rule():

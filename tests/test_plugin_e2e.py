@@ -235,6 +235,8 @@ def test_json_report_and_server_teardown(pytester, recorded):
     assert case["step_ms"]["median"] > 0
     assert case["phases"]["verify"]["median_ms"] > 0
     assert len(case["samples"]["step_ms"]) == 8
+    svg = (pytester.path / "report.svg").read_text()  # the picture beside the JSON
+    assert svg.startswith("<svg") and "test_decode ctx=2048 kv=contiguous bs=1" in svg
     pid = report["server"]["pid"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the server (and its process group) is gone

@@ -134,3 +134,34 @@ def test_phase_vocabulary_is_the_designed_one():
         "accept",
         "kv_commit",
     )
+
+
+class FakeNvtx:
+    """Test double for torch.cuda.nvtx (no GPU here): records pushes and pops."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def range_push(self, name: str) -> None:
+        self.events.append(f"+{name}")
+
+    def range_pop(self) -> None:
+        self.events.append("-")
+
+
+def test_unit_nvtx_ranges_nest_per_step_and_phase():
+    probe = StepProbe(None)
+    probe._nvtx = fake = FakeNvtx()  # what use_cuda=True, nvtx=True sets up on a GPU
+    probe.begin_step(context_len=7, batch_size=1, rids=[])
+    with probe.phase("verify"):
+        with probe.phase("accept"):
+            pass
+        with probe.phase("verify"):  # re-entry: no second range
+            pass
+    probe.end_step(accepted_tokens=1)
+    assert fake.events == ["+specperf.step ctx=7 bs=1", "+verify", "+accept", "-", "-", "-"]
+    probe.begin_step(context_len=7, batch_size=1, rids=[])
+    probe.phase("draft").__enter__()
+    probe.abort_step()  # a step that raised: every open range is closed
+    assert fake.events[-3:] == ["+draft", "-", "-"]
+    assert len(probe.take_completed()) == 1  # the completed step only, no half record

@@ -14,9 +14,7 @@ from pytest_specperf.probe import read_records
 from pytest_specperf.server import ServerClient, ServerHTTPError, ServerProcess, free_port
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    work = tmp_path_factory.mktemp("refsrv")
+def _launch(work: Path, *extra: str) -> tuple[ServerProcess, ServerClient]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -26,15 +24,21 @@ def server(tmp_path_factory):
         str(port),
         "--run-dir",
         str(work / "run"),
-        "--max-body-bytes",
-        "65536",
         "--threads",
         "1",
+        *extra,
     ]
     proc = ServerProcess(cmd, log_path=work / "server.log", name="reference server")
     proc.start()
     client = ServerClient(f"http://127.0.0.1:{port}", timeout=120)
     proc.wait_ready(client, deadline_s=120)
+    return proc, client
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    work = tmp_path_factory.mktemp("refsrv")
+    proc, client = _launch(work, "--max-body-bytes", "65536")
     yield client, work / "run", proc
     proc.stop()
 
@@ -209,24 +213,8 @@ def test_unknown_route_and_missing_length(server):
 
 
 def test_sigterm_stops_the_server_and_keeps_records(tmp_path):
-    port = free_port()
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest_specperf.engines.reference.server",
-        "--port",
-        str(port),
-        "--run-dir",
-        str(run_dir),
-        "--threads",
-        "1",
-        "--quiet",
-    ]
-    proc = ServerProcess(cmd, log_path=tmp_path / "log", name="reference server")
-    proc.start()
-    client = ServerClient(f"http://127.0.0.1:{port}")
-    proc.wait_ready(client, deadline_s=120)
+    proc, client = _launch(tmp_path, "--quiet")
     client.generate(
         {
             "input_ids": [4, 5, 6],

@@ -162,3 +162,18 @@ def test_calibration_rule_is_the_verdict_rule():
                                 "points_based": True}, 0.05)
     assert would_be_slower({"metric": "util.sm", "change": -0.2, "noise": 0.0,
                             "points_based": True}, 0.05)
+
+
+def test_a_disturbed_run_is_unstable_not_slower():
+    """Some blocks much slower than others (a noisy neighbour): UNSTABLE, not SLOWER."""
+    quiet = [x * f for x, f in zip(BASE, [1.0] * 16)]
+    shaken = [x * f for x, f in zip(BASE, [1.2] * 4 + [1.9] * 4 + [1.3] * 4 + [2.0] * 4)]
+    v = judge_metric("verify", s(quiet), s(shaken), 0.05)
+    assert v.disturbed and v.scatter_ratio > 3
+    assert v.verdict is Verdict.UNSTABLE
+    from pytest_specperf.session import unstable_advice
+
+    assert "scatter" in unstable_advice(v) and "quiet machine" in unstable_advice(v)
+    # a regression that moves every block alike is SLOWER
+    uniform = judge_metric("verify", s(quiet), s(quiet, 1.3), 0.05)
+    assert uniform.verdict is Verdict.SLOWER and not uniform.disturbed

@@ -1,0 +1,101 @@
+"""An SVG picture of where each case's step time goes, baseline against now.
+
+Written beside the JSON report (``report.json`` -> ``report.svg``): one pair of stacked
+bars per case (phases in a fixed colour order, ``unaccounted`` hatched grey), the
+baseline's bar above the current one, so a phase that grew stands out at a glance. Plain
+SVG, no plotting library.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_specperf.probe.phases import ALL_PHASES
+
+if TYPE_CHECKING:
+    from pytest_specperf.report import CaseOutcome
+
+COLOURS = {
+    "schedule": "#8dd3c7",
+    "draft": "#80b1d3",
+    "build_verify_input": "#bebada",
+    "prepare_for_verify": "#fdb462",
+    "verify": "#fb8072",
+    "accept": "#b3de69",
+    "kv_commit": "#fccde5",
+    "unaccounted": "#9e9e9e",
+}
+LABEL_W, BAR_W, ROW_H, BAR_H, TOP = 330, 560, 58, 18, 46
+
+
+def _bar(x0: float, y: float, values: dict[str, float], scale: float) -> list[str]:
+    out, x = [], x0
+    for p in ALL_PHASES:
+        w = values.get(p, 0.0) * scale
+        if w <= 0:
+            continue
+        title = f"{p}: {values[p]:.3f} ms"
+        out.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{BAR_H}" '
+            f'fill="{COLOURS[p]}"><title>{escape(title)}</title></rect>'
+        )
+        x += w
+    return out
+
+
+def render(outcomes: list[CaseOutcome], title: str) -> str:
+    rows = []
+    peak = 0.0
+    for o in outcomes:
+        now = {p: o.run.summaries[p].value for p in ALL_PHASES if p in o.run.summaries}
+        base = (
+            {p: o.baseline.metrics[p].value for p in ALL_PHASES if p in o.baseline.metrics}
+            if o.baseline
+            else None
+        )
+        peak = max(peak, sum(now.values()), sum(base.values()) if base else 0.0)
+        rows.append((o, base, now))
+    scale = BAR_W / peak if peak else 1.0
+    height = TOP + ROW_H * len(rows) + 40
+    width = LABEL_W + BAR_W + 150
+    svg = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<text x="10" y="20" font-size="15" font-weight="bold">{escape(title)}</text>',
+    ]
+    lx = 10
+    for p in ALL_PHASES:
+        svg.append(f'<rect x="{lx}" y="28" width="10" height="10" fill="{COLOURS[p]}"/>')
+        svg.append(f'<text x="{lx + 14}" y="37">{p}</text>')
+        lx += 14 + 7 * len(p) + 16
+    for i, (o, base, now) in enumerate(rows):
+        y = TOP + i * ROW_H
+        name = f"{o.test.rsplit('::', 1)[-1]} {o.key}"
+        svg.append(f'<text x="10" y="{y + 16}">{escape(name)}</text>')
+        svg.append(
+            f'<text x="10" y="{y + 34}" fill="#555">{escape(o.verdict.verdict.value)}'
+            f"{' (recorded)' if o.recorded else ''}</text>"
+        )
+        if base:
+            svg += _bar(LABEL_W, y + 2, base, scale)
+            svg.append(
+                f'<text x="{LABEL_W + sum(base.values()) * scale + 6:.1f}" y="{y + 16}" '
+                f'fill="#555">base {sum(base.values()):.2f} ms</text>'
+            )
+        svg += _bar(LABEL_W, y + 4 + BAR_H, now, scale)
+        svg.append(
+            f'<text x="{LABEL_W + sum(now.values()) * scale + 6:.1f}" '
+            f'y="{y + 18 + BAR_H}">now {sum(now.values()):.2f} ms</text>'
+        )
+    svg.append(
+        f'<text x="{LABEL_W}" y="{height - 14}" fill="#555">step time by phase (ms, '
+        "medians); upper bar: baseline, lower bar: this run</text>"
+    )
+    svg.append("</svg>")
+    return "\n".join(svg) + "\n"
+
+
+def write_svg(path: Path, outcomes: list[CaseOutcome], title: str) -> None:
+    path.write_text(render(outcomes, title), encoding="utf-8")
