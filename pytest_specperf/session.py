@@ -44,7 +44,9 @@ from pytest_specperf.verdict import (
     Tolerances,
     Verdict,
     Z,
+    case_disturbance,
     combine,
+    downgrade_disturbed,
     judge_gate,
 )
 
@@ -268,6 +270,7 @@ class SpecperfSession:
                 missing.append(m)
             else:
                 metrics.append(mv)
+        downgrade_disturbed(metrics, case_disturbance(base.metrics, run.summaries))
         v = combine([m.verdict for m in metrics])
         reasons = (
             [f"gated metric(s) {', '.join(missing)} missing in the baseline"] if missing else []

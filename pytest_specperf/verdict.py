@@ -159,6 +159,40 @@ def disturbance(base: Summary, now: Summary) -> float | None:
     return sn / max(sb, SCATTER_FLOOR)
 
 
+def case_disturbance(base: dict[str, Summary], now: dict[str, Summary]) -> float | None:
+    """The largest ``disturbance`` over the phases of a case (judged forms, phases that are
+    at least 5% of the baseline step), gated or not: the case's own machine-noise gauge."""
+    step = base.get("step")
+    worst: float | None = None
+    for p in PHASES:
+        b = base.get(p)
+        if step is None or b is None or not step.median or b.median / step.median < 0.05:
+            continue
+        form = f"{p}/rest"
+        if form in base and form in now:
+            r = disturbance(base[form], now[form])
+            if r is not None and (worst is None or r > worst):
+                worst = r
+    return worst
+
+
+#: Metrics that add up the phases: when the phases show a disturbed run, so do these.
+COMPOSITE_METRICS = frozenset({"step", "tokens_per_s"})
+
+
+def downgrade_disturbed(metrics: list[MetricVerdict], case_ratio: float | None) -> None:
+    """In a case whose phases scatter far more than the baseline's, a SLOWER or FASTER step
+    (or tokens/s) says more about the machine than about the code: make it UNSTABLE."""
+    if case_ratio is None or case_ratio <= DISTURBED_RATIO:
+        return
+    for m in metrics:
+        if m.metric in COMPOSITE_METRICS and m.verdict in (Verdict.SLOWER, Verdict.FASTER):
+            m.verdict = Verdict.UNSTABLE
+            m.steps_to_decide = None
+        if m.metric in COMPOSITE_METRICS:
+            m.scatter_ratio = max(m.scatter_ratio or 0.0, case_ratio)
+
+
 def combine(verdicts: list[Verdict]) -> Verdict:
     return max(verdicts, key=lambda v: _SEVERITY[v]) if verdicts else Verdict.SAME
 

@@ -177,3 +177,23 @@ def test_a_disturbed_run_is_unstable_not_slower():
     # a regression that moves every block alike is SLOWER
     uniform = judge_metric("verify", s(quiet), s(quiet, 1.3), 0.05)
     assert uniform.verdict is Verdict.SLOWER and not uniform.disturbed
+
+
+def test_step_of_a_disturbed_case_is_unstable():
+    """Phases scattering far more than the baseline's: the step change is not the code's."""
+    from pytest_specperf.verdict import case_disturbance, downgrade_disturbed
+
+    step = s(BASE)
+    quiet_rest = s([3.0] * 16)
+    shaken_rest = summarize([3.0] * 4 + [4.5] * 4 + [3.2] * 4 + [5.0] * 4, BLOCKS)
+    base = {"step": step, "verify": s(BASE, 0.8), "verify/rest": quiet_rest}
+    now = {"step": s(BASE, 1.3), "verify": s(BASE, 0.8), "verify/rest": shaken_rest}
+    ratio = case_disturbance(base, now)
+    assert ratio is not None and ratio > 3
+    mv = judge_metric("step", step, now["step"], 0.15)
+    assert mv.verdict is Verdict.SLOWER
+    downgrade_disturbed([mv], ratio)
+    assert mv.verdict is Verdict.UNSTABLE and mv.disturbed
+    calm = judge_metric("step", step, now["step"], 0.15)
+    downgrade_disturbed([calm], case_disturbance(base, {**now, "verify/rest": quiet_rest}))
+    assert calm.verdict is Verdict.SLOWER  # a uniform slowdown stays a regression
