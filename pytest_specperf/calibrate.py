@@ -30,6 +30,8 @@ from pytest_specperf.verdict import RAW_TIME_METRICS, would_be_slower
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
+#: Attempts at recording a quiet baseline before calibrating against a noisy one.
+RECORD_ATTEMPTS = 3
 UNACCOUNTED = "unaccounted"
 
 
@@ -178,15 +180,46 @@ class Calibration:
         return rc, report, time.monotonic() - t
 
     def record(self) -> dict[str, Any]:
-        print(
-            f"recording the baseline: pytest {' '.join(self.suite)} --specperf-update-baselines",
-            flush=True,
-        )
-        rc, report, dt = self._pytest("baseline", ["--specperf-update-baselines"])
-        if rc != 0 or report is None:
-            raise SystemExit(f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}")
-        print(f"  baseline recorded in {dt:.0f} s ({len(report['cases'])} cases)", flush=True)
+        """Record the baseline; re-record (up to RECORD_ATTEMPTS) while it is noisy, since a
+        baseline taken on a disturbed machine makes every comparison UNSTABLE."""
+        report: dict[str, Any] | None = None
+        for attempt in range(1, RECORD_ATTEMPTS + 1):
+            print(
+                f"recording the baseline (attempt {attempt}): pytest {' '.join(self.suite)} "
+                "--specperf-update-baselines",
+                flush=True,
+            )
+            if self.baselines.exists():
+                shutil.rmtree(self.baselines)
+            rc, report, dt = self._pytest("baseline", ["--specperf-update-baselines"])
+            if rc != 0 or report is None:
+                raise SystemExit(
+                    f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}"
+                )
+            noisy = self._noisy_cases()
+            print(
+                f"  baseline recorded in {dt:.0f} s ({len(report['cases'])} cases)"
+                + (f"; noisy: {', '.join(noisy)}" if noisy else "; quiet"),
+                flush=True,
+            )
+            if not noisy:
+                break
+        assert report is not None
         return report
+
+    def _noisy_cases(self) -> list[str]:
+        from pytest_specperf.baselines import load_baselines
+        from pytest_specperf.verdict import QUIET_SCATTER, noisiest_phase
+
+        out = []
+        for path in self.baselines.glob("*.yaml"):
+            bf = load_baselines(path)
+            for per in bf.cases.values() if bf else ():
+                for key, case in per.items():
+                    worst = noisiest_phase(case.metrics)
+                    if worst is not None and worst[1] > QUIET_SCATTER:
+                        out.append(f"{key} ({worst[0]} {worst[1]:.0%})")
+        return out
 
     def run(self) -> dict[str, Any]:
         base = self.record()

@@ -39,6 +39,7 @@ from pytest_specperf.report import (
 )
 from pytest_specperf.telemetry.gates import invalid_reasons
 from pytest_specperf.verdict import (
+    QUIET_SCATTER,
     CaseVerdict,
     MetricVerdict,
     Tolerances,
@@ -48,6 +49,7 @@ from pytest_specperf.verdict import (
     combine,
     downgrade_disturbed,
     judge_gate,
+    noisiest_phase,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +71,12 @@ def unstable_advice(m: MetricVerdict) -> str:
     unit = "pp" if m.share_based or m.points_based else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
+        if m.scatter_ratio < 1:
+            return text + (
+                f", but the baseline's blocks scatter {1 / m.scatter_ratio:.1f}x more than "
+                "this run's: the baseline was recorded on a busy machine; re-record it on a "
+                "quiet one"
+            )
         return text + (
             f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
             "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
@@ -118,6 +126,7 @@ class SpecperfSession:
         self.written: BaselineFile | None = None
         self.errors: list[str] = []
         self.telemetry_note: str | None = None
+        self.noisy_baselines: list[str] = []
 
     # -- device and baselines --------------------------------------------------------------
     def device(self) -> DeviceInfo:
@@ -240,6 +249,13 @@ class SpecperfSession:
                     pytrace=False,
                 )
             self.to_record.append(self._as_baseline(test, key, run, fp))
+            noisy = noisiest_phase(run.summaries)
+            if noisy is not None and noisy[1] > QUIET_SCATTER:
+                self.noisy_baselines.append(
+                    f"noisy baseline: {test} {key}: {noisy[0]} blocks scatter "
+                    f"{noisy[1]:.0%} (a quiet machine gives about 1%); re-record it when the "
+                    "machine is quiet, or its comparisons will come out UNSTABLE"
+                )
             outcome.recorded = True
         self.outcomes.append(outcome)
         return outcome
@@ -423,6 +439,7 @@ class SpecperfSession:
             lines.append(self.telemetry_note)
         if self.outcomes and self.server is not None:
             lines += self.server.backend.notes(self.server.run_dir)
+        lines += self.noisy_baselines
         if self.written is not None:
             n = len(self.to_record)
             lines.append(

@@ -83,7 +83,7 @@ class MetricVerdict:
 
     @property
     def disturbed(self) -> bool:
-        return self.scatter_ratio is not None and self.scatter_ratio > DISTURBED_RATIO
+        return is_disturbed(self.scatter_ratio)
 
     def describe(self) -> str:
         b, n = fmt_value(self.base), fmt_value(self.now)
@@ -133,6 +133,9 @@ def paired_noise(base: Summary, now: Summary) -> float:
 
 #: A run whose blocks scatter this many times more than its baseline's was disturbed.
 DISTURBED_RATIO = 3.0
+#: Fewest blocks per run for comparing scatters: with 6 blocks a 3x ratio arises by chance
+#: about 2% of the time, with 8 (32 steps, the default) 0.4%, with 4 already 5%.
+MIN_SCATTER_BLOCKS = 6
 #: Block scatter below this (log units, ~1%) counts as this much, so that a very quiet
 #: baseline does not make every ordinary run look disturbed.
 SCATTER_FLOOR = 0.01
@@ -146,22 +149,50 @@ def scatter(blocks: tuple[float, ...]) -> float | None:
 
 
 def disturbance(base: Summary, now: Summary) -> float | None:
-    """How many times more the current run's blocks scatter than the baseline's.
+    """The current run's block scatter over the baseline's (both floored at 1%).
 
     Both runs measure the same blocks, so their scatter is comparable whatever the
     prompts. A code regression moves the blocks together; a noisy neighbour, a CPU hog
-    or the host's memory management moves some blocks more than others. Well above 1,
-    the run says more about the machine than about the code.
+    or the host's memory management moves some blocks more than others. Far above 1 the
+    run was disturbed, far below 1 the baseline was: either way the comparison says more
+    about the machine than about the code (see ``is_disturbed``).
     """
+    if min(len(base.blocks), len(now.blocks)) < MIN_SCATTER_BLOCKS:
+        return None  # too few blocks: the ratio of two scatters would itself be noise
     sb, sn = scatter(base.blocks), scatter(now.blocks)
     if sb is None or sn is None:
         return None
-    return sn / max(sb, SCATTER_FLOOR)
+    return max(sn, SCATTER_FLOOR) / max(sb, SCATTER_FLOOR)
+
+
+#: Block scatter above this in a baseline means it was recorded on a busy machine.
+QUIET_SCATTER = DISTURBED_RATIO * SCATTER_FLOOR
+
+
+def is_disturbed(ratio: float | None) -> bool:
+    return ratio is not None and (ratio > DISTURBED_RATIO or ratio < 1 / DISTURBED_RATIO)
+
+
+def noisiest_phase(metrics: dict[str, Summary]) -> tuple[str, float] | None:
+    """The phase (judged form) whose blocks scatter most in one run, and that scatter."""
+    step = metrics.get("step")
+    worst: tuple[str, float] | None = None
+    for p in PHASES:
+        b, form = metrics.get(p), metrics.get(f"{p}/rest")
+        if step is None or b is None or form is None or not step.median:
+            continue
+        if b.median / step.median < 0.05:
+            continue
+        sc = scatter(form.blocks)
+        if sc is not None and (worst is None or sc > worst[1]):
+            worst = (p, sc)
+    return worst
 
 
 def case_disturbance(base: dict[str, Summary], now: dict[str, Summary]) -> float | None:
-    """The largest ``disturbance`` over the phases of a case (judged forms, phases that are
-    at least 5% of the baseline step), gated or not: the case's own machine-noise gauge."""
+    """The most extreme ``disturbance`` over the phases of a case (judged forms, phases
+    that are at least 5% of the baseline step), gated or not: the case's machine-noise
+    gauge. Returned as a ratio like ``disturbance`` (far from 1 either way = disturbed)."""
     step = base.get("step")
     worst: float | None = None
     for p in PHASES:
@@ -171,7 +202,7 @@ def case_disturbance(base: dict[str, Summary], now: dict[str, Summary]) -> float
         form = f"{p}/rest"
         if form in base and form in now:
             r = disturbance(base[form], now[form])
-            if r is not None and (worst is None or r > worst):
+            if r is not None and (worst is None or max(r, 1 / r) > max(worst, 1 / worst)):
                 worst = r
     return worst
 
@@ -183,14 +214,14 @@ COMPOSITE_METRICS = frozenset({"step", "tokens_per_s"})
 def downgrade_disturbed(metrics: list[MetricVerdict], case_ratio: float | None) -> None:
     """In a case whose phases scatter far more than the baseline's, a SLOWER or FASTER step
     (or tokens/s) says more about the machine than about the code: make it UNSTABLE."""
-    if case_ratio is None or case_ratio <= DISTURBED_RATIO:
+    if not is_disturbed(case_ratio):
         return
     for m in metrics:
         if m.metric in COMPOSITE_METRICS and m.verdict in (Verdict.SLOWER, Verdict.FASTER):
             m.verdict = Verdict.UNSTABLE
             m.steps_to_decide = None
-        if m.metric in COMPOSITE_METRICS:
-            m.scatter_ratio = max(m.scatter_ratio or 0.0, case_ratio)
+        if m.metric in COMPOSITE_METRICS and not m.disturbed:
+            m.scatter_ratio = case_ratio
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:
@@ -252,8 +283,7 @@ def judge_metric(
     noise = paired_noise(base, now)
     verdict = decide(change, noise, tolerance, higher_is_better=metric in HIGHER_IS_BETTER, z=z)
     ratio = disturbance(base, now)
-    disturbed = ratio is not None and ratio > DISTURBED_RATIO
-    if disturbed and verdict in (Verdict.SLOWER, Verdict.FASTER):
+    if is_disturbed(ratio) and verdict in (Verdict.SLOWER, Verdict.FASTER):
         verdict = Verdict.UNSTABLE  # the machine, not the code, moved this run
     steps = (
         steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
@@ -400,7 +430,7 @@ def would_be_slower(metric: dict[str, Any], tolerance: float, z: float = Z) -> b
         float(metric["change"]), float(metric["noise"]), tolerance, higher_is_better=higher, z=z
     )
     ratio = metric.get("scatter_ratio")
-    if isinstance(ratio, (int, float)) and ratio > DISTURBED_RATIO:
+    if isinstance(ratio, (int, float)) and is_disturbed(float(ratio)):
         return False  # judge_metric makes a disturbed SLOWER UNSTABLE
     return v is Verdict.SLOWER
 

@@ -34,7 +34,7 @@ BASE = [
     21.0,
     21.2,
 ]
-BLOCKS = [i // 4 for i in range(16)]
+BLOCKS = [i // 2 for i in range(16)]  # 8 blocks of 2 steps
 
 
 def s(xs, factor=1.0, center="median"):
