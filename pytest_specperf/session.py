@@ -253,7 +253,7 @@ class SpecperfSession:
             if noisy is not None and noisy[1] > QUIET_SCATTER:
                 self.noisy_baselines.append(
                     f"noisy baseline: {test} {key}: {noisy[0]} blocks scatter "
-                    f"{noisy[1]:.0%} (a quiet machine gives about 1%); re-record it when the "
+                    f"{noisy[1]:.0%} (a quiet machine gives about 2%); re-record it when the "
                     "machine is quiet, or its comparisons will come out UNSTABLE"
                 )
             outcome.recorded = True

@@ -136,9 +136,11 @@ DISTURBED_RATIO = 3.0
 #: Fewest blocks per run for comparing scatters: with 6 blocks a 3x ratio arises by chance
 #: about 2% of the time, with 8 (32 steps, the default) 0.4%, with 4 already 5%.
 MIN_SCATTER_BLOCKS = 6
-#: Block scatter below this (log units, ~1%) counts as this much, so that a very quiet
-#: baseline does not make every ordinary run look disturbed.
-SCATTER_FLOOR = 0.01
+#: Block scatter below this (log units, 2%) counts as this much, so that ordinary
+#: variation does not look like a disturbance: on the 2-core development box the judged
+#: phases scatter 1.6% (median) to 4% (90th percentile) between blocks in quiet runs, and
+#: 13-22% while the host's memory management disturbs a fragmented 131k-token case.
+SCATTER_FLOOR = 0.02
 
 
 def scatter(blocks: tuple[float, ...]) -> float | None:
