@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.verdict import RAW_TIME_METRICS, would_be_slower
+from pytest_specperf.options import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE
+from pytest_specperf.probe.phases import ALL_PHASES
+from pytest_specperf.verdict import (
+    RAW_TIME_METRICS,
+    stored_case_disturbed,
+    would_be_slower,
+)
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
@@ -60,44 +66,39 @@ class Condition:
         return sum(1 for r in self.runs if r["unstable_cases"])
 
 
-def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
+_JUDGED_KEYS = ("metric", "change", "noise", "share_based", "points_based", "scatter_ratio")
+_UNCOMPARED = ("NO_BASELINE", "INVALID")
+
+
+def _run_outcome(
+    report: dict[str, Any], expect: str | None, tolerances: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """One run, judged by verdict.py's rule from its stored metrics at ``tolerances``
+    (phases, step; default: those the run used), so that a resumed calibration judges
+    older runs by the current rule. For a fresh run this is the run's own verdicts."""
+    tol_phase, tol_step = tolerances or (
+        float(report.get("tolerance", DEFAULT_TOLERANCE)),
+        float(report.get("step_tolerance", DEFAULT_STEP_TOLERANCE)),
+    )
+    compared = [c for c in report.get("cases", []) if c["verdict"] not in _UNCOMPARED]
+    judged = [[{k: m.get(k) for k in _JUDGED_KEYS} for m in c["metrics"]] for c in compared]
     slower, unstable = [], []
-    for case in report.get("cases", []):
-        ms = [m for m in case["metrics"] if m["verdict"] == "SLOWER"]
-        if case["verdict"] == "SLOWER":
-            slower.append(
-                {
-                    "key": case["key"],
-                    "head": case.get("culprit") or "?",
-                    "metrics": [m["metric"] for m in ms],
-                    "gated": [m["metric"] for m in case["metrics"]],
-                }
-            )
-        elif case["verdict"] == "UNSTABLE":
+    for case, metrics in zip(compared, judged):
+        bad = slower_at([metrics], tol_phase, "phase")[0]
+        bad += slower_at([metrics], tol_step, "step")[0]
+        if bad:
+            changes = {m["metric"]: abs(float(m["change"])) for m in metrics}
+            # The culprit as the report names it: a phase first, then by size of change.
+            head = min(bad, key=lambda m: (m not in ALL_PHASES, -changes[m]))
+            gated = [m["metric"] for m in metrics]
+            slower.append({"key": case["key"], "head": head, "metrics": bad, "gated": gated})
+        elif case["verdict"] == "UNSTABLE" or stored_case_disturbed(metrics):
             unstable.append(case["key"])
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
     # Attribution: every failing case that gates the injected phase names it first (a
     # test gating only the step, say, cannot name a phase and is left out).
     named = [c for c in slower if expect in c["gated"]]
     named_right = bool(named) and all(c["head"] == expect for c in named)
-    judged = [
-        [
-            {
-                k: m.get(k)
-                for k in (
-                    "metric",
-                    "change",
-                    "noise",
-                    "share_based",
-                    "points_based",
-                    "scatter_ratio",
-                )
-            }
-            for m in case["metrics"]
-        ]
-        for case in report.get("cases", [])
-        if case["verdict"] not in ("NO_BASELINE", "INVALID")
-    ]
     return {
         "slower_cases": slower,
         "unstable_cases": unstable,
@@ -111,15 +112,18 @@ def _run_outcome(report: dict[str, Any], expect: str | None) -> dict[str, Any]:
 def slower_at(judged: list[list[dict[str, Any]]], tolerance: float, kind: str) -> list[list[str]]:
     """Per case, the metrics of ``kind`` ("phase" or "step", as ``verdict.Tolerances``
     splits them) that would be SLOWER at ``tolerance``: verdict.py's own rule."""
-    return [
-        [
-            m["metric"]
-            for m in case
-            if (m["metric"] in RAW_TIME_METRICS) == (kind == "step")
-            and would_be_slower(m, tolerance)
-        ]
-        for case in judged
-    ]
+    out = []
+    for case in judged:
+        disturbed = stored_case_disturbed(case)
+        out.append(
+            [
+                m["metric"]
+                for m in case
+                if (m["metric"] in RAW_TIME_METRICS) == (kind == "step")
+                and would_be_slower(m, tolerance, case_disturbed=disturbed)
+            ]
+        )
+    return out
 
 
 def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[dict[str, Any]]:
@@ -156,6 +160,18 @@ class Calibration:
         self.baselines = self.work / "baselines"
         self.suite = list(args.pytest_args or DEFAULT_SUITE)
         self.t0 = time.monotonic()
+        tol, step_tol = getattr(args, "tolerance", None), getattr(args, "step_tolerance", None)
+        self.tolerances: tuple[float, float] | None = None
+        self.tolerance_args: list[str] = []
+        if tol is not None or step_tol is not None:
+            self.tolerances = (
+                DEFAULT_TOLERANCE if tol is None else tol,
+                DEFAULT_STEP_TOLERANCE if step_tol is None else step_tol,
+            )
+            self.tolerance_args = [
+                f"--specperf-tolerance={self.tolerances[0]}",
+                f"--specperf-step-tolerance={self.tolerances[1]}",
+            ]
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, dict[str, Any] | None, float]:
         report_path = self.work / f"{tag}.json"
@@ -171,18 +187,45 @@ class Calibration:
             str(self.baselines),
             "--specperf-json",
             str(report_path),
+            *self.tolerance_args,
             *extra,
         ]
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        dt = time.monotonic() - t
         report = json.loads(report_path.read_text()) if report_path.exists() else None
-        return rc, report, time.monotonic() - t
+        (self.work / f"{tag}.rc").write_text(f"{rc} {dt:.1f}\n")
+        return rc, report, dt
+
+    def _resumed(self, tag: str) -> tuple[int, dict[str, Any], float | None] | None:
+        """A repetition finished by an earlier, interrupted calibration in this work dir.
+
+        The report is written when its pytest session ends, so its presence means the run
+        completed; its exit status and wall time come from the ``.rc`` file beside it
+        (missing for runs of older versions: the status is then read off the verdicts)."""
+        if not self.args.resume:
+            return None
+        report_path = self.work / f"{tag}.json"
+        try:
+            report: dict[str, Any] = json.loads(report_path.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            rc_text, wall_text = (self.work / f"{tag}.rc").read_text().split()
+            return int(rc_text), report, float(wall_text)
+        except (OSError, ValueError):
+            failed = any(c.get("verdict") == "SLOWER" for c in report.get("cases", []))
+            return int(failed), report, None
 
     def record(self) -> dict[str, Any]:
         """Record the baseline; re-record (up to RECORD_ATTEMPTS) while it is noisy, since a
         baseline taken on a disturbed machine makes every comparison UNSTABLE."""
         report: dict[str, Any] | None = None
+        if self.args.resume and (self.work / "baseline.json").exists() and self.baselines.exists():
+            report = json.loads((self.work / "baseline.json").read_text())
+            print(f"resuming: baseline from {self.work / 'baseline.json'}", flush=True)
+            return report
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             print(
                 f"recording the baseline (attempt {attempt}): pytest {' '.join(self.suite)} "
@@ -236,18 +279,37 @@ class Calibration:
         )
         if self.args.hog:
             conds.append(Condition("A/A + CPU hog", hog=True))
+        names = [c.name for c in conds]
+        plan = self.work / "conditions.json"
+        if self.args.resume and plan.exists():
+            before = json.loads(plan.read_text())
+            if before != names:
+                raise SystemExit(
+                    f"--resume: this work dir was calibrated with conditions {before}, now "
+                    f"{names}; give the same --inject/--hog/--host-stall-share, or a new "
+                    "--work-dir"
+                )
+        plan.write_text(json.dumps(names))
         total = len(conds) * self.args.repetitions
         n = 0
+        resumed = 0
         for rep in range(self.args.repetitions):
             for cond in conds:
                 n += 1
-                extra = ["--specperf-inject", cond.inject] if cond.inject else []
-                hog = _start_hog() if cond.hog else None
-                try:
-                    rc, report, dt = self._pytest(f"rep{rep:02d}-{_slug(cond.name)}", extra)
-                finally:
-                    if hog is not None:
-                        _stop_hog(hog)
+                tag = f"rep{rep:02d}-{_slug(cond.name)}"
+                done = self._resumed(tag)
+                dt: float | None
+                if done is not None:
+                    rc, report, dt = done
+                    resumed += 1
+                else:
+                    extra = ["--specperf-inject", cond.inject] if cond.inject else []
+                    hog = _start_hog() if cond.hog else None
+                    try:
+                        rc, report, dt = self._pytest(tag, extra)
+                    finally:
+                        if hog is not None:
+                            _stop_hog(hog)
                 if report is None:
                     print(
                         f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
@@ -255,22 +317,38 @@ class Calibration:
                         flush=True,
                     )
                     continue
-                out = _run_outcome(report, cond.expect)
-                out.update({"rep": rep, "exit": rc, "wall_s": round(dt, 1)})
+                out = _run_outcome(report, cond.expect, self.tolerances)
+                out.update(
+                    {
+                        "rep": rep,
+                        "exit": rc,
+                        "wall_s": None if dt is None else round(dt, 1),
+                        "resumed": done is not None,
+                    }
+                )
                 cond.runs.append(out)
                 what = ", ".join(f"{c['head']}@{c['key']}" for c in out["slower_cases"]) or "pass"
                 unst = f", {len(out['unstable_cases'])} UNSTABLE" if out["unstable_cases"] else ""
                 print(
                     f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{self.args.repetitions}  "
-                    f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  {dt:.0f} s",
+                    f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  "
+                    + (f"{dt:.0f} s" if dt is not None else "-")
+                    + ("  (resumed)" if done is not None else ""),
                     flush=True,
                 )
-        return self.summarize(conds, base, stall_ms, ref_step)
+        return self.summarize(conds, base, stall_ms, ref_step, resumed)
 
     def summarize(
-        self, conds: list[Condition], base: dict[str, Any], stall_ms: float, ref_step: float
+        self,
+        conds: list[Condition],
+        base: dict[str, Any],
+        stall_ms: float,
+        ref_step: float,
+        resumed: int = 0,
     ) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
+        # Wall time of the whole calibration: this process, plus the runs it resumed.
+        wall += sum(r["wall_s"] or 0.0 for c in conds for r in c.runs if r.get("resumed"))
         rows: list[dict[str, Any]] = []
         for c in conds:
             k = len(c.runs)
@@ -301,18 +379,23 @@ class Calibration:
                 f = float(c.inject.split("=")[1])
                 if smallest is None or f < smallest[1]:
                     smallest = (c.inject, f)
-        tolerances = [round(0.01 * t, 2) for t in range(2, 16)]
-        swept = {kind: sweep(conds, tolerances, kind) for kind in ("phase", "step")}
+        grids = {
+            "phase": [round(0.01 * t, 2) for t in range(2, 16)],
+            "step": [round(0.05 * t, 2) for t in range(1, 9)],
+        }
+        swept = {kind: sweep(conds, grid, kind) for kind, grid in grids.items()}
         recommended = {kind: recommend(rows, conds) for kind, rows in swept.items()}
         return {
             "suite": self.suite,
             "repetitions": self.args.repetitions,
             "sweep": swept,
             "recommended_tolerance": recommended,
+            "judged_at": list(self.tolerances) if self.tolerances else None,
             "host_stall_ms": stall_ms,
             "reference_step_ms": ref_step,
             "smallest_detected_95": smallest[0] if smallest else None,
             "wall_s": round(wall, 1),
+            "resumed_runs": resumed,
             "conditions": rows,
             "baseline_cases": [c["key"] for c in base["cases"]],
             "work_dir": str(self.work),
@@ -321,7 +404,15 @@ class Calibration:
 
 def format_table(summary: dict[str, Any]) -> list[str]:
     head = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE"]
-    lines = []
+    at = summary.get("judged_at")
+    lines = [
+        "verdicts at "
+        + (
+            f"tolerance {at[0]:.0%} (phases), {at[1]:.0%} (step)"
+            if at
+            else "the tolerances the runs used (the suite's defaults)"
+        )
+    ]
     data = []
     for r in summary["conditions"]:
         named = "-" if not r["expect"] else f"{r['named_right']}/{r['runs']} ({r['expect']})"
@@ -364,7 +455,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         rec = summary["recommended_tolerance"].get(kind)
         lines.append(
             "smallest tolerance with at most 1 false alarm per 20 A/A runs: "
-            + (f"{rec:.0%}" if rec is not None else "none up to 15%")
+            + (f"{rec:.0%}" if rec is not None else f"none up to {rows[-1]['tolerance']:.0%}")
         )
     lines.append("")
     lines.append(
@@ -379,7 +470,13 @@ def format_table(summary: dict[str, Any]) -> list[str]:
     wall = summary["wall_s"]
     lines.append(
         f"wall time: {int(wall // 3600)}h {int(wall % 3600 // 60)}m {int(wall % 60)}s "
-        f"({summary['repetitions']} repetitions per condition)"
+        f"({summary['repetitions']} repetitions per condition"
+        + (
+            f"; {summary['resumed_runs']} runs resumed from an interrupted calibration"
+            if summary.get("resumed_runs")
+            else ""
+        )
+        + ")"
     )
     return lines
 
@@ -429,8 +526,25 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--hog", action="store_true", help="add A/A repetitions with a busy process on one core"
     )
+    c.add_argument(
+        "--tolerance",
+        metavar="F",
+        help="phase tolerance to run and judge at, as --specperf-tolerance (default: the "
+        "suite's); the sweep tables show every other",
+    )
+    c.add_argument(
+        "--step-tolerance",
+        metavar="F",
+        help="step tolerance to run and judge at, as --specperf-step-tolerance",
+    )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
+    c.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted calibration in --work-dir: reuse its baseline and the "
+        "repetitions that finished (same --inject/--hog options required)",
+    )
     c.add_argument(
         "pytest_args",
         nargs="*",
@@ -456,6 +570,20 @@ def run(args: argparse.Namespace) -> int:
         if len(spec.factors) != 1 or spec.host_stall_ms:
             print(f"error: --inject {f!r}: give one PHASE=FACTOR per --inject", file=sys.stderr)
             return 2
+    from pytest_specperf.options import parse_fraction
+
+    for flag in ("tolerance", "step_tolerance"):
+        text = getattr(args, flag)
+        if text is None:
+            continue
+        try:
+            setattr(args, flag, parse_fraction(text))
+        except ValueError as e:
+            print(f"error: --{flag.replace('_', '-')} {text!r}: {e}", file=sys.stderr)
+            return 2
+    if args.resume and args.work_dir is None:
+        print("error: --resume needs --work-dir (the interrupted calibration's)", file=sys.stderr)
+        return 2
     if args.json is not None:
         try:  # fail now, not after hours of runs
             args.json.parent.mkdir(parents=True, exist_ok=True)

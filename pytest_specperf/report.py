@@ -102,8 +102,12 @@ def phase_table(run: DecodeRun, base: CaseBaseline | None) -> list[str]:
 
 
 def most_changed(outcome: CaseOutcome) -> MetricVerdict | None:
+    """The phase to show in the summary: the slowest-grown SLOWER phase if any (phases are
+    judged against the rest of their step, so when verify grows, draft's share shrinks and
+    can show a larger absolute change), else the phase with the largest change."""
     phases = [m for m in outcome.verdict.metrics if m.metric in ALL_PHASES]
-    return max(phases, key=lambda m: abs(m.change), default=None)
+    slower = [m for m in phases if m.verdict is Verdict.SLOWER]
+    return max(slower or phases, key=lambda m: abs(m.change), default=None)
 
 
 def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:

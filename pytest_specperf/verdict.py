@@ -211,19 +211,41 @@ def case_disturbance(base: dict[str, Summary], now: dict[str, Summary]) -> float
 
 #: Metrics that add up the phases: when the phases show a disturbed run, so do these.
 COMPOSITE_METRICS = frozenset({"step", "tokens_per_s"})
+#: Metrics a disturbed case cannot judge: the named phases (each judged against the rest
+#: of its step, so a disturbance of one phase moves the others' ratios too) and the
+#: composites. ``unaccounted`` (points of the step), accept length and utilizations keep
+#: their own verdicts.
+DISTURBABLE_METRICS = COMPOSITE_METRICS | frozenset(PHASES)
 
 
 def downgrade_disturbed(metrics: list[MetricVerdict], case_ratio: float | None) -> None:
-    """In a case whose phases scatter far more than the baseline's, a SLOWER or FASTER step
-    (or tokens/s) says more about the machine than about the code: make it UNSTABLE."""
+    """In a case whose phases scatter far more (or far less) than the baseline's, a SLOWER
+    or FASTER phase or step says more about the machine than about the code: UNSTABLE.
+
+    On the 2-core development box a CPU hog or the host's memory management can slow one
+    phase of a 131k-token fragmented case by 30-50% in some blocks; the other phase, judged
+    against a rest made mostly of the disturbed one, then moves too, without scattering."""
     if not is_disturbed(case_ratio):
         return
     for m in metrics:
-        if m.metric in COMPOSITE_METRICS and m.verdict in (Verdict.SLOWER, Verdict.FASTER):
+        if m.metric not in DISTURBABLE_METRICS:
+            continue
+        if m.verdict in (Verdict.SLOWER, Verdict.FASTER):
             m.verdict = Verdict.UNSTABLE
             m.steps_to_decide = None
-        if m.metric in COMPOSITE_METRICS and not m.disturbed:
+        if not m.disturbed:
             m.scatter_ratio = case_ratio
+
+
+def stored_case_disturbed(judged: list[dict[str, Any]]) -> bool:
+    """Whether a case as stored in the JSON report (its judged metrics) was disturbed:
+    ``downgrade_disturbed`` leaves the case's ratio on each metric it applies to."""
+    return any(
+        m.get("metric") in DISTURBABLE_METRICS
+        and isinstance(m.get("scatter_ratio"), (int, float))
+        and is_disturbed(float(m["scatter_ratio"]))
+        for m in judged
+    )
 
 
 def combine(verdicts: list[Verdict]) -> Verdict:
@@ -422,9 +444,12 @@ def judge_points(
     )
 
 
-def would_be_slower(metric: dict[str, Any], tolerance: float, z: float = Z) -> bool:
+def would_be_slower(
+    metric: dict[str, Any], tolerance: float, z: float = Z, *, case_disturbed: bool = False
+) -> bool:
     """Whether a judged metric as stored in the JSON report (``change``, ``noise``,
-    ``share_based``, ``points_based``) would be SLOWER at ``tolerance``: the same rule."""
+    ``share_based``, ``points_based``, ``scatter_ratio``) would be SLOWER at ``tolerance``:
+    the same rule (``case_disturbed``: see ``stored_case_disturbed``)."""
     higher = bool(metric.get("points_based")) or (
         not metric.get("share_based") and metric["metric"] in HIGHER_IS_BETTER
     )
@@ -434,6 +459,8 @@ def would_be_slower(metric: dict[str, Any], tolerance: float, z: float = Z) -> b
     ratio = metric.get("scatter_ratio")
     if isinstance(ratio, (int, float)) and is_disturbed(float(ratio)):
         return False  # judge_metric makes a disturbed SLOWER UNSTABLE
+    if case_disturbed and metric["metric"] in DISTURBABLE_METRICS:
+        return False  # so does downgrade_disturbed, case-wide
     return v is Verdict.SLOWER
 
 

@@ -97,3 +97,71 @@ def test_table_is_readable():
 def test_cli_errors(capsys, argv, message):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def _args(tmp_path, resume=True, **kw):
+    import argparse
+
+    ns = dict(repetitions=1, inject=["verify=1.10"], host_stall_share=0.2, hog=False,
+              json=None, work_dir=tmp_path, resume=resume, pytest_args=[])
+    ns.update(kw)
+    return argparse.Namespace(**ns)
+
+
+def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
+    import json
+
+    from pytest_specperf.calibrate import Calibration
+
+    cal = Calibration(_args(tmp_path))
+    (tmp_path / "rep00-A_A.json").write_text(json.dumps(AA))
+    (tmp_path / "rep00-A_A.rc").write_text("0 61.5\n")
+    assert cal._resumed("rep00-A_A") == (0, AA, 61.5)
+    # A run of an older version without its .rc: the exit status is read off the verdicts.
+    (tmp_path / "rep00-verify_1.10.json").write_text(json.dumps(INJ))
+    assert cal._resumed("rep00-verify_1.10") == (1, INJ, None)
+    # Interrupted mid-run (no report) or a torn report: run it again.
+    assert cal._resumed("rep01-A_A") is None
+    (tmp_path / "rep01-A_A.json").write_text('{"cases": [')
+    assert cal._resumed("rep01-A_A") is None
+    # Without --resume nothing is reused.
+    assert Calibration(_args(tmp_path, resume=False))._resumed("rep00-A_A") is None
+
+
+def test_resume_refuses_other_conditions(tmp_path, monkeypatch):
+    import json
+
+    from pytest_specperf.calibrate import Calibration
+
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baseline.json").write_text(json.dumps(
+        {"cases": [{"key": "k", "step_ms": {"median": 40.0}}]}))
+    (tmp_path / "conditions.json").write_text(json.dumps(["A/A", "verify=1.05"]))
+    cal = Calibration(_args(tmp_path))
+    with pytest.raises(SystemExit, match=r"--resume: this work dir was calibrated with "
+                       r"conditions \['A/A', 'verify=1.05'\]"):
+        cal.run()
+
+
+def test_resume_needs_a_work_dir(capsys):
+    assert cli.main(["calibrate", "--resume"]) == 2
+    assert "--resume needs --work-dir" in capsys.readouterr().err
+
+
+def test_run_outcome_judges_stored_metrics_by_the_current_rule():
+    # Judged at other tolerances than the run used: the same stored changes and noises.
+    assert not _run_outcome(INJ, "verify", (0.10, 0.15))["slower_cases"]
+    both = _run_outcome(INJ, "verify", (0.05, 0.05))["slower_cases"]
+    assert both[0]["metrics"] == ["verify", "step"] and both[0]["head"] == "verify"
+    # A case whose draft scattered far more than the baseline's: its verify cannot fail
+    # (a report of an older version said SLOWER; the current rule says UNSTABLE).
+    shaken = _case("ctx=131072", "SLOWER", [("verify", "SLOWER", 0.09, 0.005),
+                                             ("draft", "UNSTABLE", -0.3, 0.04)], culprit="verify")
+    shaken["metrics"][1]["scatter_ratio"] = 3.7
+    out = _run_outcome({"cases": [shaken]}, "verify")
+    assert not out["slower_cases"] and out["unstable_cases"] == ["ctx=131072"]
+
+
+def test_cli_tolerance_errors(capsys):
+    assert cli.main(["calibrate", "--tolerance", "seven"]) == 2
+    assert "--tolerance 'seven'" in capsys.readouterr().err

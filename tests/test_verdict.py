@@ -8,6 +8,7 @@ import pytest
 
 from pytest_specperf.stats import Summary, summarize
 from pytest_specperf.verdict import (
+    MetricVerdict,
     Verdict,
     combine,
     judge_metric,
@@ -197,3 +198,39 @@ def test_step_of_a_disturbed_case_is_unstable():
     calm = judge_metric("step", step, now["step"], 0.15)
     downgrade_disturbed([calm], case_disturbance(base, {**now, "verify/rest": quiet_rest}))
     assert calm.verdict is Verdict.SLOWER  # a uniform slowdown stays a regression
+
+
+def test_phases_of_a_disturbed_case_are_unstable_too():
+    """verify's blocks scatter (disturbed); draft, judged against a rest made mostly of
+    verify, moves by 40% without scattering: neither is the code's doing. unaccounted and
+    the accept length keep their verdicts."""
+    from pytest_specperf.verdict import downgrade_disturbed
+
+    draft = judge_metric("draft", s(BASE), s(BASE, 1.4), 0.05)
+    unacc = MetricVerdict("unaccounted", Verdict.SLOWER, 0.1, 5.0, 0.2, 0.01, 0.05, "ms",
+                          share_based=True)
+    accept = judge_metric("accept_len", s(BASE), s(BASE, 0.5), 0.05)
+    assert draft.verdict is Verdict.SLOWER and accept.verdict is Verdict.SLOWER
+    downgrade_disturbed([draft, unacc, accept], 4.2)
+    assert draft.verdict is Verdict.UNSTABLE and draft.scatter_ratio == 4.2
+    assert unacc.verdict is Verdict.SLOWER and accept.verdict is Verdict.SLOWER
+    # A ratio within [1/3, 3] is a quiet case: nothing changes.
+    calm = judge_metric("draft", s(BASE), s(BASE, 1.4), 0.05)
+    downgrade_disturbed([calm], 2.9)
+    assert calm.verdict is Verdict.SLOWER
+
+
+def test_stored_form_applies_the_case_rule():
+    """The calibration re-judges stored reports: a case with any disturbed phase or step
+    cannot fail on its phases or step, exactly as downgrade_disturbed decides live."""
+    from pytest_specperf.verdict import stored_case_disturbed, would_be_slower
+
+    draft = {"metric": "draft", "change": 0.47, "noise": 0.03, "scatter_ratio": 2.99}
+    verify = {"metric": "verify", "change": -0.32, "noise": 0.04, "scatter_ratio": 3.66}
+    unacc = {"metric": "unaccounted", "change": 0.2, "noise": 0.01, "share_based": True}
+    case = [draft, verify, unacc]
+    assert stored_case_disturbed(case)
+    assert would_be_slower(draft, 0.05)  # alone, its own scatter ratio is under 3
+    assert not would_be_slower(draft, 0.05, case_disturbed=True)
+    assert would_be_slower(unacc, 0.05, case_disturbed=True)
+    assert not stored_case_disturbed([draft, unacc])
