@@ -95,10 +95,11 @@ def _run_outcome(
         elif case["verdict"] == "UNSTABLE" or stored_case_disturbed(metrics):
             unstable.append(case["key"])
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
-    # Attribution: every failing case that gates the injected phase names it first (a
-    # test gating only the step, say, cannot name a phase and is left out).
-    named = [c for c in slower if expect in c["gated"]]
-    named_right = bool(named) and all(c["head"] == expect for c in named)
+    # Attribution: the injected phase is named and no failing case blames another phase.
+    # A case failing on its step alone (the injected phase grew, but less than the
+    # tolerance there) blames no phase; its "where the time went" line names the phase.
+    wrong = [c for c in slower if c["head"] in ALL_PHASES and c["head"] != expect]
+    named_right = detected and not wrong
     return {
         "slower_cases": slower,
         "unstable_cases": unstable,

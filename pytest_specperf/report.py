@@ -59,6 +59,14 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f}%"
 
 
+def _change_cell(base: float, now: float, step: float) -> str:
+    """Relative change, or the difference in ms where the base is under 1% of the step
+    (``unaccounted`` growing from 0.03 ms to 9.2 ms is "+9.20 ms", not "+35241%")."""
+    if base <= 0 or (step and base < 0.01 * step and abs(now - base) > base):
+        return f"{now - base:+.2f} ms"
+    return _pct(now / base - 1)
+
+
 def phase_table(run: DecodeRun, base: CaseBaseline | None) -> list[str]:
     """Per-phase medians now (and at baseline), with change and share of the step."""
     step = run.summaries["step"].median
@@ -73,7 +81,7 @@ def phase_table(run: DecodeRun, base: CaseBaseline | None) -> list[str]:
             name,
             f"{b.median:.3f}" if b else "-",
             f"{now:.3f}",
-            _pct(now / b.median - 1) if b and b.median else "-",
+            _change_cell(b.median, now, step) if b else "-",
             f"{now / step * 100:.1f}%" if step else "-",
         ]
         if run.has_device_times:

@@ -27,3 +27,12 @@ def test_most_changed_without_a_regression_is_the_largest_change():
     outcome = SimpleNamespace(verdict=SimpleNamespace(metrics=metrics))
     assert most_changed(outcome).metric == "draft"
     assert most_changed(SimpleNamespace(verdict=SimpleNamespace(metrics=[]))) is None
+
+
+def test_change_of_a_near_zero_phase_is_shown_in_ms():
+    from pytest_specperf.report import _change_cell
+
+    assert _change_cell(0.026, 9.231, 44.0) == "+9.21 ms"
+    assert _change_cell(26.36, 28.03, 35.9) == "+6.3%"
+    assert _change_cell(0.018, 0.017, 44.0) == "-5.6%"  # small and steady: relative is fine
+    assert _change_cell(0.0, 0.5, 44.0) == "+0.50 ms"
