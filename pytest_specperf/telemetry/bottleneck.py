@@ -178,6 +178,11 @@ class Bottleneck:
         return ", ".join(parts)
 
 
+def _largest_phase(label: str, phase_ms: dict[str, float], step: float) -> str:
+    name, ms = max(phase_ms.items(), key=lambda kv: kv[1])
+    return f"{label}: {name} {ms:.1f} ms ({_pct(ms / step)})"
+
+
 def _pct(share: float) -> str:
     return f"{share * 100:.0f}%" if math.isfinite(share) else "?%"
 
@@ -232,8 +237,7 @@ def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bott
             "is outside every named phase"
         )
         if figures.host_ms:
-            name, ms = max(figures.host_ms.items(), key=lambda kv: kv[1])
-            reasons.append(f"largest phase: {name} {ms:.1f} ms ({_pct(ms / step)})")
+            reasons.append(_largest_phase("largest phase", figures.host_ms, step))
         return Bottleneck("unknown", reasons, out)
 
     out["device_busy_ms"] = sum(figures.device_ms.values())
@@ -276,8 +280,7 @@ def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bott
                 "phase: a host-side stall"
             )
         elif figures.host_ms:
-            name, ms = max(figures.host_ms.items(), key=lambda kv: kv[1])
-            reasons.append(f"largest host phase: {name} {ms:.1f} ms ({_pct(ms / step)})")
+            reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
         return Bottleneck("host-bound", reasons, out)
 
     memory_reasons: list[str] = []
