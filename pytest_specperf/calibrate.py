@@ -30,7 +30,9 @@ from pytest_specperf.options import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.verdict import (
     RAW_TIME_METRICS,
+    Verdict,
     stored_case_disturbed,
+    stored_verdict,
     would_be_slower,
 )
 
@@ -92,7 +94,7 @@ def _run_outcome(
             head = min(bad, key=lambda m: (m not in ALL_PHASES, -changes[m]))
             gated = [m["metric"] for m in metrics]
             slower.append({"key": case["key"], "head": head, "metrics": bad, "gated": gated})
-        elif case["verdict"] == "UNSTABLE" or stored_case_disturbed(metrics):
+        elif _unstable_at(metrics, tol_phase, tol_step):
             unstable.append(case["key"])
     detected = bool(expect) and any(expect in c["metrics"] for c in slower)
     # Attribution: the injected phase is named and no failing case blames another phase.
@@ -108,6 +110,17 @@ def _run_outcome(
         "cases": len(report.get("cases", [])),
         "judged": judged,
     }
+
+
+def _unstable_at(metrics: list[dict[str, Any]], tol_phase: float, tol_step: float) -> bool:
+    disturbed = stored_case_disturbed(metrics)
+    return any(
+        stored_verdict(
+            m, tol_step if m["metric"] in RAW_TIME_METRICS else tol_phase, case_disturbed=disturbed
+        )
+        is Verdict.UNSTABLE
+        for m in metrics
+    )
 
 
 def slower_at(judged: list[list[dict[str, Any]]], tolerance: float, kind: str) -> list[list[str]]:

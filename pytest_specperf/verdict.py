@@ -444,12 +444,13 @@ def judge_points(
     )
 
 
-def would_be_slower(
+def stored_verdict(
     metric: dict[str, Any], tolerance: float, z: float = Z, *, case_disturbed: bool = False
-) -> bool:
-    """Whether a judged metric as stored in the JSON report (``change``, ``noise``,
-    ``share_based``, ``points_based``, ``scatter_ratio``) would be SLOWER at ``tolerance``:
-    the same rule (``case_disturbed``: see ``stored_case_disturbed``)."""
+) -> Verdict:
+    """The verdict of a judged metric as stored in the JSON report (``change``, ``noise``,
+    ``share_based``, ``points_based``, ``scatter_ratio``) at ``tolerance``: the same rule
+    as ``judge_metric`` and ``downgrade_disturbed`` (``case_disturbed``: see
+    ``stored_case_disturbed``)."""
     higher = bool(metric.get("points_based")) or (
         not metric.get("share_based") and metric["metric"] in HIGHER_IS_BETTER
     )
@@ -457,11 +458,19 @@ def would_be_slower(
         float(metric["change"]), float(metric["noise"]), tolerance, higher_is_better=higher, z=z
     )
     ratio = metric.get("scatter_ratio")
-    if isinstance(ratio, (int, float)) and is_disturbed(float(ratio)):
-        return False  # judge_metric makes a disturbed SLOWER UNSTABLE
+    disturbed = isinstance(ratio, (int, float)) and is_disturbed(float(ratio))
     if case_disturbed and metric["metric"] in DISTURBABLE_METRICS:
-        return False  # so does downgrade_disturbed, case-wide
-    return v is Verdict.SLOWER
+        disturbed = True
+    if disturbed and v in (Verdict.SLOWER, Verdict.FASTER):
+        return Verdict.UNSTABLE
+    return v
+
+
+def would_be_slower(
+    metric: dict[str, Any], tolerance: float, z: float = Z, *, case_disturbed: bool = False
+) -> bool:
+    """Whether a stored judged metric would be SLOWER at ``tolerance`` (``stored_verdict``)."""
+    return stored_verdict(metric, tolerance, z, case_disturbed=case_disturbed) is Verdict.SLOWER
 
 
 def judge_gate(

@@ -165,3 +165,9 @@ def test_run_outcome_judges_stored_metrics_by_the_current_rule():
 def test_cli_tolerance_errors(capsys):
     assert cli.main(["calibrate", "--tolerance", "seven"]) == 2
     assert "--tolerance 'seven'" in capsys.readouterr().err
+
+
+def test_unstable_is_rejudged_at_the_tolerance_too():
+    wobbly = _case("ctx=32768", "UNSTABLE", [("verify", "UNSTABLE", 0.02, 0.02)])
+    assert _run_outcome({"cases": [wobbly]}, None, (0.05, 0.15))["unstable_cases"] == ["ctx=32768"]
+    assert _run_outcome({"cases": [wobbly]}, None, (0.07, 0.15))["unstable_cases"] == []
