@@ -55,7 +55,7 @@ def main() -> None:
     table = {}
     print(f"1. step time by phase (tiny config, contiguous KV, {args.threads} thread(s))")
     hdr = f"{'context':>8} {'step ms':>8} " + " ".join(f"{p[:10]:>10}" for p in PHASES) + \
-        f" {'unacc':>7} {'accept':>7}"
+        f" {'unacc':>7} {'acc/step':>8}"
     print(hdr)
     for ctx in (1024, 8192, 32768, 46000):
         recs, acc_tok, acc_steps = [], 0, 0
@@ -67,12 +67,12 @@ def main() -> None:
         row = {p: st.median(x.host_ns[p] for x in recs) / 1e6 for p in PHASES}
         row["unaccounted"] = st.median(x.unaccounted_ns for x in recs) / 1e6
         row["step"] = st.median(x.step_ns for x in recs) / 1e6
-        row["accept"] = acc_tok / acc_steps
+        row["accept_len"] = acc_tok / acc_steps
         table[ctx] = row
         print(f"{ctx:>8} {row['step']:8.2f} " + " ".join(f"{row[p]:10.3f}" for p in PHASES)
-              + f" {row['unaccounted']:7.3f} {row['accept']:7.2f}")
+              + f" {row['unaccounted']:7.3f} {row['accept_len']:7.2f}")
     out["phases"] = table
-    acc = [table[c]["accept"] for c in table]
+    acc = [table[c]["accept_len"] for c in table]
     print("mean accepted tokens per step (real acceptance, 3 prompts x 48 tokens each): "
           + ", ".join(f"{c}: {a:.2f}" for c, a in zip(table, acc)))
 

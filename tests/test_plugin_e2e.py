@@ -105,7 +105,7 @@ def test_forced_regression_fails_the_test_and_names_the_phase(pytester, recorded
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*verify +*% (* -> * ms, tol 5%, noise +-*%; judged against the rest of the "
+            "*verify +*% (* -> * ms, tol 7%, noise +-*%; judged against the rest of the "
             "step, raw +*%) at ctx=2048 kv=contiguous [[]baselines/test-box.yaml[]]",
             "*phase*base ms*now ms*change*share*",
             "*verify*",

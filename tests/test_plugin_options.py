@@ -27,7 +27,7 @@ def test_every_option_is_listed_in_help(pytester):
 def test_defaults(pytester):
     pytester.makepyfile(SHOW)
     result = pytester.runpytest("-s")
-    result.stdout.fnmatch_lines(["*SETTINGS reference 0.05 0.15 32 8 None () False baselines 32768"])
+    result.stdout.fnmatch_lines(["*SETTINGS reference 0.07 0.25 32 8 None () False baselines 32768"])
 
 
 def test_ini_twins_and_command_line_wins(pytester):
@@ -48,7 +48,7 @@ def test_ini_twins_and_command_line_wins(pytester):
     result = pytester.runpytest("-s")
     result.stdout.fnmatch_lines(
         [
-            "*SETTINGS reference 0.12 0.15 16 8 my-box ('--page-size=32', '--threads=1') True baselines 1000"
+            "*SETTINGS reference 0.12 0.25 16 8 my-box ('--page-size=32', '--threads=1') True baselines 1000"
         ]
     )
     result = pytester.runpytest(
@@ -59,7 +59,7 @@ def test_ini_twins_and_command_line_wins(pytester):
         "--specperf-server-arg=--x=1",
     )
     result.stdout.fnmatch_lines(
-        ["*SETTINGS reference 0.05 0.15 40 8 other ('--x=1',) True baselines 1000"]
+        ["*SETTINGS reference 0.05 0.25 40 8 other ('--x=1',) True baselines 1000"]
     )
 
 
