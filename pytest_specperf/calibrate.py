@@ -313,6 +313,7 @@ class Calibration:
                 tag = f"rep{rep:02d}-{_slug(cond.name)}"
                 done = self._resumed(tag)
                 dt: float | None
+                report: dict[str, Any] | None
                 if done is not None:
                     rc, report, dt = done
                     resumed += 1

@@ -178,7 +178,7 @@ class Bottleneck:
         return ", ".join(parts)
 
 
-def _largest_phase(label: str, phase_ms: dict[str, float], step: float) -> str:
+def _largest_phase(label: str, phase_ms: Mapping[str, float], step: float) -> str:
     name, ms = max(phase_ms.items(), key=lambda kv: kv[1])
     return f"{label}: {name} {ms:.1f} ms ({_pct(ms / step)})"
 
