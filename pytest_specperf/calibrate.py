@@ -306,7 +306,6 @@ class Calibration:
         plan.write_text(json.dumps(names))
         total = len(conds) * self.args.repetitions
         n = 0
-        resumed = 0
         for rep in range(self.args.repetitions):
             for cond in conds:
                 n += 1
@@ -316,7 +315,6 @@ class Calibration:
                 report: dict[str, Any] | None
                 if done is not None:
                     rc, report, dt = done
-                    resumed += 1
                 else:
                     extra = ["--specperf-inject", cond.inject] if cond.inject else []
                     hog = _start_hog() if cond.hog else None
@@ -351,7 +349,7 @@ class Calibration:
                     + ("  (resumed)" if done is not None else ""),
                     flush=True,
                 )
-        return self.summarize(conds, base, stall_ms, ref_step, resumed)
+        return self.summarize(conds, base, stall_ms, ref_step)
 
     def summarize(
         self,
@@ -359,11 +357,10 @@ class Calibration:
         base: dict[str, Any],
         stall_ms: float,
         ref_step: float,
-        resumed: int = 0,
     ) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         # Wall time of the whole calibration: this process, plus the runs it resumed.
-        wall += sum(r["wall_s"] or 0.0 for c in conds for r in c.runs if r.get("resumed"))
+        wall += sum(r["wall_s"] or 0.0 for c in conds for r in c.runs if r["resumed"])
         rows: list[dict[str, Any]] = []
         for c in conds:
             k = len(c.runs)
@@ -410,7 +407,7 @@ class Calibration:
             "reference_step_ms": ref_step,
             "smallest_detected_95": smallest[0] if smallest else None,
             "wall_s": round(wall, 1),
-            "resumed_runs": resumed,
+            "resumed_runs": sum(1 for c in conds for r in c.runs if r["resumed"]),
             "conditions": rows,
             "baseline_cases": [c["key"] for c in base["cases"]],
             "work_dir": str(self.work),

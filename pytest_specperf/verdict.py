@@ -175,6 +175,13 @@ def is_disturbed(ratio: float | None) -> bool:
     return ratio is not None and (ratio > DISTURBED_RATIO or ratio < 1 / DISTURBED_RATIO)
 
 
+def _undecided_if_disturbed(verdict: Verdict, disturbed: bool) -> Verdict:
+    """SLOWER or FASTER of a disturbed run or case becomes UNSTABLE (the one place)."""
+    if disturbed and verdict in (Verdict.SLOWER, Verdict.FASTER):
+        return Verdict.UNSTABLE
+    return verdict
+
+
 def noisiest_phase(metrics: dict[str, Summary]) -> tuple[str, float] | None:
     """The phase (judged form) whose blocks scatter most in one run, and that scatter."""
     step = metrics.get("step")
@@ -230,9 +237,9 @@ def downgrade_disturbed(metrics: list[MetricVerdict], case_ratio: float | None) 
     for m in metrics:
         if m.metric not in DISTURBABLE_METRICS:
             continue
-        if m.verdict in (Verdict.SLOWER, Verdict.FASTER):
-            m.verdict = Verdict.UNSTABLE
-            m.steps_to_decide = None
+        undecided = _undecided_if_disturbed(m.verdict, True)
+        if undecided is not m.verdict:
+            m.verdict, m.steps_to_decide = undecided, None
         if not m.disturbed:
             m.scatter_ratio = case_ratio
 
@@ -307,8 +314,8 @@ def judge_metric(
     noise = paired_noise(base, now)
     verdict = decide(change, noise, tolerance, higher_is_better=metric in HIGHER_IS_BETTER, z=z)
     ratio = disturbance(base, now)
-    if is_disturbed(ratio) and verdict in (Verdict.SLOWER, Verdict.FASTER):
-        verdict = Verdict.UNSTABLE  # the machine, not the code, moved this run
+    # the machine, not the code, moved a disturbed run
+    verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio))
     steps = (
         steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
     )
@@ -461,9 +468,7 @@ def stored_verdict(
     disturbed = isinstance(ratio, (int, float)) and is_disturbed(float(ratio))
     if case_disturbed and metric["metric"] in DISTURBABLE_METRICS:
         disturbed = True
-    if disturbed and v in (Verdict.SLOWER, Verdict.FASTER):
-        return Verdict.UNSTABLE
-    return v
+    return _undecided_if_disturbed(v, disturbed)
 
 
 def would_be_slower(
