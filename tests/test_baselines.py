@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from pytest_specperf.baselines import (
+from pytest_specperf.judging.baselines import (
     SCHEMA_VERSION,
     BaselineError,
     CaseBaseline,
@@ -16,7 +16,7 @@ from pytest_specperf.baselines import (
     load_baselines,
     write_baselines,
 )
-from pytest_specperf.stats import summarize
+from pytest_specperf.judging.stats import summarize
 
 FP = {
     "backend": "reference",

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from pytest_specperf.inject import Injector, InjectSpec, parse_inject
 from pytest_specperf.probe import StepProbe
+from pytest_specperf.probe.inject import Injector, InjectSpec, parse_inject
 
 
 def test_parse_spec():

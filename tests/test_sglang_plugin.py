@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pytest_specperf.engines import base
+from pytest_specperf.engines import protocol as base
 from pytest_specperf.engines.sglang import sgl_plugin
 from pytest_specperf.engines.sglang.hooks import ProbeRuntime
 from pytest_specperf.engines.sglang.phase_map import PhaseMap, load_builtin, parse_map

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from pytest_specperf import __version__
-from pytest_specperf.engines.base import ENV_INJECT, ENV_NVTX
+from pytest_specperf.engines.protocol import ENV_INJECT, ENV_NVTX
 from pytest_specperf.engines.reference.config import CONFIGS, get_config
 from pytest_specperf.engines.reference.engine import (
     ALGORITHMS,
@@ -43,7 +43,7 @@ from pytest_specperf.engines.reference.engine import (
     RequestError,
 )
 from pytest_specperf.engines.reference.kv import LAYOUTS
-from pytest_specperf.inject import Injector, parse_inject
+from pytest_specperf.probe.inject import Injector, parse_inject
 
 #: Request bodies above this size are refused with 413 before being read.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -24,7 +24,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pytest_specperf.engines.base import ENV_RUN_DIR, ENV_SGLANG_PLUGIN, BackendUnavailable
+from pytest_specperf.engines.protocol import ENV_RUN_DIR, ENV_SGLANG_PLUGIN, BackendUnavailable
 
 #: Flags the plugin sets itself.
 RESERVED = {

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pytest_specperf.engines.sglang.hooks import ProbeRuntime
     from pytest_specperf.engines.sglang.phase_map import HookEntry, PhaseMap
 
-#: Same names as in pytest_specperf.engines.base (not imported: this module must stay
+#: Same names as in pytest_specperf.engines.protocol (not imported: this module must stay
 #: cheap to import in every SGLang process).
 ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"
 ENV_RUN_DIR = "SPECPERF_RUN_DIR"
@@ -83,7 +83,7 @@ def load() -> None:
         injector = None
         inject_text = os.environ.get(ENV_INJECT, "").strip()
         if inject_text:
-            from pytest_specperf.inject import Injector, parse_inject
+            from pytest_specperf.probe.inject import Injector, parse_inject
 
             spec = parse_inject(inject_text)  # validated by the plugin before launch
             injector = Injector(spec, device="cuda")

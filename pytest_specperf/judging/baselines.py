@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.stats import Summary
+from pytest_specperf.judging.stats import Summary
 
 SCHEMA_VERSION = 1
 #: Fingerprint fields that must match for a baseline to be comparable.

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.base import Backend, BackendSettings
+from pytest_specperf.engines.protocol import Backend, BackendSettings
 from pytest_specperf.server import (
     ServerClient,
     ServerProcess,
@@ -25,14 +25,17 @@ class ModelServer:
     backend: Backend
     url: str
     client: ServerClient
-    run_dir: Path | None
     server_info: dict[str, Any]
     fingerprint: dict[str, Any]
     process: ServerProcess | None = None
     log_path: Path | None = None
     startup_s: float = 0.0
     attached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the server's probe writes step records (the backend's binding)."""
+        return self.backend.run_dir
 
     @property
     def speculative(self) -> bool:
@@ -106,7 +109,6 @@ def start_server(
             backend=backend,
             url=client.base_url,
             client=client,
-            run_dir=run_dir,
             server_info=info,
             fingerprint=fp,
             process=proc,
@@ -134,11 +136,12 @@ def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServ
             "(reference server: --run-dir; SGLang: SPECPERF_RUN_DIR with "
             "SPECPERF_SGLANG_PLUGIN=1 in the server's environment)"
         )
+    backend.bind(run_dir)
+    backend.check_attached(info)
     return ModelServer(
         backend=backend,
         url=client.base_url,
         client=client,
-        run_dir=run_dir,
         server_info=info,
         fingerprint=backend.fingerprint(info),
         attached=True,
