@@ -16,7 +16,10 @@ from pytest_specperf.baselines import (
     BaselineError,
     BaselineFile,
     CaseBaseline,
+    CaseProblem,
+    WriteResult,
     fingerprint_mismatch,
+    identity_of,
     load_baselines,
     write_baselines,
 )
@@ -123,7 +126,7 @@ class SpecperfSession:
         self._device: DeviceInfo | None = None
         self._baselines: BaselineFile | None = None
         self._baselines_loaded = False
-        self.written: BaselineFile | None = None
+        self.written: WriteResult | None = None
         self.errors: list[str] = []
         self.telemetry_note: str | None = None
         self.noisy_baselines: list[str] = []
@@ -194,12 +197,15 @@ class SpecperfSession:
             bf = self.baselines()
         except BaselineError as e:
             raise pytest.fail(str(e), pytrace=False) from None
-        base = bf.get(test, key) if bf else None
+        found = bf.lookup(identity_of(fp), test, key) if bf else None
+        base = found if isinstance(found, CaseBaseline) else None
         tol = Tolerances(
             phase=opts.tolerance or self.settings.tolerance,
             step=opts.step_tolerance or self.settings.step_tolerance,
         )
-        if base is None:
+        if isinstance(found, CaseProblem):
+            verdict = CaseVerdict(Verdict.INVALID, reasons=[found.message])
+        elif base is None:
             where = self.display_path(path)
             why = f"no baseline for {key} in {where}" if bf else f"no baseline file {where}"
             verdict = CaseVerdict(Verdict.NO_BASELINE, reasons=[why])
@@ -294,17 +300,14 @@ class SpecperfSession:
         return CaseVerdict(v, metrics, reasons)
 
     def _as_baseline(self, test: str, key: str, run: DecodeRun, fp: dict[str, Any]) -> CaseBaseline:
-        now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-        return CaseBaseline(
+        pid = self.server.server_info.get("pid") if self.server is not None else None
+        return CaseBaseline.from_run(
             test=test,
             key=key,
-            context_len=run.context_len,
-            kv_layout=run.kv_layout.label,
-            batch_size=run.batch_size,
             fingerprint=fp,
-            recorded_at=now.isoformat(),
             steps=run.steps,
-            metrics=dict(run.summaries),
+            metrics=run.summaries,
+            pid=pid if isinstance(pid, int) else None,
         )
 
     def judge_item(self, item: pytest.Item, handle: SpecperfHandle) -> None:
