@@ -139,6 +139,18 @@ def _too_big(path: Path, size: int, limit: int) -> BaselineError:
     )
 
 
+def _read_at_most(fh: Any, limit: int) -> bytes:
+    """Read to the end or to ``limit`` bytes, in chunks (no buffer of the limit's size)."""
+    chunks, total = [], 0
+    while total < limit:
+        chunk = fh.read(min(64 * 1024, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
+
+
 def read_bounded(path: Path, max_bytes: int) -> str | None:
     """The text of ``path`` (through a link), ``None`` if there is no file; never blocks
     on a FIFO or reads more than ``max_bytes + 1`` bytes."""
@@ -160,7 +172,7 @@ def read_bounded(path: Path, max_bytes: int) -> str | None:
         fst = os.fstat(fh.fileno())
         if not stat.S_ISREG(fst.st_mode):  # replaced between stat and open
             raise _not_regular(path, target, fst.st_mode)
-        data = fh.read(max_bytes + 1)
+        data = _read_at_most(fh, max_bytes + 1)
     if len(data) > max_bytes:  # grew since the stat
         raise _too_big(path, len(data), max_bytes)
     try:
@@ -263,6 +275,10 @@ def check_shape(text: str, path: Path) -> None:
             elif isinstance(event, yaml.AliasEvent):
                 shape.alias(event)
     except yaml.YAMLError as e:
+        if "flow level" in str(e) or "indent level" in str(e):  # libyaml's own depth limit
+            raise BaselineError(
+                path, f"refused: nesting deeper than {MAX_DEPTH} levels; {_RERECORD}"
+            ) from None
         raise BaselineError(
             path, f"malformed YAML: {str(e)[:600]}; fix the file, or {_RERECORD}"
         ) from None
@@ -371,7 +387,10 @@ def locked(target: Path, timeout: float) -> Iterator[None]:
         now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now.isoformat()}
         with contextlib.suppress(OSError):
-            _holder_path(target).write_text(json.dumps(info), encoding="utf-8")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(_holder_path(target), flags, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(info))
         yield
     finally:
         with contextlib.suppress(OSError):

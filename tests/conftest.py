@@ -80,16 +80,31 @@ def make_run():
                 for p, ms in SYNTHETIC_PHASE_MS.items()
             }
             unaccounted = int(30_000 * jitter)
-            records.append(StepRecord(
-                step=i, wall_ns=i, mode="decode", rids=["r"], context_len=8192, batch_size=1,
-                accepted_tokens=1 + (i + seed) % 4, step_ns=sum(host.values()) + unaccounted,
-                host_ns=host, unaccounted_ns=unaccounted,
-            ))
+            records.append(
+                StepRecord(
+                    step=i,
+                    wall_ns=i,
+                    mode="decode",
+                    rids=["r"],
+                    context_len=8192,
+                    batch_size=1,
+                    accepted_tokens=1 + (i + seed) % 4,
+                    step_ns=sum(host.values()) + unaccounted,
+                    host_ns=host,
+                    unaccounted_ns=unaccounted,
+                )
+            )
         blocks = [i // 4 for i in range(steps)]
         return build_run(
-            records, blocks, context_len=8192, batch_size=1,
-            layout=KVLayout("contiguous", 1.0), fragmentation=None, wall_s=1.0,
-            warmup_steps=0, reference={b: 6.5 * scale for b in set(blocks)},
+            records,
+            blocks,
+            context_len=8192,
+            batch_size=1,
+            layout=KVLayout("contiguous", 1.0),
+            fragmentation=None,
+            wall_s=1.0,
+            warmup_steps=0,
+            reference={b: 6.5 * scale for b in set(blocks)},
         )
 
     return make
@@ -100,12 +115,24 @@ def make_case(make_run):
     """A just-measured CaseBaseline of a synthetic run (see ``make_run``)."""
     from pytest_specperf.baselines import CaseBaseline
 
-    def make(test="perf_tests/t.py::test_d", key="ctx=8192 kv=contiguous bs=1", *,
-             fingerprint=None, pid=None, at=None, **run_kw):
+    def make(
+        test="perf_tests/t.py::test_d",
+        key="ctx=8192 kv=contiguous bs=1",
+        *,
+        fingerprint=None,
+        pid=None,
+        at=None,
+        **run_kw,
+    ):
         run = make_run(**run_kw)
         return CaseBaseline.from_run(
-            test=test, key=key, fingerprint=fingerprint or REFERENCE_FP, steps=run.steps,
-            metrics=run.summaries, pid=pid, at=at,
+            test=test,
+            key=key,
+            fingerprint=fingerprint or REFERENCE_FP,
+            steps=run.steps,
+            metrics=run.summaries,
+            pid=pid,
+            at=at,
         )
 
     return make

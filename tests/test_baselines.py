@@ -51,8 +51,12 @@ def _case_lines(text: str, key: str) -> int:
     start = next(i for i, line in enumerate(lines) if line.strip() == f"{key}:")
     indent = len(lines[start]) - len(lines[start].lstrip())
     end = next(
-        (j for j in range(start + 1, len(lines))
-         if len(lines[j]) - len(lines[j].lstrip()) <= indent and not lines[j].startswith(" " * indent + "-")),
+        (
+            j
+            for j in range(start + 1, len(lines))
+            if len(lines[j]) - len(lines[j].lstrip()) <= indent
+            and not lines[j].startswith(" " * indent + "-")
+        ),
         len(lines),
     )
     return end - start
@@ -72,17 +76,24 @@ def test_round_trip(tmp_path, make_case):
     for m, s in case.metrics.items():
         assert got.metrics[m].value == s.value == stable(s.value)
         assert got.metrics[m].blocks == s.blocks
-    assert got.metrics["verify/rest"].blocks and not got.metrics["verify"].blocks  # judged form only
+    assert (
+        got.metrics["verify/rest"].blocks and not got.metrics["verify"].blocks
+    )  # judged form only
     text = path.read_text()
     assert text.startswith(f"schema_version: {SCHEMA_VERSION}\n")
-    assert "    identity: {backend: reference, model: tiny, draft_model: null, algorithm: DFLASH}" in text
+    assert (
+        "    identity: {backend: reference, model: tiny, draft_model: null, algorithm: DFLASH}"
+        in text
+    )
     assert "            step: [" in text  # number lists stay on one line
     assert dump_baselines(loaded) == text  # stable: re-dumping changes nothing
 
 
 def test_update_appends_runs_and_keeps_everything_else(tmp_path, make_case):
     path = tmp_path / "b.yaml"
-    write_baselines(path, {}, [make_case(key="A"), make_case(key="B"), make_case(test="other::t", key="C")])
+    write_baselines(
+        path, {}, [make_case(key="A"), make_case(key="B"), make_case(test="other::t", key="C")]
+    )
     before = _engine(path)
     write_baselines(path, {"name": "new"}, [make_case(key="B", scale=2.0)])
     after = _engine(path)
@@ -118,11 +129,16 @@ def test_several_runs_in_one_update_pool_in_order(tmp_path, make_case):
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (dict(fingerprint_change={"engine_version": "0.2.0"}), "engine fingerprint changed: engine_version '0.1.0' -> '0.2.0'"),
+        (
+            dict(fingerprint_change={"engine_version": "0.2.0"}),
+            "engine fingerprint changed: engine_version '0.1.0' -> '0.2.0'",
+        ),
         (dict(steps=24), "steps per run changed: 16 -> 24"),
     ],
 )
-def test_a_changed_engine_or_step_count_starts_over(tmp_path, make_case, reference_fp, change, reason):
+def test_a_changed_engine_or_step_count_starts_over(
+    tmp_path, make_case, reference_fp, change, reason
+):
     path = tmp_path / "b.yaml"
     write_baselines(path, {}, [make_case(pid=1), make_case(pid=2)])
     fp = dict(reference_fp, **change.pop("fingerprint_change", {}))
@@ -142,8 +158,13 @@ def test_identities_never_read_or_overwrite_each_other(tmp_path, make_case):
     bf = load_baselines(path)
     ref, sgl = bf.lookup(REF, TEST, KEY), bf.lookup(identity_of(SGLANG_FP), TEST, KEY)
     assert [r.pid for r in ref.runs] == [1, 3] and [r.pid for r in sgl.runs] == [2]
-    assert sgl.fingerprint == SGLANG_FP and sgl.metrics["step"].value > 2.5 * ref.metrics["step"].value
-    assert _engine(path, "sglang /models/Qwen3-8B draft=/models/Qwen3-8B-DFlash DFLASH") == sglang_before
+    assert (
+        sgl.fingerprint == SGLANG_FP and sgl.metrics["step"].value > 2.5 * ref.metrics["step"].value
+    )
+    assert (
+        _engine(path, "sglang /models/Qwen3-8B draft=/models/Qwen3-8B-DFlash DFLASH")
+        == sglang_before
+    )
     other_model = identity_of(dict(SGLANG_FP, model="/models/Llama-3.1-8B"))
     assert bf.lookup(other_model, TEST, KEY) is None
     assert sorted(i.key for i in bf.identities()) == [
@@ -153,11 +174,16 @@ def test_identities_never_read_or_overwrite_each_other(tmp_path, make_case):
 
 
 def test_identity_derivation():
-    assert identity_of({"backend": "reference", "config": "tiny", "speculative_algorithm": "DFLASH"}) == REF
+    assert (
+        identity_of({"backend": "reference", "config": "tiny", "speculative_algorithm": "DFLASH"})
+        == REF
+    )
     ident = identity_of(SGLANG_FP)
     assert ident.to_dict() == {
-        "backend": "sglang", "model": "/models/Qwen3-8B",
-        "draft_model": "/models/Qwen3-8B-DFlash", "algorithm": "DFLASH",
+        "backend": "sglang",
+        "model": "/models/Qwen3-8B",
+        "draft_model": "/models/Qwen3-8B-DFlash",
+        "algorithm": "DFLASH",
     }
     assert identity_of({"backend": "sglang", "model": "m"}).key == "sglang m -"
     with pytest.raises(ValueError, match="no backend name"):
@@ -187,12 +213,36 @@ def test_what_moved(tmp_path, make_case):
 
 def test_format_moved_lines():
     moved = [
-        Moved("reference tiny DFLASH", "t.py::test_decode", "ctx=8192 kv=contiguous bs=1", 2,
-              48.58, 48.71, ("verify", 37.76, 37.81), None),
-        Moved("reference tiny DFLASH", "t.py::test_decode", "ctx=46000 kv=fragmented bs=1", 1,
-              None, 60.0, None, None),
-        Moved("reference tiny DFLASH", "t.py::test_decode", "ctx=2048 kv=contiguous bs=1", 1,
-              10.0, 12.0, ("draft", 2.0, 4.0), "engine fingerprint changed: engine_version '0.1.0' -> '0.2.0'"),
+        Moved(
+            "reference tiny DFLASH",
+            "t.py::test_decode",
+            "ctx=8192 kv=contiguous bs=1",
+            2,
+            48.58,
+            48.71,
+            ("verify", 37.76, 37.81),
+            None,
+        ),
+        Moved(
+            "reference tiny DFLASH",
+            "t.py::test_decode",
+            "ctx=46000 kv=fragmented bs=1",
+            1,
+            None,
+            60.0,
+            None,
+            None,
+        ),
+        Moved(
+            "reference tiny DFLASH",
+            "t.py::test_decode",
+            "ctx=2048 kv=contiguous bs=1",
+            1,
+            10.0,
+            12.0,
+            ("draft", 2.0, 4.0),
+            "engine fingerprint changed: engine_version '0.1.0' -> '0.2.0'",
+        ),
     ]
     assert format_moved(moved) == [
         "t.py::test_decode ctx=8192 kv=contiguous bs=1: step 48.58 -> 48.71 ms (+0.3%); "
@@ -227,9 +277,18 @@ def test_refuses_to_record_an_invalid_measurement(tmp_path, make_case):
     values = dict(bad.latest.values, step=math.nan)
     from pytest_specperf.baseline_schema import make_run as record
 
-    bad = CaseBaseline(bad.test, bad.key, bad.identity, bad.fingerprint, bad.fingerprint_hash,
-                       bad.steps, (record(bad.latest.at, None, values, bad.latest.blocks),))
-    with pytest.raises(BaselineError, match=r"refusing to record .*: value.step: expected a finite number, got nan"):
+    bad = CaseBaseline(
+        bad.test,
+        bad.key,
+        bad.identity,
+        bad.fingerprint,
+        bad.fingerprint_hash,
+        bad.steps,
+        (record(bad.latest.at, None, values, bad.latest.blocks),),
+    )
+    with pytest.raises(
+        BaselineError, match=r"refusing to record .*: value.step: expected a finite number, got nan"
+    ):
         write_baselines(path, {}, [bad])
     assert not path.exists()
 
@@ -245,15 +304,30 @@ ENTRY = "engines: {e: {identity: {backend: reference, model: tiny, draft_model: 
     ("text", "fragment"),
     [
         ("cases: [unclosed", "malformed YAML"),
-        ("schema_version: 7\nengines: {}\n", "schema_version is 7: this pytest-specperf reads versions 1 and 2. If a newer pytest-specperf wrote the file, upgrade"),
+        (
+            "schema_version: 7\nengines: {}\n",
+            "schema_version is 7: this pytest-specperf reads versions 1 and 2. If a newer pytest-specperf wrote the file, upgrade",
+        ),
         ("engines: {}\n", "schema_version is None"),
         ("schema_version: true\n", "schema_version is True"),
         ("- a list\n", "top level: expected a mapping, got a list of 1 item(s)"),
         ("schema_version: 2\nextra: 1\n", "top level: unknown field(s) extra"),
-        ("schema_version: 2\nengines: {e: {identity: {backend: reference}}}\n", "engines['e'].identity: expected a mapping of exactly backend, model, draft_model and algorithm"),
-        ("schema_version: 2\n" + ENTRY + "fingerprints: {h: {backend: sglang}}}}\n", "engines['e'].fingerprints['h']: does not belong to this entry's identity (reference tiny DFLASH)"),
-        ("schema_version: 2\nengines: {a: &i {identity: {backend: r, model: m, draft_model: null, algorithm: null}}, b: *i}\n", "engines 'a' and 'b' have the same identity"),
-        ("!!python/object/apply:os.system ['echo pwned']\n", "refused: the file uses a YAML tag that safe loading does not allow"),
+        (
+            "schema_version: 2\nengines: {e: {identity: {backend: reference}}}\n",
+            "engines['e'].identity: expected a mapping of exactly backend, model, draft_model and algorithm",
+        ),
+        (
+            "schema_version: 2\n" + ENTRY + "fingerprints: {h: {backend: sglang}}}}\n",
+            "engines['e'].fingerprints['h']: does not belong to this entry's identity (reference tiny DFLASH)",
+        ),
+        (
+            "schema_version: 2\nengines: {a: &i {identity: {backend: r, model: m, draft_model: null, algorithm: null}}, b: *i}\n",
+            "engines 'a' and 'b' have the same identity",
+        ),
+        (
+            "!!python/object/apply:os.system ['echo pwned']\n",
+            "refused: the file uses a YAML tag that safe loading does not allow",
+        ),
         ("schema_version: 2\nengines: !!set {a}\n", "refused: the file uses a YAML tag"),
         ("schema_version: 2\nat: 2001-13-45\n", "cannot be read as plain data: ValueError"),
         (b"schema_version: 2\n\xff\xfe".decode("latin-1"), "malformed YAML"),
@@ -286,23 +360,36 @@ def _corrupt(path: Path, edit) -> CaseProblem:
 def _set(field, metric, value):
     def edit(case):
         case[field][metric] = value
+
     return edit
 
 
 @pytest.mark.parametrize(
     ("edit", "fragment"),
     [
-        (lambda c: c.update(value={}), "value: missing required metric(s) step, unaccounted, accept_len"),
+        (
+            lambda c: c.update(value={}),
+            "value: missing required metric(s) step, unaccounted, accept_len",
+        ),
         (lambda c: c["value"].pop("step"), "value: missing required metric(s) step"),
         (_set("value", "step", [-1]), "value.step: must be > 0, got -1"),
         (_set("value", "verify", [-2.0]), "value.verify: must be >= 0, got -2"),
         (_set("value", "verify/rest", [0]), "value.verify/rest: is 0 while verify takes"),
-        (_set("value", "verify", [float("inf")]), "value.verify: expected a finite number, got inf"),
-        (_set("blocks", "verify/rest", [[1.0, float("nan"), 1.0]]), "blocks.verify/rest: expected a finite number, got nan"),
+        (
+            _set("value", "verify", [float("inf")]),
+            "value.verify: expected a finite number, got inf",
+        ),
+        (
+            _set("blocks", "verify/rest", [[1.0, float("nan"), 1.0]]),
+            "blocks.verify/rest: expected a finite number, got nan",
+        ),
         (_set("value", "step", [1.0, 2.0]), "value.step: has 2 entries, expected one per run (1)"),
         (_set("value", "step", ["fast"]), "value.step: expected a number, got 'fast'"),
         (_set("blocks", "step", [[1.0] * 5000]), "blocks.step: more than 4096 entries"),
-        (lambda c: c.update(fingerprint="0000"), "fingerprint: '0000' is not among this engine's fingerprints"),
+        (
+            lambda c: c.update(fingerprint="0000"),
+            "fingerprint: '0000' is not among this engine's fingerprints",
+        ),
         (lambda c: c.update(runs=[]), "runs: no runs"),
         (lambda c: c.update(steps=0), "steps: expected an integer from 1 to 10000000, got 0"),
         (lambda c: c.update(extra=1), "unknown field(s) extra"),
@@ -327,7 +414,10 @@ def test_an_update_replaces_an_invalid_case_and_keeps_other_identities_raw(tmp_p
     bad_sglang["engines"][sgl]["cases"][TEST][KEY]["value"]["step"] = [0]  # also invalid
     path.write_text(yaml.safe_dump(bad_sglang))
     result = write_baselines(path, {}, [make_case(pid=9)])
-    assert "the stored entry was invalid (value.step: must be > 0, got -1)" in result.moved[0].started_over
+    assert (
+        "the stored entry was invalid (value.step: must be > 0, got -1)"
+        in result.moved[0].started_over
+    )
     bf = load_baselines(path)
     assert [r.pid for r in bf.lookup(REF, TEST, KEY).runs] == [9]
     assert _engine(path, sgl) == bad_sglang["engines"][sgl]  # not this run's: untouched
@@ -337,7 +427,9 @@ def test_an_update_replaces_an_invalid_case_and_keeps_other_identities_raw(tmp_p
 def test_python_tag_is_never_executed_and_file_untouched(tmp_path, make_case):
     marker = tmp_path / "pwned"
     path = tmp_path / "cpu.yaml"
-    path.write_text(f"schema_version: 2\nengines: !!python/object/apply:os.system ['touch {marker}']\n")
+    path.write_text(
+        f"schema_version: 2\nengines: !!python/object/apply:os.system ['touch {marker}']\n"
+    )
     before = path.read_bytes()
     for action in (lambda: load_baselines(path), lambda: write_baselines(path, {}, [make_case()])):
         with pytest.raises(BaselineError, match="refused"):
@@ -348,12 +440,24 @@ def test_python_tag_is_never_executed_and_file_untouched(tmp_path, make_case):
 
 def test_fingerprint_mismatch_lists_fields(reference_fp):
     now = dict(reference_fp, engine_version="0.2.0", torch_version="other")
-    assert fingerprint_mismatch(reference_fp, now) == ["engine_version: baseline '0.1.0', now '0.2.0'"]
+    assert fingerprint_mismatch(reference_fp, now) == [
+        "engine_version: baseline '0.1.0', now '0.2.0'"
+    ]
 
 
 def test_compact_summary_never_invents_a_spread():
-    full = Summary(n=16, median=10.0, mean=10.2, stdev=1.0, mad=0.5, q10=9.0, q90=11.0,
-                   min=8.0, max=12.0, blocks=(9.8, 10.0, 10.3, 10.1))
+    full = Summary(
+        n=16,
+        median=10.0,
+        mean=10.2,
+        stdev=1.0,
+        mad=0.5,
+        q10=9.0,
+        q90=11.0,
+        min=8.0,
+        max=12.0,
+        blocks=(9.8, 10.0, 10.3, 10.1),
+    )
     compact = Summary.compact(10.0, full.blocks, 16)
     assert compact.value == 10.0 and compact.rel_se() == full.rel_se()  # from the blocks
     few = Summary.compact(10.0, (9.9, 10.1), 16)

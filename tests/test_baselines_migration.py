@@ -54,7 +54,9 @@ def _now(v1: dict[str, Summary]) -> dict[str, Summary]:
         now[name] = _scaled(v1[name], 0.9)
     wobble = [1.0, 1.2, 0.8, 1.1, 0.9, 1.15, 0.85, 1.05, 0.95]
     vr = now["verify/rest"]
-    now["verify/rest"] = dataclasses.replace(vr, blocks=tuple(b * w for b, w in zip(vr.blocks, wobble)))
+    now["verify/rest"] = dataclasses.replace(
+        vr, blocks=tuple(b * w for b, w in zip(vr.blocks, wobble))
+    )
     return now
 
 
@@ -65,7 +67,10 @@ def test_the_v1_file_loads_as_one_identity_with_one_run_per_case():
     assert bf.identities() == [REF] and bf.problems() == []
     case = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=46000 kv=fragmented bs=1")
     assert isinstance(case, CaseBaseline) and len(case.runs) == 1 and case.steps == 32
-    assert case.recorded_at.startswith("2026-11-29T") and case.fingerprint["config_hash"] == "1a92d7839362"
+    assert (
+        case.recorded_at.startswith("2026-11-29T")
+        and case.fingerprint["config_hash"] == "1a92d7839362"
+    )
     assert V1.read_bytes() == before  # reading never rewrites
 
 
@@ -85,7 +90,9 @@ def test_migrated_cases_keep_every_value_and_judged_block():
     assert checked == 10 * 12  # step, step/ref, unaccounted, accept_len, tokens/s, 7 x <phase>/rest
 
 
-@pytest.mark.parametrize("tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)])
+@pytest.mark.parametrize(
+    "tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)]
+)
 def test_migrated_cases_judge_identically(tol):
     bf = load_baselines(V1)
     verdicts = set()
@@ -105,7 +112,9 @@ def test_migrated_file_dumps_as_compact_v2(tmp_path):
     text = dump_baselines(load_baselines(V1))
     assert text.startswith("schema_version: 2\n")
     lines = len(text.splitlines())
-    print(f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v2: {lines} lines (10 cases, 1 run each)")
+    print(
+        f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v2: {lines} lines (10 cases, 1 run each)"
+    )
     assert lines < 450
     path = tmp_path / "v2.yaml"
     path.write_text(text)
@@ -137,8 +146,13 @@ def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_update(tmp_path, 
     bf = load_baselines(path)
     neg = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=contiguous bs=1")
     empty = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=fragmented bs=1")
-    assert isinstance(neg, CaseProblem) and "metrics.step.median: must be > 0, got -1" in neg.message
-    assert isinstance(empty, CaseProblem) and "metrics: missing required metric(s) step" in empty.message
+    assert (
+        isinstance(neg, CaseProblem) and "metrics.step.median: must be > 0, got -1" in neg.message
+    )
+    assert (
+        isinstance(empty, CaseProblem)
+        and "metrics: missing required metric(s) step" in empty.message
+    )
     result = write_baselines(path, {}, [make_case()])
     assert result.case_count() == 9
     assert [n.split("]")[0] + "]" for n in result.notes] == [
