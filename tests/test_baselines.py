@@ -468,3 +468,23 @@ def test_compact_summary_never_invents_a_spread():
     now = {"step": Summary.compact(10.5, (10.4, 10.6), 16)}
     verdict = judge_gate("step", {"step": few}, now, tol)
     assert verdict.verdict is Verdict.UNSTABLE  # never SAME on an unknown noise
+
+
+def test_stale_temp_files_of_its_own_naming_are_removed_and_reported(tmp_path, make_case):
+    path = tmp_path / "b.yaml"
+    write_baselines(path, {}, [make_case()])
+    stale = [tmp_path / ".b.yaml.k2j4h1x9.tmp", tmp_path / ".b.yaml.zz.tmp"]
+    others = [
+        tmp_path / ".other.yaml.k2j4h1x9.tmp",
+        tmp_path / "b.yaml.tmp",
+        tmp_path / "notes.tmp",
+    ]
+    for p in stale + others:
+        p.write_text("half a file")
+    result = write_baselines(path, {}, [make_case(pid=2)])
+    assert result.notes == (
+        "removed 2 temporary file(s) left by an interrupted update: .b.yaml.k2j4h1x9.tmp, "
+        ".b.yaml.zz.tmp",
+    )
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in others)
+    assert write_baselines(path, {}, [make_case(pid=3)]).notes == ()
