@@ -358,11 +358,10 @@ class Calibration:
         out = []
         for path in self.baselines.glob("*.yaml"):
             bf = load_baselines(path)
-            for per in bf.cases.values() if bf else ():
-                for key, case in per.items():
-                    worst = noisiest_phase(case.metrics)
-                    if worst is not None and worst[1] > QUIET_SCATTER:
-                        out.append(f"{key} ({worst[0]} {worst[1]:.0%})")
+            for case in bf.all_cases() if bf else ():
+                worst = noisiest_phase(case.metrics)
+                if worst is not None and worst[1] > QUIET_SCATTER:
+                    out.append(f"{case.key} ({worst[0]} {worst[1]:.0%})")
         return out
 
     def conditions(self, stall_ms: float) -> list[Condition]:

@@ -8,13 +8,12 @@ become baselines (``recording_refusal``) and what is stored (``as_baseline``).
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.baselines import CaseBaseline, fingerprint_mismatch
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
 from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
@@ -57,6 +56,8 @@ class Case:
     #: for the KV-read bandwidth of the bottleneck verdict (None where unknown)
     kv_bytes_per_token: float | None = None
     peak_bandwidth_bytes_per_s: float | None = None
+    #: the server process that measured the case (recorded with a baseline run)
+    server_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,9 @@ def compare(
     return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), reasons)
 
 
-def _verdict(case: Case, base: CaseBaseline | None, missing: str) -> CaseVerdict:
+def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) -> CaseVerdict:
+    if isinstance(base, CaseProblem):  # a stored case that fails validation: never compared
+        return CaseVerdict(Verdict.INVALID, reasons=(base.message,))
     if base is None:
         return CaseVerdict(Verdict.NO_BASELINE, reasons=(missing,))
     mismatch = fingerprint_mismatch(base.fingerprint, dict(case.fingerprint))
@@ -143,19 +146,21 @@ def _verdict(case: Case, base: CaseBaseline | None, missing: str) -> CaseVerdict
 
 def judge_case(
     case: Case,
-    base: CaseBaseline | None,
+    found: CaseBaseline | CaseProblem | None,
     baseline_path: Path,
     *,
     missing: str = "no baseline",
     record: bool = False,
 ) -> CaseOutcome:
-    """The verdict of ``case`` against ``base`` (``missing`` says why there is none).
+    """The verdict of ``case`` against its baseline as found (``missing`` says why there
+    is none; a stored case that fails validation is INVALID).
 
     Throttled clocks or another process on the GPU make a compared case INVALID, never
     SLOWER. With ``record``, the outcome is marked recorded; ``recording_refusal`` must
     have been checked first.
     """
-    verdict = _verdict(case, base, missing)
+    verdict = _verdict(case, found, missing)
+    base = found if isinstance(found, CaseBaseline) else None
     run = case.run
     if run.telemetry is not None and verdict.verdict is not Verdict.NO_BASELINE:
         bad = invalid_reasons(run.telemetry)
@@ -199,23 +204,18 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
 
 
 def as_baseline(case: Case) -> CaseBaseline:
-    """What an update stores for ``case``."""
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    """What an update stores for ``case``: one run, with its utilization medians."""
     run = case.run
     metrics: dict[str, Summary] = dict(run.summaries)
     for name, u in run.utilizations.items():
-        # the v1 file keeps a utilization as a one-point summary (median, range, count)
-        metrics[name] = Summary(u.n, u.median, u.median, 0.0, 0.0, u.min, u.max, u.min, u.max)
-    return CaseBaseline(
+        metrics[name] = Summary.compact(u.median, (), u.n)
+    return CaseBaseline.from_run(
         test=case.test,
         key=case.key,
-        context_len=run.context_len,
-        kv_layout=run.kv_layout.label,
-        batch_size=run.batch_size,
-        fingerprint=dict(case.fingerprint),
-        recorded_at=now.isoformat(),
+        fingerprint=case.fingerprint,
         steps=run.steps,
         metrics=metrics,
+        pid=case.server_pid,
     )
 
 

@@ -160,6 +160,11 @@ def rest_form(name: str) -> str:
     return f"{name}{_REST_SUFFIX}"
 
 
+def is_rest_form(name: str) -> bool:
+    """Whether ``name`` is a phase's time relative to the rest of its step."""
+    return name.endswith(_REST_SUFFIX)
+
+
 def device_form(name: str) -> str:
     """Name of ``name``'s device time: ``device.verify``."""
     return f"{_DEVICE_PREFIX}{name}"

@@ -12,7 +12,12 @@ import re
 
 import pytest
 
-from pytest_specperf.judging.baselines import BaselineError, CaseBaseline
+from pytest_specperf.judging.baselines import (
+    BaselineError,
+    CaseBaseline,
+    CaseProblem,
+    identity_of,
+)
 from pytest_specperf.judging.judge import (
     Case,
     CaseOutcome,
@@ -73,11 +78,18 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         speculative=srv.speculative,
         kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
+        server_pid=_pid(srv.server_info.get("pid")),
     )
 
 
-def _baseline(sess: SpecperfSession, case: Case) -> tuple[CaseBaseline | None, str]:
-    """The case's baseline and, when there is none, why."""
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _baseline(
+    sess: SpecperfSession, case: Case
+) -> tuple[CaseBaseline | CaseProblem | None, str]:
+    """The case's baseline (or the problem with it) and, when there is none, why."""
     try:
         bf = sess.baselines()
     except BaselineError as e:
@@ -85,8 +97,11 @@ def _baseline(sess: SpecperfSession, case: Case) -> tuple[CaseBaseline | None, s
     where = sess.display_path(sess.baseline_path)
     if bf is None:
         return None, f"no baseline file {where}"
-    base = bf.get(case.test, case.key)
-    return base, "" if base is not None else f"no baseline for {case.key} in {where}"
+    identity = identity_of(case.fingerprint)
+    found = bf.lookup(identity, case.test, case.key)
+    if found is not None:
+        return found, ""
+    return None, f"no baseline for {case.key} ({identity.key}) in {where}"
 
 
 def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import BaselineError, write_baselines
+from pytest_specperf.judging.baselines import BaselineError, format_moved, write_baselines
 from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.reporting.plot import write_svg
 from pytest_specperf.reporting.report import report_payload, write_report
@@ -76,14 +76,16 @@ def finish(sess: SpecperfSession, session: pytest.Session, exitstatus: int) -> N
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _written_line(sess: SpecperfSession) -> str | None:
-    if sess.written is None:
-        return None
-    n = len(sess.to_record)
-    return (
-        f"baselines written: {sess.display_path(sess.written.path)} "
-        f"({n} case(s) recorded, {sess.written.case_count() - n} kept)"
+def _written_lines(sess: SpecperfSession) -> tuple[str, ...]:
+    """``baselines written: ...``, what moved per recorded case, and the store's notes."""
+    w = sess.written
+    if w is None:
+        return ()
+    head = (
+        f"baselines written: {sess.display_path(w.path)} ({w.recorded} case(s) recorded, "
+        f"{w.case_count() - w.recorded} kept); what moved:"
     )
+    return (head, *(f"  {line}" for line in format_moved(w.moved)), *w.notes)
 
 
 def summary_lines(sess: SpecperfSession) -> list[str]:
@@ -103,7 +105,7 @@ def summary_lines(sess: SpecperfSession) -> list[str]:
         telemetry_note=sess.telemetry_note,
         backend_notes=tuple(sess.server.backend.notes()) if sess.server is not None else (),
         notes=tuple(sess.notes),
-        written=_written_line(sess),
+        written=_written_lines(sess),
         json_path=str(s.json_path) if json_ok else None,
         errors=tuple(sess.errors),
     )

@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_specperf.judging.baselines import BaselineFile, CaseBaseline, load_baselines
+from pytest_specperf.judging.baselines import (
+    BaselineFile,
+    CaseBaseline,
+    WriteResult,
+    load_baselines,
+)
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
@@ -37,8 +42,8 @@ class SpecperfSession:
     #: cases to write with --specperf-update-baselines
     to_record: list[CaseBaseline] = field(default_factory=list)
     server: ModelServer | None = None
-    #: the baseline file after an update wrote it
-    written: BaselineFile | None = None
+    #: what an update wrote
+    written: WriteResult | None = None
     errors: list[str] = field(default_factory=list)
     telemetry_note: str | None = None
     notes: list[str] = field(default_factory=list)

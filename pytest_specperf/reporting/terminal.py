@@ -163,8 +163,8 @@ class RunSummary:
     telemetry_note: str | None = None
     backend_notes: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
-    #: "baselines written: ..." or None
-    written: str | None = None
+    #: "baselines written: ..." and what moved, after an update
+    written: tuple[str, ...] = ()
     json_path: str | None = None
     errors: tuple[str, ...] = field(default_factory=tuple)
 
@@ -209,7 +209,7 @@ def run_summary(s: RunSummary, outcomes: Sequence[CaseOutcome]) -> list[str]:
         lines += [s.telemetry_note] if s.telemetry_note else []
         lines += s.backend_notes
     lines += s.notes
-    lines += [s.written] if s.written else []
+    lines += s.written
     if s.json_path and outcomes:
         lines.append(f"JSON report: {s.json_path} (picture: {_svg_name(s.json_path)})")
     return lines + [f"ERROR: {e}" for e in s.errors]
