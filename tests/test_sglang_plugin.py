@@ -26,7 +26,6 @@ def test_unit_env_names_match_the_backend_protocol() -> None:
     assert sgl_plugin.ENV_SGLANG_PLUGIN == base.ENV_SGLANG_PLUGIN
     assert sgl_plugin.ENV_RUN_DIR == base.ENV_RUN_DIR
     assert sgl_plugin.ENV_PHASE_MAP == base.ENV_PHASE_MAP
-    assert sgl_plugin.ENV_INJECT == base.ENV_INJECT
 
 
 def test_unit_disabled_plugin_is_inert_and_imports_nothing() -> None:

@@ -6,15 +6,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# The ENV_* names live in engines.env; re-exported here for existing importers.
+from pytest_specperf.engines.env import (
+    ENV_INJECT,
+    ENV_NVTX,
+    ENV_PHASE_MAP,
+    ENV_RUN_DIR,
+    ENV_SGLANG_PLUGIN,
+)
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
 
-#: Environment variables read by code running inside server processes.
-ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
-ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entry point hooks
-ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
-ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
-ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
+__all__ = [
+    "ENV_INJECT",
+    "ENV_NVTX",
+    "ENV_PHASE_MAP",
+    "ENV_RUN_DIR",
+    "ENV_SGLANG_PLUGIN",
+    "Backend",
+    "BackendSettings",
+    "BackendUnavailable",
+    "LaunchSpec",
+    "get_backend",
+]
 
 
 class BackendUnavailable(RuntimeError):

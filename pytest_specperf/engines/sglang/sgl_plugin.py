@@ -25,17 +25,19 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+# engines.env imports only the standard library: this module stays cheap to import in
+# every SGLang process.
+from pytest_specperf.engines.env import (
+    ENV_PHASE_MAP,
+    ENV_RUN_DIR,
+    ENV_SGLANG_PLUGIN,
+    probe_setup,
+    run_dir_from_env,
+)
+
 if TYPE_CHECKING:
     from pytest_specperf.engines.sglang.hooks import ProbeRuntime
     from pytest_specperf.engines.sglang.phase_map import HookEntry, PhaseMap
-
-#: Same names as in pytest_specperf.engines.base (not imported: this module must stay
-#: cheap to import in every SGLang process).
-ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"
-ENV_RUN_DIR = "SPECPERF_RUN_DIR"
-ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"
-ENV_INJECT = "SPECPERF_INJECT"
-ENV_NVTX = "SPECPERF_NVTX"
 
 #: The one piece of module state: the runtime of this process once its hooks are
 #: registered. SGLang's hooks are process-wide monkeypatches, so registration must
@@ -55,7 +57,7 @@ def load() -> None:
     import logging
 
     log = logging.getLogger("pytest_specperf.sglang")
-    run_dir = os.environ.get(ENV_RUN_DIR)
+    run_dir = run_dir_from_env()
     if not run_dir:
         log.warning(
             "%s=1 but %s is not set: pytest-specperf probe stays off",
@@ -80,20 +82,13 @@ def load() -> None:
         algo = None if algo is None else str(getattr(algo, "name", algo))
         if algo is not None:
             labels["speculative_algorithm"] = algo
-        injector = None
-        inject_text = os.environ.get(ENV_INJECT, "").strip()
-        if inject_text:
-            from pytest_specperf.inject import Injector, parse_inject
-
-            spec = parse_inject(inject_text)  # validated by the plugin before launch
-            injector = Injector(spec, device="cuda")
-            labels["inject"] = str(spec)
+        setup = probe_setup(device="cuda", labels=labels)  # SPECPERF_INJECT, SPECPERF_NVTX
         rt = ProbeRuntime(
             run_dir,
             rank=rank,
-            labels=labels,
-            injector=injector,
-            nvtx=os.environ.get(ENV_NVTX) == "1",
+            labels=dict(setup.labels),
+            injector=setup.injector,
+            nvtx=setup.nvtx,
         )
         pm = load_builtin(version)
         map_error = None
