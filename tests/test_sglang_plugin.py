@@ -120,6 +120,19 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> type[FakeHookRegistry]:
     return FakeHookRegistry
 
 
+def test_unit_load_takes_inject_and_nvtx_from_the_environment(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECPERF_INJECT", "verify=1.25")
+    monkeypatch.setenv("SPECPERF_NVTX", "1")
+    _in_scheduler(sgl_plugin.load, tp_rank=0)
+    rt = sgl_plugin._runtime
+    assert isinstance(rt, ProbeRuntime)
+    assert rt.labels["inject"] == "verify=1.25" and rt.labels["engine"] == "sglang"
+    assert rt._injector is not None and rt._nvtx is True
+
+
 def test_unit_load_in_a_scheduler_registers_hooks_and_reports(
     fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -88,6 +88,8 @@ HTTP_METHODS = frozenset(
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")
 _DIGITS = re.compile(r"[0-9]+")
+#: Content-Length values this long or longer are not converted (and are refused).
+_HUGE_LENGTH = 10**18
 _CTL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters except HTAB
 _TARGET_BAD = re.compile(r"[\x00-\x20\x7f]")
 
@@ -375,7 +377,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _incomplete(self, what: str) -> None:
         if self.server.deadlines.expired(self.connection):
             raise _Timeout
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"connection ended inside the {what}", close=True)
+        raise _malformed(f"connection ended inside the {what}")
 
     def _read_head(self) -> bool:
         """Read the request line and headers; False when the client closed before sending."""
@@ -387,7 +389,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not line:
                 return False
         else:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, "no request line", close=True)
+            raise _malformed("no request line")
         self._parse_request_line(line.rstrip(b"\r\n").decode("latin-1"))
         self.headers = self._read_headers()
         self._check_headers()
@@ -397,13 +399,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.requestline = text[:200]
         parts = text.split(" ")
         if len(parts) != 3:
-            raise bad(f"malformed request line {text[:80]!r}: expected METHOD TARGET HTTP/1.1")
+            raise _malformed(
+                f"malformed request line {text[:80]!r}: expected METHOD TARGET HTTP/1.1"
+            )
         method, target, version = parts
         m = _VERSION.fullmatch(version)
         if m is None:
-            raise HTTPError(
-                HTTPStatus.BAD_REQUEST, f"bad HTTP version {version[:20]!r}", close=True
-            )
+            raise _malformed(f"bad HTTP version {version[:20]!r}")
         if m.group(1) != "1":
             raise HTTPError(
                 HTTPStatus.HTTP_VERSION_NOT_SUPPORTED,
@@ -413,19 +415,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.request_version = "HTTP/1.0" if m.group(2) == "0" else "HTTP/1.1"
         self.close_connection = self.request_version == "HTTP/1.0"
         if _TOKEN.fullmatch(method) is None:
-            raise bad(f"malformed method {method[:20]!r}")
+            raise _malformed(f"malformed method {method[:20]!r}")
         self.command = method
         self.path = self._request_path(target)
 
     def _request_path(self, target: str) -> str:
         if _TARGET_BAD.search(target):
-            raise bad("the request target holds a control character or space")
+            raise _malformed("the request target holds a control character or space")
         if target.startswith("/"):
             return target
         if target.lower().startswith(("http://", "https://")):  # absolute form: its path
             parts = urllib.parse.urlsplit(target)
             return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        raise bad(f"request target {target[:40]!r} must be a path starting with /")
+        raise _malformed(f"request target {target[:40]!r} must be a path starting with /")
 
     def _read_headers(self) -> http.client.HTTPMessage:
         lines: list[str] = []
@@ -462,11 +464,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _check_headers(self) -> None:
         hosts = self.headers.get_all("Host") or []
         if self.request_version == "HTTP/1.1" and len(hosts) != 1:
-            raise HTTPError(
-                HTTPStatus.BAD_REQUEST,
-                f"an HTTP/1.1 request needs exactly one Host header, got {len(hosts)}",
-                close=True,
-            )
+            raise _malformed(f"an HTTP/1.1 request needs exactly one Host header, got {len(hosts)}")
         conn = (self.headers.get("Connection") or "").lower()
         if "close" in conn:
             self.close_connection = True
@@ -478,11 +476,7 @@ class _Handler(BaseHTTPRequestHandler):
         te = self.headers.get_all("Transfer-Encoding") or []
         cl = self.headers.get_all("Content-Length") or []
         if te and cl:
-            raise HTTPError(
-                HTTPStatus.BAD_REQUEST,
-                "both Transfer-Encoding and Content-Length: send Content-Length only",
-                close=True,
-            )
+            raise _malformed("both Transfer-Encoding and Content-Length: send Content-Length only")
         if te:
             coding = te[-1].split(",")[-1].strip().lower()
             if coding == "chunked":
@@ -497,17 +491,13 @@ class _Handler(BaseHTTPRequestHandler):
                 close=True,
             )
         if len(cl) > 1:
-            raise HTTPError(HTTPStatus.BAD_REQUEST, "more than one Content-Length", close=True)
+            raise _malformed("more than one Content-Length")
         if not cl:
             return 0  # no body (RFC 9112 section 6.3)
         value = cl[0].strip()
         if _DIGITS.fullmatch(value) is None:
-            raise HTTPError(
-                HTTPStatus.BAD_REQUEST,
-                f"Content-Length {value[:40]!r} is not a non-negative decimal number",
-                close=True,
-            )
-        return int(value) if len(value) <= 18 else MAX_DISCARD_BYTES + 1
+            raise _malformed(f"Content-Length {value[:40]!r} is not a non-negative decimal number")
+        return int(value) if len(value) < len(str(_HUGE_LENGTH)) else _HUGE_LENGTH
 
     def _read_body(self) -> bytes:
         n = self._body_length()
@@ -529,13 +519,13 @@ class _Handler(BaseHTTPRequestHandler):
         if len(raw) < n:
             if self.server.deadlines.expired(self.connection):
                 raise _Timeout
-            raise bad(f"the body ended after {len(raw)} of {n} bytes (Content-Length)")
+            raise _malformed(f"the body ended after {len(raw)} of {n} bytes (Content-Length)")
         return raw
 
     def _too_large(self, n: int, *, waiting: bool) -> None:
         """Answer 413 first, then read and drop the body (bounded) and close."""
         limit = self.server.limits.max_body_bytes
-        shown = f"{n} bytes" if n <= MAX_DISCARD_BYTES else "a Content-Length that large"
+        shown = f"{n} bytes" if n < _HUGE_LENGTH else f"a Content-Length of {n} or more bytes"
         self._error(
             HTTPError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -543,9 +533,9 @@ class _Handler(BaseHTTPRequestHandler):
                 close=True,
             )
         )
-        self.wfile.flush()
         if not waiting:  # a client waiting for 100 Continue sends no body
-            self._discard(min(n, MAX_DISCARD_BYTES))
+            with contextlib.suppress(OSError):  # late or gone: the 413 is said already
+                self._discard(min(n, MAX_DISCARD_BYTES))
         raise _Answered
 
     def _discard(self, n: int) -> None:
@@ -703,26 +693,25 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, {"success": True, "path": path})
 
 
+def _malformed(message: str) -> HTTPError:
+    """A 400 for a request whose framing is unknown: the connection closes after it."""
+    return HTTPError(HTTPStatus.BAD_REQUEST, message, close=True)
+
+
 class _Answered(Exception):
     """The response was sent already; the connection closes."""
 
 
 def _check_header_line(line: str) -> str:
     if line[0] in " \t":
-        raise HTTPError(
-            HTTPStatus.BAD_REQUEST, "folded header lines (obs-fold) are not accepted", close=True
-        )
+        raise _malformed("folded header lines (obs-fold) are not accepted")
     name, sep, value = line.partition(":")
     if not sep:
-        raise HTTPError(
-            HTTPStatus.BAD_REQUEST, f"header line {line[:40]!r} has no colon", close=True
-        )
+        raise _malformed(f"header line {line[:40]!r} has no colon")
     if _TOKEN.fullmatch(name) is None:
-        raise HTTPError(HTTPStatus.BAD_REQUEST, f"malformed header name {name[:40]!r}", close=True)
+        raise _malformed(f"malformed header name {name[:40]!r}")
     if _CTL.search(value):
-        raise HTTPError(
-            HTTPStatus.BAD_REQUEST, f"header {name} holds a control character", close=True
-        )
+        raise _malformed(f"header {name} holds a control character")
     return line
 
 

@@ -119,11 +119,15 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def parse_json(raw: bytes) -> Any:
     """Decode a request body; an empty body is ``{}``. Bad or over-limit JSON is a 400."""
-    if not raw.strip():
+    try:
+        text = raw.decode("utf-8")  # JSON between systems is UTF-8 (RFC 8259 section 8.1)
+    except UnicodeDecodeError as e:
+        raise bad(f"the body is not UTF-8: {e}") from None
+    if not text.strip():
         return {}
     try:
         value = json.loads(
-            raw,
+            text,
             parse_int=_int_literal,
             parse_float=_float_literal,
             parse_constant=_constant,
@@ -133,7 +137,7 @@ def parse_json(raw: bytes) -> Any:
         raise bad(f"JSON refused: {e}") from None
     except RecursionError:
         raise bad(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+    except ValueError as e:  # JSONDecodeError
         raise bad(f"malformed JSON: {e}") from None
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:  # else too few to nest that deep
         _check_depth(value)

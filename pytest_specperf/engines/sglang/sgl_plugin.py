@@ -68,28 +68,13 @@ def load() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from pytest_specperf.engines.sglang.hooks import ProbeRuntime
         from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
         from pytest_specperf.engines.sglang.source import installed_version
 
         version = installed_version()
-        rank = _int(ctx.get("tp_rank"))
-        labels = {"engine": "sglang", "sglang_version": str(version)}
-        for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
-            if ctx.get(key) is not None:
-                labels[key] = str(ctx[key])
         algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
         algo = None if algo is None else str(getattr(algo, "name", algo))
-        if algo is not None:
-            labels["speculative_algorithm"] = algo
-        setup = probe_setup(device="cuda", labels=labels)  # SPECPERF_INJECT, SPECPERF_NVTX
-        rt = ProbeRuntime(
-            run_dir,
-            rank=rank,
-            labels=dict(setup.labels),
-            injector=setup.injector,
-            nvtx=setup.nvtx,
-        )
+        rt = _probe_runtime(ctx, run_dir, version, algo)
         pm = load_builtin(version)
         map_error = None
         user_file = os.environ.get(ENV_PHASE_MAP)
@@ -118,6 +103,28 @@ def load() -> None:
         _runtime = rt
     except Exception as e:  # never take the server down
         log.exception("pytest-specperf plugin failed to load: %s", e)
+
+
+def _probe_runtime(
+    ctx: dict[str, Any], run_dir: str, version: str | None, algo: str | None
+) -> ProbeRuntime:
+    """This scheduler's probe runtime: its labels, plus the environment's probe setup."""
+    from pytest_specperf.engines.sglang.hooks import ProbeRuntime
+
+    labels = {"engine": "sglang", "sglang_version": str(version)}
+    for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
+        if ctx.get(key) is not None:
+            labels[key] = str(ctx[key])
+    if algo is not None:
+        labels["speculative_algorithm"] = algo
+    setup = probe_setup(device="cuda", labels=labels)  # SPECPERF_INJECT, SPECPERF_NVTX
+    return ProbeRuntime(
+        run_dir,
+        rank=_int(ctx.get("tp_rank")),
+        labels=dict(setup.labels),
+        injector=setup.injector,
+        nvtx=setup.nvtx,
+    )
 
 
 #: Which families of the phase map each speculative algorithm can use. Entries of a
