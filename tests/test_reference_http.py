@@ -18,6 +18,9 @@ from pytest_specperf.server import ServerClient, ServerHTTPError
 from pytest_specperf.server.client import attach_problem
 
 TIMEOUT_S = 1.0
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="counts threads through /proc (Linux)"
+)
 MAX_CONNECTIONS = 50
 MAX_BODY = 65536
 
@@ -69,6 +72,7 @@ def test_the_plugins_client_sees_413_not_a_broken_pipe(
     assert client.get("/health") == {"status": "ok"}
 
 
+@needs_proc
 def test_forty_stalled_connections_time_out_and_free_their_threads(
     server: tuple[ServerClient, int],
 ) -> None:
@@ -81,8 +85,8 @@ def test_forty_stalled_connections_time_out_and_free_their_threads(
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Stalled: ")  # and nothing more
         socks.append(s)
     t0 = time.monotonic()
-    assert client.get("/health", timeout=2) == {"status": "ok"}  # still serving
-    assert time.monotonic() - t0 < 1
+    assert client.get("/health", timeout=5) == {"status": "ok"}  # still serving
+    assert time.monotonic() - t0 < TIMEOUT_S  # answered before any stalled one timed out
     after = _settle(pid, baseline, TIMEOUT_S + 3)
     answers = []
     for s in socks:
@@ -106,6 +110,7 @@ def test_a_dripping_client_is_cut_at_the_request_deadline(
     assert ex.seconds < TIMEOUT_S + 2
 
 
+@needs_proc
 def test_connections_over_the_cap_get_503_at_once(server: tuple[ServerClient, int]) -> None:
     client, pid = server
     baseline = _settle(pid, 0, 0)
