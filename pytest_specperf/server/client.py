@@ -95,7 +95,7 @@ class ServerClient:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
 
-    def exchange(
+    def _exchange(
         self,
         method: str,
         path: str,
@@ -129,7 +129,7 @@ class ServerClient:
 
     def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        status, raw = self.exchange(method, path, data, timeout=timeout)
+        status, raw = self._exchange(method, path, data, timeout=timeout)
         if status >= 400:
             raise ServerHTTPError(method, self.base_url + path, status, _error_message(raw))
         return _decode(raw)

@@ -21,8 +21,8 @@ answer is JSON, every error a 4xx/5xx with ``{"error": {"message", "code"}}``:
   ``max_connections`` are open, more are answered 503 and closed at once;
 - bad JSON, JSON nested too deep, numbers too long: 400 (see ``schema.parse_json``).
 
-Engine work runs on the main thread, one job at a time (PyTorch's CPU kernels run about
-half as fast when called from a thread other than the one whose OpenMP pool is warm).
+Engine work runs on the main thread, one job at a time (PyTorch's CPU kernels run slower
+when called from a thread other than the one whose OpenMP pool is warm).
 """
 
 from __future__ import annotations
