@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_specperf.engines import env as base
 from pytest_specperf.engines import get_backend
-from pytest_specperf.engines import protocol as base
 from pytest_specperf.engines.protocol import BackendSettings, BackendUnavailable
 from pytest_specperf.engines.sglang import backend as backend_mod
 from pytest_specperf.engines.sglang import kv_fragment, launcher, source

@@ -15,12 +15,13 @@ if TYPE_CHECKING:  # imported in every SGLang process (through sgl_plugin): keep
     from pytest_specperf.probe.record import StepRecord
     from pytest_specperf.server.client import ServerClient
 
-#: Environment variables read by code running inside server processes.
-ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
-ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entry point hooks
-ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
-ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
-ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
+__all__ = [
+    "Backend",
+    "BackendSettings",
+    "BackendUnavailable",
+    "LaunchSpec",
+    "RunDirBinding",
+]
 
 
 class BackendUnavailable(RuntimeError):
@@ -55,6 +56,8 @@ class Backend(Protocol):
     """
 
     name: str
+    #: ``/server_info`` fields a server of this backend answers with (attach checks them)
+    server_info_fields: tuple[str, ...]
 
     @property
     def run_dir(self) -> Path:

@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf.engines.env import ENV_INJECT, ENV_NVTX
 from pytest_specperf.engines.protocol import (
-    ENV_INJECT,
-    ENV_NVTX,
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
@@ -37,6 +36,7 @@ def default_threads() -> int:
 
 class ReferenceBackend(RunDirBinding):
     name = "reference"
+    server_info_fields = ("fingerprint", "config", "run_dir")
 
     def check(self, settings: BackendSettings) -> None:
         import importlib.util

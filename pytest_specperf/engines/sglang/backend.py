@@ -29,12 +29,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.protocol import (
+from pytest_specperf.engines.env import (
     ENV_INJECT,
     ENV_NVTX,
     ENV_PHASE_MAP,
     ENV_RUN_DIR,
     ENV_SGLANG_PLUGIN,
+)
+from pytest_specperf.engines.protocol import (
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
@@ -153,6 +155,7 @@ class SGLangBackend(RunDirBinding):
     """Real SGLang, launched as ``python -m sglang.launch_server`` (or attached to)."""
 
     name = "sglang"
+    server_info_fields = ("model_path", "version")
 
     def __init__(self) -> None:
         self._vocab_size: int | None = None
