@@ -437,12 +437,36 @@ def test_unit_schedule_time_is_carried_into_the_next_decode_step(rt: ProbeRuntim
     assert r.step_ns >= carried
 
 
-def test_unit_extend_step_keeps_the_carry_for_decode(rt: ProbeRuntime) -> None:
+def test_unit_mixed_batch_consumes_the_carry_of_its_prepare_for_decode(
+    rt: ProbeRuntime, tmp_path: Path
+) -> None:
+    """Mixed chunked prefill: prepare_for_decode ran for the decode rows that were merged
+    into a prefill batch; its time belongs to that (extend) step, not to the next decode
+    step, which ran no prepare_for_decode of its own."""
+    sched = make_hook(entry("managers.schedule_batch.ScheduleBatch.prepare_for_decode"), rt)
+    step = make_hook(entry("speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
+                     rt)
+    sched(lambda b: busy(300), None)
+    carried = rt.carry_ns
+    assert carried >= 300_000
+    mixed = FakeScheduleBatch([FakeReq("m", 30), FakeReq("new", 500)], "extend")
+    mixed.is_extend_in_batch = True
+    step(lambda self, b: FakeResult([1, 1]), None, mixed)
+    assert rt.carry_ns == 0
+    step(lambda self, b: FakeResult([2]), None, FakeScheduleBatch([FakeReq("m", 31)]))
+    rt.flush(None)
+    (ext,) = read_records(tmp_path, rids={"m"}, mode="extend")
+    (dec,) = read_records(tmp_path, rids={"m"}, mode="decode")
+    assert ext.host_ns["schedule"] == carried and ext.step_ns >= carried
+    assert dec.host_ns["schedule"] == 0 and dec.step_ns < carried
+
+
+def test_unit_idle_batch_drops_the_carry(rt: ProbeRuntime) -> None:
     step = make_hook(entry("speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
                      rt)
     rt.carry_ns = 1234
-    step(lambda self, b: FakeResult([1]), None, FakeScheduleBatch([FakeReq("e", 3)], "extend"))
-    assert rt.carry_ns == 1234
+    step(lambda self, b: None, None, FakeScheduleBatch([], "idle"))
+    assert rt.carry_ns == 0
 
 
 def test_unit_nested_step_hooks_make_one_record(rt: ProbeRuntime, tmp_path: Path) -> None:
