@@ -417,3 +417,33 @@ def test_paged_allocation_follows_the_fragmented_free_list() -> None:
     decode(torch.tensor([6 * page + 1, 6 * page + 1]), torch.tensor([99, 199]), free[12:], out2,
            page, 2)
     assert (out2 // page).tolist() == free[12:14].tolist()
+
+
+# -- how SGLang starts schedulers and loads plugins ----------------------------------------------
+def test_schedulers_are_spawned_so_only_entry_points_reach_them() -> None:
+    """A monkeypatch in the pytest process never reaches a scheduler: SGLang forces the
+    spawn start method before starting them, so our code must come in through the entry
+    point (tests/test_sglang_loader.py runs that path)."""
+    assert SRC is not None
+    engine = SRC.module("sglang.srt.entrypoints.engine")
+    calls = [ast.unparse(n) for n in ast.walk(engine) if isinstance(n, ast.Call)
+             and ast.unparse(n.func).endswith("set_start_method")]
+    assert "mp.set_start_method('spawn', force=True)" in calls
+    targets = [ast.unparse(k.value) for n in ast.walk(engine) if isinstance(n, ast.Call)
+               for k in n.keywords if k.arg == "run_scheduler_process_func"]
+    assert targets, "the engine no longer passes run_scheduler_process_func to its launcher"
+
+
+def test_load_plugins_runs_once_per_process() -> None:
+    """load_plugins() returns at once when called again in the same process (our own load()
+    guards the same way: hooks are process-wide monkeypatches)."""
+    fn = _function("sglang.srt.plugins", "load_plugins")
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr)
+                                       and isinstance(s.value, ast.Constant))]
+    assert isinstance(body[0], ast.Global) and body[0].names == ["_plugins_loaded"]
+    guard = body[1]
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "_plugins_loaded"
+    assert isinstance(guard.body[0], ast.Return)
+    assert ast.unparse(body[2]) == "_plugins_loaded = True"
+    calls = _calls(fn)
+    assert calls.index("load_plugins_by_group") < calls.index("apply_hooks")
