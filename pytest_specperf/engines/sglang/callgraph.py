@@ -59,6 +59,7 @@ class Call:
     name: str  # the last name of it ("draft")
     resolved: str | None  # dotted target of the definition in the tree (exact resolution)
     node: ast.Call
+    context: bool = False  # the call makes the context manager of a with statement
 
 
 class CallGraph:
@@ -208,12 +209,20 @@ class CallGraph:
         """The calls in ``d``'s body, in source order; ``self`` is a ``self_class``
         (default: the class defining ``d``)."""
         self_class = self_class or d.owner
+        managers = {
+            id(item.context_expr)
+            for node in ast.walk(d.node)
+            if isinstance(node, ast.With | ast.AsyncWith)
+            for item in node.items
+        }
         out = []
         for node in _walk_calls(d.node.body):
             callee = ast.unparse(node.func)
             name = node.func.attr if isinstance(node.func, ast.Attribute) else callee
             resolved = self._resolve(node.func, d, self_class)
-            out.append(Call(d.path, node.lineno, callee, name, resolved, node))
+            out.append(
+                Call(d.path, node.lineno, callee, name, resolved, node, id(node) in managers)
+            )
         return sorted(out, key=lambda c: (c.line, c.node.col_offset))
 
     def _resolve(self, func: ast.expr, d: Definition, self_class: str | None) -> str | None:

@@ -291,7 +291,11 @@ def _classify(
     d = graph.definition(call.resolved)
     at = _rel(graph.src.root, d.path, d.line) if d is not None else "?"
     if reached:
-        names = sorted({_reached_phase(by_target[t]) for t in reached})
+        plain = {by_target[t].phase for t in reached if not by_target[t].when_self_attr}
+        names = sorted(
+            {_reached_phase(by_target[t]) for t in reached if by_target[t].phase not in plain}
+            | {p or "" for p in plain}
+        )
         return CallStatus(
             where,
             call.callee,
@@ -300,8 +304,10 @@ def _classify(
             call.resolved,
             phases=sorted({by_target[t].phase or "" for t in reached}),
         )
-    suggestion = _suggest(call.resolved, d, owner, graph)
+    suggestion = None if call.context else _suggest(call.resolved, d, owner, graph)
     syncs = _host_syncs(graph, d) if d is not None else ""
+    if call.context:
+        syncs += " [context manager: its with-block is listed on its own]"
     return CallStatus(
         where,
         call.callee,
@@ -372,8 +378,8 @@ def _suggest(
     """A map entry for an uncovered call of the worker's own code with a name that says
     which phase it is (methods of the step's class and its bases, functions of its
     package); None for anything else (context managers, getters, library helpers)."""
-    if d is None:
-        return None
+    if d is None or any("contextmanager" in ast.unparse(dec) for dec in d.node.decorator_list):
+        return None  # a context manager: what matters runs in its with-block
     own = d.owner is not None and owner is not None and d.owner in graph.mro(owner)
     package = owner.rsplit(".", 2)[0] if owner else None
     if not own and not (package and d.module.startswith(package + ".")):
