@@ -7,6 +7,11 @@ run that does not fail naming the injected phase is a miss), optionally ``K`` A/
 repetitions with a CPU hog on one core (UNSTABLE is the right answer there; SLOWER is
 not). Conditions are interleaved round-robin, so that slow drift of the machine hits
 every condition alike. It prints a table and writes JSON.
+
+``--inject all=1.10`` slows every phase alike: the canary of the step gate (detected when
+a case fails on its step or tokens/s, and no phase is blamed). ``--processes N`` records
+the baseline in N server processes (the verdicts then estimate the noise between
+processes from it); ``--max-time S`` is every run's ``--specperf-max-time``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.metrics import STEP, spec
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -41,7 +46,7 @@ from pytest_specperf.reporting.report import Report, ReportError, read_report, s
 from pytest_specperf.reporting.table import render_table
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
-DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
+DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
 #: Attempts at recording a quiet baseline before calibrating against a noisy one.
 RECORD_ATTEMPTS = 3
 _UNCOMPARED = (Verdict.NO_BASELINE, Verdict.INVALID)
@@ -226,6 +231,22 @@ class CalibrateOptions:
     work_dir: Path | None
     resume: bool
     suite: tuple[str, ...]
+    #: server processes the baseline is recorded in (``--specperf-processes``)
+    processes: int = 1
+    #: every run's ``--specperf-max-time`` (None: the suite's)
+    max_time: float | None = None
+
+    def run_args(self) -> list[str]:
+        """pytest options every run of the calibration gets."""
+        out = []
+        if self.tolerances is not None:
+            out += [
+                f"--specperf-tolerance={self.tolerances[0]}",
+                f"--specperf-step-tolerance={self.tolerances[1]}",
+            ]
+        if self.max_time is not None:
+            out.append(f"--specperf-max-time={self.max_time:g}")
+        return out
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CalibrateOptions:
@@ -241,11 +262,21 @@ class CalibrateOptions:
                 inj = parse_inject(f)
             except ValueError as e:
                 raise ValueError(f"--inject {f!r}: {e}") from None
-            if len(inj.factors) != 1 or inj.host_stall_ms:
-                raise ValueError(f"--inject {f!r}: give one PHASE=FACTOR per --inject")
+            if (len(inj.factors) != 1 and inj.uniform is None) or inj.host_stall_ms:
+                raise ValueError(
+                    f"--inject {f!r}: give one PHASE=FACTOR (or all=FACTOR) per --inject"
+                )
         if args.resume and args.work_dir is None:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
+        processes = getattr(args, "processes", 1)
+        max_time = getattr(args, "max_time", None)
+        if not 1 <= processes <= 16:
+            raise ValueError("--processes must be from 1 to 16")
+        if max_time is not None and not 0 <= max_time <= 86400:
+            raise ValueError("--max-time must be seconds in [0, 86400]")
         return cls(
+            processes=processes,
+            max_time=max_time,
             repetitions=args.repetitions,
             injects=tuple(args.inject or DEFAULT_FACTORS),
             host_stall_share=args.host_stall_share,
@@ -280,12 +311,7 @@ class Calibration:
         self.work.mkdir(parents=True, exist_ok=True)
         self.baselines = self.work / "baselines"
         self.t0 = time.monotonic()
-        self.tolerance_args: list[str] = []
-        if opts.tolerances is not None:
-            self.tolerance_args = [
-                f"--specperf-tolerance={opts.tolerances[0]}",
-                f"--specperf-step-tolerance={opts.tolerances[1]}",
-            ]
+        self.tolerance_args = opts.run_args()
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
         report_path = self.work / f"{tag}.json"
@@ -335,7 +361,10 @@ class Calibration:
             )
             if self.baselines.exists():
                 shutil.rmtree(self.baselines)
-            rc, report, dt = self._pytest("baseline", ["--specperf-update-baselines"])
+            rc, report, dt = self._pytest(
+                "baseline",
+                ["--specperf-update-baselines", f"--specperf-processes={self.opts.processes}"],
+            )
             if rc != 0 or report is None:
                 raise SystemExit(
                     f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}"
@@ -359,16 +388,17 @@ class Calibration:
         for path in self.baselines.glob("*.yaml"):
             bf = load_baselines(path)
             for case in bf.all_cases() if bf else ():
-                worst = noisiest_phase(case.metrics)
-                if worst is not None and worst[1] > QUIET_SCATTER:
-                    out.append(f"{case.key} ({worst[0]} {worst[1]:.0%})")
+                for i in range(len(case.runs)):
+                    worst = noisiest_phase(case.run_metrics(i))
+                    if worst is not None and worst[1] > QUIET_SCATTER:
+                        out.append(f"{case.key} run {i + 1} ({worst[0]} {worst[1]:.0%})")
         return out
 
     def conditions(self, stall_ms: float) -> list[Condition]:
         """A/A, each injected factor, the host stall, and A/A with a hog if asked."""
         conds = [Condition("A/A")]
         for f in self.opts.injects:
-            conds.append(Condition(f, inject=f, expect=f.split("=")[0]))
+            conds.append(Condition(f, inject=f, expect=expected_metric(f)))
         conds.append(
             Condition(
                 f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}", expect=UNACCOUNTED
@@ -456,11 +486,22 @@ class Calibration:
             "reference_step_ms": ref_step,
             "smallest_detected_95": _smallest_detected(conds),
             "wall_s": round(wall, 1),
+            "run_wall_s": _run_walls(conds),
+            "baseline_processes": self.opts.processes,
             "resumed_runs": sum(1 for c in conds for r in c.runs if r.resumed),
             "conditions": [_condition_row(c) for c in conds],
             "baseline_cases": [c.key for c in base.cases],
             "work_dir": str(self.work),
         }
+
+
+def expected_metric(inject: str) -> str:
+    """The metric a detection of ``inject`` must name: its phase, or the step for
+    ``all=`` (every phase alike: no phase stands out, the step grows)."""
+    from pytest_specperf.probe.inject import parse_inject
+
+    spec_ = parse_inject(inject)
+    return STEP if spec_.uniform is not None else next(iter(spec_.factors))
 
 
 def _read(path: Path) -> Report | None:
@@ -480,6 +521,14 @@ def _line(out: RunOutcome) -> str:
     text += f", {len(out.unstable_cases)} UNSTABLE" if out.unstable_cases else ""
     text += f"  {out.wall_s:.0f} s" if out.wall_s is not None else "  -"
     return text + ("  (resumed)" if out.resumed else "")
+
+
+def _run_walls(conds: list[Condition]) -> dict[str, float] | None:
+    """Median, least and most wall time of one run of the suite (server start included)."""
+    walls = sorted(r.wall_s for c in conds for r in c.runs if r.wall_s is not None)
+    if not walls:
+        return None
+    return {"median": walls[len(walls) // 2], "min": walls[0], "max": walls[-1]}
 
 
 def _condition_row(c: Condition) -> dict[str, Any]:
@@ -503,7 +552,7 @@ def _smallest_detected(conds: list[Condition]) -> str | None:
     """The smallest injected phase factor detected in at least 95% of its runs."""
     smallest: tuple[str, float] | None = None
     for c in conds:
-        if not (c.inject and c.expect and c.expect != UNACCOUNTED and c.runs):
+        if not (c.inject and c.expect in ALL_PHASES and c.expect != UNACCOUNTED and c.runs):
             continue
         if c.detected / len(c.runs) >= 0.95:
             f = float(c.inject.split("=")[1])
@@ -567,8 +616,15 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
 def _footer(summary: dict[str, Any]) -> list[str]:
     wall = summary["wall_s"]
     resumed = summary.get("resumed_runs")
+    runs = summary.get("run_wall_s")
+    per_run = (
+        [f"one run of the suite: {runs['median']:.0f} s (median; {runs['min']:.0f}-"
+         f"{runs['max']:.0f} s), server start included"]
+        if runs else []
+    )  # fmt: skip
     return [
         "",
+        *per_run,
         "smallest injected factor detected in >= 95% of runs: "
         f"{summary['smallest_detected_95'] or 'none of those tried'}",
         f"host stall: {summary['host_stall_ms']} ms per step (about "
@@ -625,7 +681,8 @@ def add_parser(sub: Any) -> None:
         "--inject",
         action="append",
         metavar="PHASE=FACTOR",
-        help=f"slowdown to test (repeatable; default: {', '.join(DEFAULT_FACTORS)})",
+        help="slowdown to test: PHASE=FACTOR, or all=FACTOR for every phase alike "
+        f"(repeatable; default: {', '.join(DEFAULT_FACTORS)})",
     )
     c.add_argument(
         "--host-stall-share",
@@ -647,6 +704,7 @@ def add_parser(sub: Any) -> None:
         metavar="F",
         help="step tolerance to run and judge at, as --specperf-step-tolerance",
     )
+    _add_run_options(c)
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
     c.add_argument(
@@ -659,6 +717,22 @@ def add_parser(sub: Any) -> None:
         "pytest_args",
         nargs="*",
         help=f"suite to run, after -- (default: {' '.join(DEFAULT_SUITE)})",
+    )
+
+
+def _add_run_options(c: Any) -> None:
+    c.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record the baseline in N server processes (--specperf-processes; default 1)",
+    )
+    c.add_argument(
+        "--max-time",
+        type=float,
+        metavar="S",
+        help="every run's --specperf-max-time (the automatic extension's budget per case)",
     )
 
 

@@ -9,7 +9,7 @@ become baselines (``recording_refusal``) and what is stored (``as_baseline``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,28 @@ from pytest_specperf.judging.verdict import (
     QUIET_SCATTER,
     CaseVerdict,
     MetricVerdict,
+    Runs,
     Tolerances,
     Verdict,
-    case_disturbance,
     combine,
     downgrade_disturbed,
-    judge_gate,
+    judge_runs,
     noisiest_phase,
+    runs_disturbance,
 )
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bottleneck import Bottleneck
 from pytest_specperf.telemetry.gates import invalid_reasons
+
+
+@dataclass(frozen=True)
+class HistoryRun:
+    """A run of a case from an earlier session's report: its engine fingerprint (by hash),
+    where it came from, and its metrics as compact summaries."""
+
+    fingerprint_hash: str
+    source: str
+    metrics: Mapping[str, Summary]
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,9 @@ class Case:
     peak_bandwidth_bytes_per_s: float | None = None
     #: the server process that measured the case (recorded with a baseline run)
     server_pid: int | None = None
+    #: earlier runs of the case from other sessions (nightly reports), for the
+    #: between-process part of the noise only (``--specperf-history``)
+    history: tuple[HistoryRun, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,20 +123,39 @@ def default_gates(base: Mapping[str, Summary], run: DecodeRun, speculative: bool
 
 
 def compare(
-    base: Mapping[str, Summary], run: DecodeRun, gates: Sequence[str], tolerances: Tolerances
+    base: Mapping[str, Summary],
+    run: DecodeRun,
+    gates: Sequence[str],
+    tolerances: Tolerances,
+    *,
+    base_runs: Sequence[Mapping[str, Summary]] = (),
+    history: Sequence[Mapping[str, Summary]] = (),
 ) -> CaseVerdict:
-    """Judge every gate of a case; a disturbed case's time verdicts become UNSTABLE."""
+    """Judge every gate of a case; a disturbed case's time verdicts become UNSTABLE.
+
+    ``base`` is the latest baseline run, ``base_runs`` all of them (oldest first; default:
+    ``base`` alone); ``run`` is judged with its siblings (one run per server process)."""
+    runs = Runs(
+        tuple(base_runs) or (base,),
+        tuple(r.summaries for r in run.processes),
+        tuple(history),
+    )
     judged: list[MetricVerdict] = []
     missing = []
     for m in gates:
-        mv = judge_gate(m, base, run.summaries, tolerances, now_util=run.utilizations)
+        mv = judge_runs(m, runs, tolerances, now_util=run.utilizations)
         if mv is None:
             missing.append(m)
         else:
             judged.append(mv)
-    judged = downgrade_disturbed(judged, case_disturbance(base, run.summaries))
+    judged = downgrade_disturbed(judged, runs_disturbance(runs))
     reasons = (f"gated metric(s) {', '.join(missing)} missing in the baseline",) if missing else ()
     return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), reasons)
+
+
+def matching_history(case: Case, base: CaseBaseline) -> tuple[Mapping[str, Summary], ...]:
+    """The case's history runs of the baseline's engine (same fingerprint hash)."""
+    return tuple(h.metrics for h in case.history if h.fingerprint_hash == base.fingerprint_hash)
 
 
 def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) -> CaseVerdict:
@@ -141,7 +174,11 @@ def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) 
             ),
         )
     gates = case.gates or default_gates(base.metrics, case.run, case.speculative)
-    return compare(base.metrics, case.run, gates, case.tolerances)
+    runs = tuple(base.run_metrics(i) for i in range(len(base.runs)))
+    return compare(
+        base.metrics, case.run, gates, case.tolerances, base_runs=runs,
+        history=matching_history(case, base),
+    )  # fmt: skip
 
 
 def judge_case(
@@ -204,24 +241,42 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
 
 
 def as_baseline(case: Case) -> CaseBaseline:
-    """What an update stores for ``case``: one run, with its utilization medians."""
-    run = case.run
-    metrics: dict[str, Summary] = dict(run.summaries)
-    for name, u in run.utilizations.items():
-        metrics[name] = Summary.compact(u.median, (), u.n)
-    return CaseBaseline.from_run(
-        test=case.test,
-        key=case.key,
-        fingerprint=case.fingerprint,
-        steps=run.steps,
-        metrics=metrics,
-        pid=case.server_pid,
-    )
+    """What an update stores for ``case``: one run per server process (its siblings
+    included), each with its utilization medians."""
+    recorded: list[CaseBaseline] = []
+    for run in case.run.processes:
+        metrics: dict[str, Summary] = dict(run.summaries)
+        for name, u in run.utilizations.items():
+            metrics[name] = Summary.compact(u.median, (), u.n)
+        recorded.append(
+            CaseBaseline.from_run(
+                test=case.test,
+                key=case.key,
+                fingerprint=case.fingerprint,
+                steps=run.steps,
+                metrics=metrics,
+                pid=run.server_pid if run.server_pid is not None else case.server_pid,
+            )
+        )
+    return replace(recorded[0], runs=tuple(r for c in recorded for r in c.runs))
+
+
+def more_steps_would_decide(case: Case, found: CaseBaseline | CaseProblem | None) -> list[str]:
+    """The gated metrics of ``case`` that are UNSTABLE only because its runs have too few
+    blocks so far (``MetricVerdict.fixable``): what the automatic extension measures more
+    rounds for. Empty without a comparable baseline, or for a disturbed case."""
+    if not isinstance(found, CaseBaseline) or fingerprint_mismatch(
+        found.fingerprint, dict(case.fingerprint)
+    ):
+        return []
+    verdict = _verdict(case, found, "")
+    return [m.metric for m in verdict.metrics if m.fixable]
 
 
 def noisy_baseline_note(case: Case) -> str | None:
     """A warning when a run about to become a baseline scatters like a busy machine."""
-    noisy = noisiest_phase(case.run.summaries)
+    found = [n for n in (noisiest_phase(r.summaries) for r in case.run.processes) if n]
+    noisy = max(found, key=lambda n: n[1], default=None)
     if noisy is None or noisy[1] <= QUIET_SCATTER:
         return None
     return (

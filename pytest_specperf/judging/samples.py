@@ -113,6 +113,23 @@ class DecodeRun:
     reference_ms: tuple[float, ...] = ()
     #: where the server's own metrics disagree with the probe over the measured window
     cross_check: tuple[str, ...] = ()
+    #: the server process that measured the run (its pid as the server reports it)
+    server_pid: int | None = None
+    #: the same case measured in the session's other server processes
+    #: (``--specperf-processes``), judged together with this run
+    siblings: tuple[DecodeRun, ...] = ()
+    #: measured steps per round: a run extended by the automatic extension repeats the
+    #: first round's blocks (same prompts and seeds) ``steps // round_steps`` times
+    round_steps: int = 0
+
+    @property
+    def processes(self) -> tuple[DecodeRun, ...]:
+        """This run and its siblings: one run per server process."""
+        return (self, *self.siblings)
+
+    @property
+    def rounds(self) -> int:
+        return max(1, self.steps // self.round_steps) if self.round_steps else 1
 
     @property
     def steps(self) -> int:
@@ -222,6 +239,8 @@ class Window:
     reference: Mapping[int, float] = field(default_factory=dict)
     telemetry: TelemetrySummary | None = None
     cross_check: tuple[str, ...] = ()
+    server_pid: int | None = None
+    round_steps: int = 0
 
 
 def build_run(
@@ -254,4 +273,6 @@ def build_run(
         utilizations=MappingProxyType(utilizations(w.telemetry)),
         reference_ms=tuple(w.reference[b] for b in sorted(w.reference)),
         cross_check=tuple(w.cross_check),
+        server_pid=w.server_pid,
+        round_steps=w.round_steps,
     )

@@ -10,6 +10,12 @@ tell a change of the tolerance's size from no change, the verdict is ``UNSTABLE`
 the number of steps that would decide. Shares of the step (``unaccounted``) and
 utilizations are judged in percentage points (``judging.metrics``).
 
+A baseline may hold several runs of a case (one per server process) and a measurement
+may span several processes and several rounds of the same blocks: the noise then adds
+the between-process component estimated from the runs (``judging.noise``: a random-effects
+estimate shrunk towards a prior of ``tolerance * PRIOR_SHARE``), so a case whose runs
+agree gets a narrow band and one whose runs disagree a wide one.
+
 A judged metric is a frozen ``MetricVerdict``; it serializes itself (``to_json`` /
 ``from_json``) and can be re-decided at another tolerance by the same rule
 (``MetricVerdict.rejudged``), which is what ``specperf calibrate`` does with stored runs.
@@ -34,6 +40,13 @@ from pytest_specperf.judging.metrics import (
     is_phase,
     rest_form,
     spec,
+)
+from pytest_specperf.judging.noise import (
+    Noise,
+    RunBlocks,
+    geometric_center,
+    relative_noise,
+    shrunk_between,
 )
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES
@@ -101,6 +114,16 @@ class MetricVerdictJSON(TypedDict):
     basis: str | None
     raw_change: float | None
     steps_to_decide: int | None
+    within: float | None
+    between: float | None
+    between_hat2: float | None
+    between_runs: int
+    floor: float | None
+    base_runs: int
+    now_runs: int
+    history_runs: int
+    rounds: int
+    processes_to_decide: int | None
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -133,10 +156,46 @@ class MetricVerdict:
     points_based: bool = False
     #: this run's block scatter over the baseline's (see ``disturbance``)
     scatter_ratio: float | None = None
+    #: the noise's parts (``judging.noise``): paired block noise, between-process
+    #: standard deviation (after the prior), its raw estimate and the runs behind it,
+    #: and the noise that more steps cannot lower
+    within: float | None = None
+    between: float | None = None
+    between_hat2: float | None = None
+    between_runs: int = 1
+    floor: float | None = None
+    #: runs compared: the baseline's, this measurement's, history runs used for ``between``
+    base_runs: int = 1
+    now_runs: int = 1
+    history_runs: int = 0
+    #: rounds of the baseline's blocks measured per current run (automatic extension)
+    rounds: int = 1
+    #: UNSTABLE that more steps cannot decide: processes (baseline and run alike) that would
+    processes_to_decide: int | None = None
 
     @property
     def disturbed(self) -> bool:
         return is_disturbed(self.scatter_ratio)
+
+    @property
+    def fixable(self) -> bool:
+        """UNSTABLE, and more steps of this run would decide it (not a disturbed machine,
+        not between-process noise)."""
+        return (
+            self.verdict is Verdict.UNSTABLE
+            and not self.disturbed
+            and self.steps_to_decide is not None
+            and self.processes_to_decide is None
+        )
+
+    def noise_at(self, tolerance: float) -> float:
+        """The noise with the between-process prior of ``tolerance`` (the prior scales
+        with the tolerance, see ``between_prior``); the stored noise when its parts are
+        not known."""
+        if self.within is None or self.between is None:
+            return self.noise
+        tau2 = shrunk_between(self.between_hat2, self.between_runs, between_prior(tolerance))
+        return math.sqrt(self.within**2 + tau2 * (1 / self.now_runs + 1 / self.base_runs))
 
     @property
     def in_points(self) -> bool:
@@ -156,17 +215,32 @@ class MetricVerdict:
             )
         text = (
             f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, "
-            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%"
+            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%{self._runs_text()}"
         )
         if self.basis and self.raw_change is not None:
             text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
         return text + ")"
 
+    def _runs_text(self) -> str:
+        """`` over 3 baseline runs x 2 processes, 2 rounds``: what the noise was taken over,
+        when more than one run against one run."""
+        parts = []
+        if self.base_runs > 1 or self.history_runs:
+            parts.append(f"{self.base_runs} baseline runs")
+        if self.history_runs:
+            parts.append(f"{self.history_runs} history runs")
+        if self.now_runs > 1:
+            parts.append(f"{self.now_runs} processes")
+        if self.rounds > 1:
+            parts.append(f"{self.rounds} rounds")
+        return f" over {', '.join(parts)}" if parts else ""
+
     def rejudged(self, tolerance: float, *, case_disturbed: bool = False, z: float = Z) -> Verdict:
         """The verdict this comparison gets at ``tolerance``: the rule of ``judge_gate``
         and ``downgrade_disturbed`` applied to the stored change, noise and scatter."""
         higher = spec(self.metric).higher_is_better
-        v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=z)
+        noise = self.noise if self.in_points else self.noise_at(tolerance)
+        v = decide(self.change, noise, tolerance, higher_is_better=higher, z=z)
         disturbed = self.disturbed or (case_disturbed and self.metric in DISTURBABLE_METRICS)
         return _undecided_if_disturbed(v, disturbed)
 
@@ -186,6 +260,16 @@ class MetricVerdict:
             "basis": self.basis,
             "raw_change": _finite_or_none(self.raw_change),
             "steps_to_decide": self.steps_to_decide,
+            "within": _finite_or_none(self.within),
+            "between": _finite_or_none(self.between),
+            "between_hat2": _finite_or_none(self.between_hat2),
+            "between_runs": self.between_runs,
+            "floor": _finite_or_none(self.floor),
+            "base_runs": self.base_runs,
+            "now_runs": self.now_runs,
+            "history_runs": self.history_runs,
+            "rounds": self.rounds,
+            "processes_to_decide": self.processes_to_decide,
         }
 
     @classmethod
@@ -202,6 +286,7 @@ class MetricVerdict:
             raise ValueError(f"{d['metric']}: unknown verdict {d.get('verdict')!r}") from None
         sr, raw, std = d.get("scatter_ratio"), d.get("raw_change"), d.get("steps_to_decide")
         return cls(
+            **_noise_parts(d),
             metric=d["metric"],
             verdict=verdict,
             base=_number(d.get("base"), math.nan),
@@ -217,6 +302,31 @@ class MetricVerdict:
             points_based=bool(d.get("points_based")),
             scatter_ratio=None if sr is None else _number(sr, math.nan),
         )
+
+
+def _count(x: Any, default: int) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else default
+
+
+def _optional(x: Any) -> float | None:
+    return None if x is None else _number(x, math.nan)
+
+
+def _noise_parts(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The noise's parts of a stored judged metric (absent in older reports: unknown)."""
+    ptd = d.get("processes_to_decide")
+    return {
+        "within": _optional(d.get("within")),
+        "between": _optional(d.get("between")),
+        "between_hat2": _optional(d.get("between_hat2")),
+        "between_runs": max(1, _count(d.get("between_runs"), 1)),
+        "floor": _optional(d.get("floor")),
+        "base_runs": max(1, _count(d.get("base_runs"), 1)),
+        "now_runs": max(1, _count(d.get("now_runs"), 1)),
+        "history_runs": _count(d.get("history_runs"), 0),
+        "rounds": max(1, _count(d.get("rounds"), 1)),
+        "processes_to_decide": ptd if isinstance(ptd, int) and not isinstance(ptd, bool) else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -239,15 +349,32 @@ class CaseVerdict:
 
 
 def paired_noise(base: Summary, now: Summary) -> float:
-    """Relative noise of ``now / base`` from paired block centers (see module docstring).
+    """Relative noise of ``now / base`` from paired block centers of one run each, without
+    the between-process part (``judging.noise``: the ``within`` of one run against one).
 
     Falls back to the two runs' independent standard errors when the blocks do not pair.
     """
-    k = len(base.blocks)
-    if k >= 3 and len(now.blocks) == k and all(b > 0 for b in base.blocks + now.blocks):
-        logs = [math.log(n / b) for b, n in zip(base.blocks, now.blocks)]
-        return statistics.stdev(logs) / math.sqrt(k)
-    return math.hypot(base.rel_se(), now.rel_se())
+    return relative_noise([_blocks_of(base)], [_blocks_of(now)], prior=0.0).within
+
+
+def _blocks_of(s: Summary) -> RunBlocks:
+    return RunBlocks(s.value, s.blocks, s.rel_se())
+
+
+def _seq(x: Summary | Sequence[Summary]) -> tuple[Summary, ...]:
+    return (x,) if isinstance(x, Summary) else tuple(x)
+
+
+#: The between-process standard deviation a case is given without evidence (one baseline
+#: run, no history), as a share of its tolerance: ``1 / (2 Z)``. One run against one run
+#: then spans ``Z * sqrt(2) * tol / (2 Z) = 0.71 tol`` from process noise alone: the
+#: tolerance is what the calibration chose to absorb this machine's process noise.
+PRIOR_SHARE = 1 / (2 * Z)
+
+
+def between_prior(tolerance: float) -> float:
+    """``tau0`` of a metric judged at ``tolerance`` (see ``PRIOR_SHARE``)."""
+    return tolerance * PRIOR_SHARE
 
 
 #: A run whose blocks scatter this many times more than its baseline's was disturbed.
@@ -270,21 +397,32 @@ def scatter(blocks: tuple[float, ...]) -> float | None:
     return statistics.stdev(math.log(b) for b in blocks)
 
 
-def disturbance(base: Summary, now: Summary) -> float | None:
-    """The current run's block scatter over the baseline's (both floored).
+def disturbance(
+    base: Summary | Sequence[Summary], now: Summary | Sequence[Summary]
+) -> float | None:
+    """This measurement's block scatter over the baseline's (both floored): the most
+    scattered current run over the median baseline run.
 
-    Both runs measure the same blocks, so their scatter is comparable whatever the
-    prompts. A code regression moves the blocks together; a noisy neighbour, a CPU hog
-    or the host's memory management moves some blocks more than others. Far above 1 the
-    run was disturbed, far below 1 the baseline was: either way the comparison says more
-    about the machine than about the code (see ``is_disturbed``).
+    Both measure the same blocks, so their scatter is comparable whatever the prompts. A
+    code regression moves the blocks together; a noisy neighbour, a CPU hog or the host's
+    memory management moves some blocks more than others. Far above 1 the run was
+    disturbed, far below 1 the baseline was: either way the comparison says more about
+    the machine than about the code (see ``is_disturbed``).
     """
-    if min(len(base.blocks), len(now.blocks)) < MIN_SCATTER_BLOCKS:
+    sb = _scatters(_seq(base))
+    sn = _scatters(_seq(now))
+    if not sb or not sn:
         return None  # too few blocks: the ratio of two scatters would itself be noise
-    sb, sn = scatter(base.blocks), scatter(now.blocks)
-    if sb is None or sn is None:
-        return None
-    return max(sn, SCATTER_FLOOR) / max(sb, SCATTER_FLOOR)
+    return max(max(sn), SCATTER_FLOOR) / max(statistics.median(sb), SCATTER_FLOOR)
+
+
+def _scatters(runs: Sequence[Summary]) -> list[float]:
+    out = []
+    for r in runs:
+        sc = scatter(r.blocks) if len(r.blocks) >= MIN_SCATTER_BLOCKS else None
+        if sc is not None:
+            out.append(sc)
+    return out
 
 
 def is_disturbed(ratio: float | None) -> bool:
@@ -320,16 +458,20 @@ def noisiest_phase(metrics: Mapping[str, Summary]) -> tuple[str, float] | None:
 
 
 def case_disturbance(base: Mapping[str, Summary], now: Mapping[str, Summary]) -> float | None:
+    """``runs_disturbance`` of one baseline run and one current run."""
+    return runs_disturbance(Runs((base,), (now,)))
+
+
+def runs_disturbance(runs: Runs) -> float | None:
     """The most extreme ``disturbance`` over the phases of a case (judged forms, phases
-    that take at least ``MIN_PHASE_SHARE`` of the baseline step), gated or not: the
+    that take at least ``MIN_PHASE_SHARE`` of the latest baseline step), gated or not: the
     case's machine-noise gauge, a ratio like ``disturbance`` (far from 1 = disturbed)."""
     worst: float | None = None
-    for p in _large_phases(base):
-        form = rest_form(p)
-        if form in base and form in now:
-            r = disturbance(base[form], now[form])
-            if r is not None and (worst is None or max(r, 1 / r) > max(worst, 1 / worst)):
-                worst = r
+    for p in _large_phases(runs.latest):
+        found = runs.of(rest_form(p))
+        r = disturbance(found[0], found[1]) if found is not None else None
+        if r is not None and (worst is None or max(r, 1 / r) > max(worst, 1 / worst)):
+            worst = r
     return worst
 
 
@@ -414,36 +556,81 @@ def _verdict(
     return v, steps
 
 
+def _to_decide(
+    noise: Noise, change: float, tolerance: float, steps: int, z: float
+) -> tuple[int | None, int | None]:
+    """Steps per run that would decide (None: more steps cannot), else processes that
+    would. ``steps``: the steps measured per current run."""
+    if not noise.paired:  # unpaired: assume all the noise shrinks with steps
+        return steps_to_decide(steps, change, noise.total, tolerance, z), None
+    target = (max(tolerance, abs(change)) if math.isfinite(change) else tolerance) / z
+    rounds = noise.rounds_for(target)
+    if rounds is not None:
+        return rounds * max(1, steps // noise.rounds), None
+    return None, noise.processes_for(target)
+
+
+def _change(base: float, now: float) -> float:
+    if base == 0:
+        return 0.0 if now == 0 else math.inf
+    return now / base - 1.0
+
+
+def center_of_runs(runs: Sequence[Summary]) -> float:
+    """The center of several runs of a metric: the geometric mean of their centers (the
+    only run's center; the latest's when one is not positive)."""
+    if len(runs) == 1 or any(r.value <= 0 for r in runs):
+        return runs[-1].value
+    return geometric_center([_blocks_of(r) for r in runs])
+
+
 def judge_metric(
-    metric: str, base: Summary, now: Summary, tolerance: float, *, z: float = Z
+    metric: str,
+    base: Summary | Sequence[Summary],
+    now: Summary | Sequence[Summary],
+    tolerance: float,
+    *,
+    history: Sequence[Summary] = (),
+    z: float = Z,
 ) -> MetricVerdict:
-    """Relative-change verdict for one metric or derived form (times: lower is better)."""
-    if base.value == 0:
-        change = 0.0 if now.value == 0 else math.inf
-    else:
-        change = now.value / base.value - 1.0
-    noise = paired_noise(base, now)
-    ratio = disturbance(base, now)
+    """Relative-change verdict for one metric or derived form (times: lower is better):
+    the current runs' center over the baseline runs' center, with the noise of
+    ``judging.noise`` (``history`` runs inform the between-process part only)."""
+    bs, ns = _seq(base), _seq(now)
+    b, n = center_of_runs(bs), center_of_runs(ns)
+    change = _change(b, n)
+    noise = relative_noise(
+        [_blocks_of(x) for x in bs],
+        [_blocks_of(x) for x in ns],
+        prior=between_prior(tolerance),
+        history=[_blocks_of(x) for x in history],
+    )
+    ratio = disturbance(bs, ns)
     higher = spec(metric).higher_is_better
-    verdict = decide(change, noise, tolerance, higher_is_better=higher, z=z)
+    verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z)
     # the machine, not the code, moved a disturbed run
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio))
-    steps = (
-        steps_to_decide(now.n, change, noise, tolerance, z) if verdict is Verdict.UNSTABLE else None
-    )
-    unit = spec(metric).unit
+    steps = procs = None
+    if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
+        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z)
     return MetricVerdict(
-        metric, verdict, base.value, now.value, change, noise, tolerance, unit, steps,
-        scatter_ratio=ratio,
+        metric, verdict, b, n, change, noise.total, tolerance, spec(metric).unit, steps,
+        scatter_ratio=ratio, within=noise.within, between=noise.between,
+        between_hat2=noise.between_hat2, between_runs=noise.between_runs,
+        floor=noise.floor, base_runs=noise.base_runs, now_runs=noise.now_runs,
+        history_runs=noise.history_runs, rounds=noise.rounds, processes_to_decide=procs,
     )  # fmt: skip
 
 
 def _paired_point_noise(base: Sequence[float], now: Sequence[float]) -> float | None:
-    """Standard error of the mean paired difference of per-block values, or None."""
+    """Standard error of the mean paired difference of per-block values, or None. A run
+    of several rounds of the baseline's blocks is folded first (each block's mean)."""
     k = len(base)
-    if k < 3 or len(now) != k:
+    if k < 3 or not now or len(now) % k:
         return None
-    return statistics.stdev([n - b for b, n in zip(base, now)]) / math.sqrt(k)
+    rounds = len(now) // k
+    folded = [statistics.fmean(now[r * k + j] for r in range(rounds)) for j in range(k)]
+    return statistics.stdev([n - b for b, n in zip(base, folded)]) / math.sqrt(k)
 
 
 def _block_shares(part: Summary, whole: Summary) -> list[float] | None:
@@ -547,23 +734,61 @@ def judged_form(metric: str) -> tuple[str, str | None]:
     return metric, None
 
 
-def _judge_form(
-    metric: str, base: Mapping[str, Summary], now: Mapping[str, Summary], tolerance: float
-) -> MetricVerdict:
-    """Judge a time on its drift-free form when both runs have it, else as it is."""
-    b, n = base[metric], now[metric]
+@dataclass(frozen=True)
+class Runs:
+    """What a case's verdicts compare, each run a mapping of metric -> summary: the
+    baseline's runs (oldest first), this measurement's runs (one per server process, the
+    first shown), and history runs (nightly reports: the between-process part only)."""
+
+    base: tuple[Mapping[str, Summary], ...]
+    now: tuple[Mapping[str, Summary], ...]
+    history: tuple[Mapping[str, Summary], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.base or not self.now:
+            raise ValueError("a comparison needs at least one baseline run and one current run")
+
+    @property
+    def latest(self) -> Mapping[str, Summary]:
+        """The latest baseline run."""
+        return self.base[-1]
+
+    @property
+    def primary(self) -> Mapping[str, Summary]:
+        """The first current run (the one tests get back and tables show)."""
+        return self.now[0]
+
+    def of(self, name: str) -> tuple[list[Summary], list[Summary], list[Summary]] | None:
+        """Every run's summary of ``name``: baseline, current, history (None when the
+        latest baseline run or the first current run lacks it; other runs that lack it
+        are left out)."""
+        if name not in self.latest or name not in self.primary:
+            return None
+        return (
+            [r[name] for r in self.base[:-1] if name in r] + [self.latest[name]],
+            [self.primary[name]] + [r[name] for r in self.now[1:] if name in r],
+            [r[name] for r in self.history if name in r],
+        )
+
+
+def _judge_form(metric: str, runs: Runs, tolerance: float) -> MetricVerdict | None:
+    """Judge a time on its drift-free form when both sides have it, else as it is."""
     form, basis = judged_form(metric)
+    raw = metric
     device = device_form(metric)
-    if basis is not None and rest_form(device) in base and rest_form(device) in now:
+    if basis is not None and runs.of(rest_form(device)) is not None:
         # On a GPU a phase's host time includes waits for earlier GPU work: judge its
         # device time (CUDA events around the phase on the stream) instead.
-        form, basis = rest_form(device), "on device time, against the rest of the step"
-        b, n = base[device], now[device]
-    if basis is None or form not in base or form not in now:
-        return judge_metric(metric, b, n, tolerance)
-    mv = judge_metric(form, base[form], now[form], tolerance)
-    raw = n.value / b.value - 1.0 if b.value else math.inf
-    return replace(mv, metric=metric, basis=basis, base=b.value, now=n.value, raw_change=raw)
+        form, basis, raw = rest_form(device), "on device time, against the rest of the step", device
+    raw_runs = runs.of(raw)
+    if raw_runs is None:
+        return None
+    judged = runs.of(form) if basis is not None else None
+    if judged is None:
+        return judge_metric(metric, raw_runs[0], raw_runs[1], tolerance, history=raw_runs[2])
+    mv = judge_metric(form, judged[0], judged[1], tolerance, history=judged[2])
+    b, n = center_of_runs(raw_runs[0]), center_of_runs(raw_runs[1])
+    return replace(mv, metric=metric, basis=basis, base=b, now=n, raw_change=_change(b, n))
 
 
 def judge_gate(
@@ -575,12 +800,28 @@ def judge_gate(
     base_util: Mapping[str, Centered] | None = None,
     now_util: Mapping[str, Centered] | None = None,
 ) -> MetricVerdict | None:
-    """Judge one gated metric; ``None`` if either run lacks it.
+    """``judge_runs`` of one baseline run and one current run."""
+    runs = Runs((base,), (now,))
+    return judge_runs(metric, runs, tolerances, base_util=base_util, now_util=now_util)
 
-    ``base`` and ``now`` are the summaries of the baseline and of the run;
-    ``base_util`` / ``now_util`` their telemetry utilizations (one median per run)."""
+
+def judge_runs(
+    metric: str,
+    runs: Runs,
+    tolerances: Tolerances,
+    *,
+    base_util: Mapping[str, Centered] | None = None,
+    now_util: Mapping[str, Centered] | None = None,
+) -> MetricVerdict | None:
+    """Judge one gated metric; ``None`` if either side lacks it.
+
+    ``base_util`` / ``now_util``: the telemetry utilizations (one median per run) of the
+    latest baseline run and of the first current run. Shares and utilizations are judged
+    on those two runs (in points, where the between-process noise is small against the
+    tolerance); everything else on every run (``judge_metric``)."""
     tolerance = tolerances.of(metric)
     kind = spec(metric).kind
+    base, now = runs.latest, runs.primary
     if kind is MetricKind.UTILIZATION:
         b = base.get(metric) or (base_util or {}).get(metric)
         n = now.get(metric) or (now_util or {}).get(metric)
@@ -592,4 +833,4 @@ def judge_gate(
         return None
     if kind is MetricKind.SHARE:
         return judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance)
-    return _judge_form(metric, base, now, tolerance)
+    return _judge_form(metric, runs, tolerance)

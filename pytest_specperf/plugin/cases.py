@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,16 +23,20 @@ from pytest_specperf.judging.baselines import (
 from pytest_specperf.judging.judge import (
     Case,
     CaseOutcome,
+    HistoryRun,
     as_baseline,
     judge_case,
+    more_steps_would_decide,
     noisy_baseline_note,
     recording_refusal,
 )
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.plugin.fixtures import SpecperfHandle
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
 from pytest_specperf.reporting.terminal import failure_message, phase_table
+
+if TYPE_CHECKING:
+    from pytest_specperf.plugin.fixtures import SpecperfHandle
 
 #: Parameters that are already part of the case key (or are the layout fixture).
 _KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
@@ -79,7 +85,28 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
         server_pid=_pid(srv.server_info.get("pid")),
+        history=_history(sess, test_id(item), key),
     )
+
+
+def _history(sess: SpecperfSession, test: str, key: str) -> tuple[HistoryRun, ...]:
+    history = sess.history()
+    return history.of(test, key) if history is not None else ()
+
+
+def undecided_metrics(
+    sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle
+) -> Callable[[DecodeRun], list[str]]:
+    """For the automatic extension: the metrics a run measured so far in this test leaves
+    UNSTABLE that more rounds would decide (judged as at the end of the test)."""
+
+    def undecided(run: DecodeRun) -> list[str]:
+        key = _keys(item, [*handle.runs, run])[-1]
+        case = _case(sess, item, handle, run, key)
+        found, _ = _baseline(sess, case)
+        return more_steps_would_decide(case, found)
+
+    return undecided
 
 
 def _pid(value: object) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -21,7 +22,12 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
         sess.errors.append("baselines not written: the run was interrupted")
         return True
     try:
-        sess.written = write_baselines(sess.baseline_path, sess.device().to_dict(), sess.to_record)
+        sess.written = write_baselines(
+            sess.baseline_path,
+            sess.device().to_dict(),
+            sess.to_record,
+            keep_runs=sess.settings.keep_runs,
+        )
     except (BaselineError, OSError) as e:
         sess.errors.append(f"baselines not written: {e}")
         return False
@@ -43,11 +49,14 @@ def report_header(sess: SpecperfSession) -> dict[str, Any]:
             "fingerprint": srv.fingerprint,
         }
     return {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": sess.device().to_dict(),
         "backend": s.backend,
         "baselines": str(sess.baseline_path),
         "tolerance": s.tolerance,
         "step_tolerance": s.step_tolerance,
+        "processes": s.processes,
+        "max_time_s": s.max_time_s,
         "update_baselines": s.update_baselines,
         "server": server,
     }
@@ -108,5 +117,7 @@ def summary_lines(sess: SpecperfSession) -> list[str]:
         written=_written_lines(sess),
         json_path=str(s.json_path) if json_ok else None,
         errors=tuple(sess.errors),
+        max_time_s=None if s.update_baselines else s.max_time_s,
+        processes=s.processes,
     )
     return run_summary(summary, sess.outcomes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +14,12 @@ import pytest
 from pytest_specperf.engines import BackendUnavailable, get_backend
 from pytest_specperf.judging.samples import DecodeRun, KVLayout
 from pytest_specperf.plugin.markers import CaseOptions, parse_marker
+from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
 from pytest_specperf.server.decoder import CaseSpec, Decoder, MeasurementError, sampler_for
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
+from pytest_specperf.server.pool import ServerPool
 
 LAYOUT_PARAMS = ("contiguous", "fragmented")
 
@@ -101,31 +105,80 @@ class SpecperfHandle:
     ) -> DecodeRun:
         """Measure ``steps`` decode steps at ``context_len`` tokens of context.
 
-        Returns the run with per-step records and summaries. The plugin judges every run
-        against its baseline when the test ends; a regression fails the test.
+        Returns the run with per-step records and summaries (in every server process of
+        ``--specperf-processes``: the others are its ``siblings``). A case too noisy to
+        decide measures more rounds of its blocks, up to ``--specperf-max-time``. The
+        plugin judges every run against its baseline when the test ends; a regression
+        fails the test.
         """
         case = self._case(context_len, steps, batch_size, warmup)
         sess = self._session
         prog = sess.progress.case(f"{self._item.name} ctx={context_len} kv={self.layout.label}")
-        sampler, note = sampler_for(sess.device(), self.server)
-        if note:
-            sess.telemetry_note = note
-        decoder: Decoder | None = None
         try:
-            decoder = Decoder(self.server, prog.update, sampler=sampler)
-            run = decoder.decode(case)
-        except (MeasurementError, ServerHTTPError, ServerUnreachable) as e:
+            runs = self._measure(case, prog)
+        except (MeasurementError, ServerHTTPError, ServerUnreachable, ServerStartError) as e:
             prog.done("failed")
             tail = self.server.log_tail()
             raise pytest.fail(
                 f"specperf: measurement failed: {e}\nserver log tail:\n{tail}", pytrace=False
             ) from None
-        finally:
-            if decoder is not None:
-                decoder.close()
-        prog.done(f"{run.steps} steps, {run.step_ms.median:.2f} ms/step")
+        run = dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
+        prog.done(_done_text(run))
         self.runs.append(run)
         return run
+
+    def _servers(self) -> tuple[ModelServer, ...]:
+        pool = self._session.pool
+        n = self._session.settings.processes
+        return pool.servers(n) if pool is not None else (self.server,)
+
+    def _measure(self, case: CaseSpec, prog: CaseProgress) -> list[DecodeRun]:
+        """The first round of ``case`` in every server process, then more rounds while
+        the judge says they would decide and the time budget allows."""
+        sess = self._session
+        servers = self._servers()
+        decoders: list[Decoder] = []
+        try:
+            for i, server in enumerate(servers):
+                sampler, note = sampler_for(sess.device(), server, self._pids())
+                if note:
+                    sess.telemetry_note = note
+                decoders.append(Decoder(server, prog.update, sampler=sampler))
+                label = f"process {i + 1}/{len(servers)}" if len(servers) > 1 else ""
+                decoders[-1].start(case, note=label)
+            self._extend(case, decoders, prog)
+            return [d.run(case) for d in decoders]
+        finally:
+            for d in decoders:
+                d.close()
+
+    def _pids(self) -> tuple[int, ...]:
+        pool = self._session.pool
+        return pool.pids() if pool is not None else ()
+
+    def _extend(self, case: CaseSpec, decoders: list[Decoder], prog: CaseProgress) -> None:
+        """More rounds of every process's blocks while some gated metric is UNSTABLE only
+        for want of steps, and the next round fits in ``--specperf-max-time``."""
+        s = self._session.settings
+        if s.max_time_s <= 0 or s.update_baselines:
+            return
+        from pytest_specperf.plugin.cases import undecided_metrics
+
+        undecided = undecided_metrics(self._session, self._item, self)
+        round_s = prog.elapsed()  # the first round in every process, warm-ups included
+        while True:
+            runs = [d.run(case) for d in decoders]
+            metrics = undecided(dataclasses.replace(runs[0], siblings=tuple(runs[1:])))
+            if not metrics:
+                return
+            if prog.elapsed() + round_s > s.max_time_s:
+                return  # the budget is spent: the verdict says so
+            t0 = time.monotonic()
+            note = f"round {runs[0].rounds + 1} ({', '.join(metrics)} undecided)"
+            for d in decoders:
+                if not d.more(case, note=note):
+                    return
+            round_s = time.monotonic() - t0
 
     def profile(self, run: DecodeRun, trace: Path) -> list[Path]:
         """Re-run ``run``'s case briefly under the server's profiler; return the traces."""
@@ -142,6 +195,15 @@ class SpecperfHandle:
         finally:
             decoder.close()
         return files
+
+
+def _done_text(run: DecodeRun) -> str:
+    text = f"{run.steps} steps, {run.step_ms.median:.2f} ms/step"
+    if run.rounds > 1:
+        text += f" ({run.rounds} rounds)"
+    if run.siblings:
+        text += f", {len(run.processes)} processes"
+    return text
 
 
 #: Decode steps of the profiled re-run of a regressed case.
@@ -174,10 +236,26 @@ def model_server(
             f"specperf: cannot start the {s.backend} server: {e}", pytrace=False
         ) from None
     sess.server = server
+    sess.pool = ServerPool(server, lambda i: _start_more(sess, i, tmp_path_factory))
     try:
         yield server
     finally:
-        server.stop()
+        sess.pool.stop()
+
+
+def _start_more(
+    sess: SpecperfSession, index: int, tmp_path_factory: pytest.TempPathFactory
+) -> ModelServer:
+    """Server process ``index`` of the session (``--specperf-processes``), fresh."""
+    s = sess.settings
+    sess.progress.line(f"starting server process {index} of {s.processes}")
+    return start_server(
+        get_backend(s.backend),
+        s.backend_settings(),
+        work_dir=tmp_path_factory.mktemp(f"specperf-p{index}"),
+        ready_timeout_s=s.ready_timeout_s,
+        progress=sess.progress.line,
+    )
 
 
 @pytest.fixture

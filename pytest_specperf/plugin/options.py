@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from pytest_specperf.engines.protocol import BackendSettings
+from pytest_specperf.judging.baseline_schema import MAX_RUNS
+from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
+from pytest_specperf.judging.noise import MAX_PROCESSES
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -27,6 +30,9 @@ DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8
 DEFAULT_LONG_CONTEXT_MIN = 32768
 DEFAULT_READY_TIMEOUT_S = 600.0
+#: Seconds a case may take in all (every process, every round) before it is judged: the
+#: automatic extension's budget (0: no extension).
+DEFAULT_MAX_TIME_S = 30.0
 
 #: ``parse(raw, source, config)``: ``raw`` is None when neither flag nor ini gave a value.
 Parse = Callable[[Any, str, pytest.Config], Any]
@@ -171,6 +177,29 @@ def _seconds(raw: Any, source: str, config: pytest.Config) -> float:
     return value
 
 
+def _max_time(raw: Any, source: str, config: pytest.Config) -> float:
+    if raw is None:
+        return DEFAULT_MAX_TIME_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise _usage(source, raw, "seconds in [0, 86400] (0: no automatic extension)")
+    return value
+
+
+def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
+    if not raw:
+        return None
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(config.invocation_params.dir) / path
+    if not path.is_dir():
+        raise _usage(source, raw, "a directory of JSON reports (--specperf-json of earlier runs)")
+    return path
+
+
 @dataclass(frozen=True)
 class _Opt:
     flag: str
@@ -241,6 +270,36 @@ OPTIONS: tuple[_Opt, ...] = (
         f"warm-up decode steps per case, not measured (default {DEFAULT_WARMUP_STEPS})",
         _int_in(0, 100000, DEFAULT_WARMUP_STEPS),
         metavar="N",
+    ),
+    _Opt(
+        "--specperf-processes",
+        "server processes each case is measured in (default 1); with "
+        "--specperf-update-baselines, the runs recorded per case: the verdicts then know "
+        "the noise between processes",
+        _int_in(1, MAX_PROCESSES, 1),
+        metavar="N",
+    ),
+    _Opt(
+        "--specperf-keep-runs",
+        f"runs kept per case by --specperf-update-baselines, the newest (default "
+        f"{DEFAULT_KEEP_RUNS})",
+        _int_in(1, MAX_RUNS, DEFAULT_KEEP_RUNS),
+        metavar="K",
+    ),
+    _Opt(
+        "--specperf-max-time",
+        "seconds a case may take in all before it is judged: a case too noisy to decide "
+        f"measures more rounds of its blocks until then (default {DEFAULT_MAX_TIME_S:.0f}; "
+        "0: never)",
+        _max_time,
+        metavar="SECONDS",
+    ),
+    _Opt(
+        "--specperf-history",
+        "directory of earlier runs' JSON reports (--specperf-json, e.g. nightly): their runs "
+        "of each case inform the noise between processes",
+        _history,
+        metavar="DIR",
     ),
     _Opt(
         "--specperf-json",
@@ -364,6 +423,10 @@ class Settings:
     profile_on_regression: bool
     long_context_min: int
     ready_timeout_s: float
+    processes: int = 1
+    keep_runs: int = DEFAULT_KEEP_RUNS
+    max_time_s: float = DEFAULT_MAX_TIME_S
+    history_dir: Path | None = None
 
     def backend_settings(self) -> BackendSettings:
         return BackendSettings(
@@ -382,6 +445,8 @@ _FIELD = {
     "specperf_json": "json_path",
     "specperf_server_arg": "server_args",
     "specperf_ready_timeout": "ready_timeout_s",
+    "specperf_max_time": "max_time_s",
+    "specperf_history": "history_dir",
 }
 
 
@@ -402,6 +467,11 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
         raise pytest.UsageError(
             f"{sources['inject']} cannot be combined with --specperf-update-baselines: an "
             "injected slowdown must never become a baseline; drop one of the two"
+        )
+    if s.processes > 1 and s.server_url:
+        raise pytest.UsageError(
+            f"{sources['processes']} {s.processes} needs servers launched by the plugin; "
+            "with --specperf-server-url there is one server: drop one of the two"
         )
     if s.inject is not None and s.server_url:
         raise pytest.UsageError(

@@ -69,6 +69,10 @@ class CaseProgress:
         self._last = 0.0
         self._shown = False
 
+    def elapsed(self) -> float:
+        """Seconds since the case started."""
+        return time.monotonic() - self.t0
+
     def update(self, done: int, total: int, note: str = "") -> None:
         now = time.monotonic()
         elapsed = now - self.t0

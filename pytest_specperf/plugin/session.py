@@ -24,7 +24,9 @@ from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 
 if TYPE_CHECKING:
+    from pytest_specperf.reporting.history_runs import History
     from pytest_specperf.server.model_server import ModelServer
+    from pytest_specperf.server.pool import ServerPool
     from pytest_specperf.telemetry.device import DeviceInfo
 
 
@@ -42,6 +44,8 @@ class SpecperfSession:
     #: cases to write with --specperf-update-baselines
     to_record: list[CaseBaseline] = field(default_factory=list)
     server: ModelServer | None = None
+    #: every server process of the session (``--specperf-processes``), the first is ``server``
+    pool: ServerPool | None = None
     #: what an update wrote
     written: WriteResult | None = None
     errors: list[str] = field(default_factory=list)
@@ -50,6 +54,7 @@ class SpecperfSession:
     _device: DeviceInfo | None = None
     _baselines: BaselineFile | None = None
     _baselines_loaded: bool = False
+    _history: History | None = None
 
     def device(self) -> DeviceInfo:
         """The device the cases run on (detected once)."""
@@ -76,6 +81,19 @@ class SpecperfSession:
             self._baselines = load_baselines(self.baseline_path)
             self._baselines_loaded = True
         return self._baselines
+
+
+    def history(self) -> History | None:
+        """Earlier runs of the cases (``--specperf-history``), read once; None without it."""
+        directory = self.settings.history_dir
+        if directory is None:
+            return None
+        if self._history is None:
+            from pytest_specperf.reporting.history_runs import load_history
+
+            self._history = load_history(directory)
+            self.notes.append(self._history.describe(self.display_path(directory)))
+        return self._history
 
 
 SESSION_KEY = pytest.StashKey[SpecperfSession]()

@@ -7,6 +7,10 @@ the phase's thread, timed to the phase's measured host time; on a GPU it is a ke
 (``torch.cuda._sleep``) sized from the phase's recent device time (the host part of a GPU
 phase is only the launch cost).
 
+``all=FACTOR`` makes every phase ``FACTOR`` times as long, each by its own busy work:
+the step grows by that factor while every phase keeps its share, the canary of the step
+gate (a uniform slowdown that no phase gate sees).
+
 ``host_stall=MS`` stalls the host for ``MS`` milliseconds once per step, between two
 phases and outside all of them, so the device idles and the time lands in
 ``unaccounted``: the incident that motivated this project.
@@ -25,6 +29,8 @@ from typing import Any
 from pytest_specperf.probe.phases import PHASES, VERIFY
 
 HOST_STALL = "host_stall"
+#: Every phase alike: ``all=1.10``.
+ALL_PHASES_KEY = "all"
 #: The phase before which the host stall happens: the host is late to launch the verify.
 STALL_BEFORE = VERIFY
 MAX_FACTOR = 10.0
@@ -36,46 +42,72 @@ class InjectSpec:
     factors: dict[str, float] = field(default_factory=dict)
     host_stall_ms: float = 0.0
 
+    @property
+    def uniform(self) -> float | None:
+        """The common factor when every phase is slowed alike (``all=``), else None."""
+        values = {self.factors.get(p) for p in PHASES}
+        if len(values) == 1 and len(self.factors) == len(PHASES):
+            return values.pop()
+        return None
+
     def __str__(self) -> str:
-        parts = [f"{p}={f:g}" for p, f in sorted(self.factors.items())]
+        every = self.uniform
+        if every is not None:
+            parts = [f"{ALL_PHASES_KEY}={every:g}"]
+        else:
+            parts = [f"{p}={f:g}" for p, f in sorted(self.factors.items())]
         if self.host_stall_ms:
             parts.append(f"{HOST_STALL}={self.host_stall_ms:g}")
         return ",".join(parts)
 
 
 def parse_inject(text: str) -> InjectSpec:
-    """Parse ``PHASE=FACTOR[,PHASE=FACTOR...][,host_stall=MS]``; ValueError names the fix."""
+    """Parse ``PHASE=FACTOR[,PHASE=FACTOR...][,host_stall=MS]`` (``all=FACTOR``: every
+    phase); ValueError names the fix."""
     factors: dict[str, float] = {}
+    seen: set[str] = set()
     stall = 0.0
     if not text.strip():
         raise ValueError("empty spec; expected PHASE=FACTOR such as verify=1.10")
     for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
-        name = name.strip()
-        if not sep:
-            raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
-        try:
-            x = float(value)
-        except ValueError:
-            raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+        name, x = _item(part)
         if name == HOST_STALL:
             if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
-                raise ValueError(f"host_stall: {value.strip()} ms must be in (0, {MAX_STALL_MS:g}]")
+                raise ValueError(f"host_stall: {x:g} ms must be in (0, {MAX_STALL_MS:g}]")
             stall = x
-        elif name in PHASES:
-            if not 1.0 < x <= MAX_FACTOR:
-                raise ValueError(
-                    f"{name}: factor {value.strip()} must be in (1, {MAX_FACTOR:g}] "
-                    "(a slowdown: 1.10 makes the phase 10% slower)"
-                )
-            if name in factors:
-                raise ValueError(f"{name} is given twice")
-            factors[name] = x
-        else:
+            continue
+        if name != ALL_PHASES_KEY and name not in PHASES:
             raise ValueError(
-                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)}, or host_stall=MS"
+                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)}, all (every "
+                "phase), or host_stall=MS"
             )
+        if not 1.0 < x <= MAX_FACTOR:
+            raise ValueError(
+                f"{name}: factor {x:g} must be in (1, {MAX_FACTOR:g}] "
+                "(a slowdown: 1.10 makes the phase 10% slower)"
+            )
+        if name in seen:
+            raise ValueError(f"{name} is given twice")
+        seen.add(name)
+        names = PHASES if name == ALL_PHASES_KEY else (name,)
+        if any(p in factors for p in names):
+            raise ValueError(
+                f"{ALL_PHASES_KEY}= sets every phase: give either {ALL_PHASES_KEY}=FACTOR "
+                "or phase factors, not both"
+            )
+        factors.update(dict.fromkeys(names, x))
     return InjectSpec(factors, stall)
+
+
+def _item(part: str) -> tuple[str, float]:
+    name, sep, value = part.strip().partition("=")
+    name = name.strip()
+    if not sep:
+        raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
 
 
 class Injector:

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf.judging.baseline_schema import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S, device_form
 from pytest_specperf.judging.samples import DecodeRun
-from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 
@@ -88,6 +89,22 @@ def _bottleneck_json(o: CaseOutcome) -> dict[str, Any] | None:
     return {"kind": b.kind, "describe": b.describe(), "reasons": b.reasons, "figures": b.figures}
 
 
+def run_record_json(run: DecodeRun) -> dict[str, Any]:
+    """One server process's run of a case as a baseline stores it (centers, and the block
+    centers of the forms the verdicts pair): what ``--specperf-history`` reads back."""
+    return {
+        "steps": run.steps,
+        "rounds": run.rounds,
+        "server_pid": run.server_pid,
+        "values": {m: stable(s.value) for m, s in sorted(run.summaries.items())},
+        "blocks": {
+            m: [stable(b) for b in s.blocks]
+            for m, s in sorted(run.summaries.items())
+            if keeps_blocks(m) and s.blocks
+        },
+    }
+
+
 def case_json(o: CaseOutcome) -> dict[str, Any]:
     """One case of the report."""
     run = o.run
@@ -121,6 +138,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "baseline": _baseline_json(o),
         "metrics": [m.to_json() for m in o.verdict.metrics],
         "samples": _samples_json(run),
+        "runs": [run_record_json(r) for r in run.processes],
     }
     if run.has_device_times:
         out["device_phases"] = {p: _summary_json(run.summaries[device_form(p)]) for p in PHASES}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TABLE_ROWS, TOKENS_PER_S, device_form
+from pytest_specperf.judging.noise import MAX_PROCESSES
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
@@ -122,8 +123,10 @@ def summary_table(outcomes: Sequence[CaseOutcome]) -> list[str]:
     return render_table(headers, [_summary_row(o) for o in outcomes], right={1, 2, 4})
 
 
-def unstable_advice(m: MetricVerdict) -> str:
-    """Why a metric could not be decided, and what would decide it."""
+def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str:
+    """Why a metric could not be decided, and what would decide it: nothing but a quiet
+    machine (disturbed), more processes (the noise between server processes), or more
+    steps (the automatic extension's budget, ``max_time_s``, was spent or is off)."""
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
@@ -141,12 +144,52 @@ def unstable_advice(m: MetricVerdict) -> str:
         f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
         f"tol {m.tolerance * 100:.0f}{unit})"
     )
+    if m.processes_to_decide:
+        return text + _processes_advice(m)
     if m.steps_to_decide:
-        text += (
-            f"; about {m.steps_to_decide} steps would decide: record the baseline and run "
-            f"with --specperf-steps {m.steps_to_decide} (or the marker's steps=)"
-        )
+        text += _steps_advice(m, max_time_s)
     return text
+
+
+def _processes_advice(m: MetricVerdict) -> str:
+    runs = f"{m.base_runs} baseline run(s)"
+    if m.history_runs:
+        runs += f" and {m.history_runs} history run(s)"
+    between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
+    p = m.processes_to_decide or 0
+    text = (
+        f"; more steps cannot decide it: the noise between server processes is {between} "
+        f"per run ({runs}), and the baseline's own blocks add theirs"
+    )
+    if p > MAX_PROCESSES:
+        return text + (
+            f"; it would take about {p} processes: re-record the baseline on a quiet machine"
+        )
+    return text + (
+        f"; about {p} processes would decide: record the baseline with "
+        f"--specperf-update-baselines --specperf-processes {p} and run with "
+        f"--specperf-processes {p}"
+    )
+
+
+def _steps_advice(m: MetricVerdict, max_time_s: float | None) -> str:
+    steps = m.steps_to_decide
+    text = f"; about {steps} steps would decide"
+    if max_time_s is None:
+        return text + (
+            f": record the baseline and run with --specperf-steps {steps} (or the marker's "
+            "steps=)"
+        )
+    if max_time_s <= 0:
+        return text + (
+            " and the automatic extension is off (--specperf-max-time 0): raise it, or run "
+            f"with --specperf-steps {steps}"
+        )
+    rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
+    return text + (
+        f": the automatic extension stopped{rounds} at --specperf-max-time {max_time_s:g} s; "
+        "raise it (or rerun on a quieter machine)"
+    )
 
 
 @dataclass(frozen=True)
@@ -167,16 +210,20 @@ class RunSummary:
     written: tuple[str, ...] = ()
     json_path: str | None = None
     errors: tuple[str, ...] = field(default_factory=tuple)
+    #: the automatic extension's budget per case (``--specperf-max-time``)
+    max_time_s: float | None = None
+    processes: int = 1
 
 
-def _case_notes(outcomes: Sequence[CaseOutcome]) -> list[str]:
+def _case_notes(outcomes: Sequence[CaseOutcome], max_time_s: float | None) -> list[str]:
     lines = []
     for o in outcomes:
         if o.verdict.verdict is Verdict.INVALID:
             lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
         for m in o.verdict.metrics:
             if m.verdict is Verdict.UNSTABLE:
-                lines.append(f"UNSTABLE {o.test} {o.key}: {unstable_advice(m)}")
+                advice = unstable_advice(m, max_time_s=max_time_s)
+                lines.append(f"UNSTABLE {o.test} {o.key}: {advice}")
     return lines
 
 
@@ -184,6 +231,7 @@ def _head(s: RunSummary) -> list[str]:
     lines = [
         f"specperf: {s.backend} backend, device {s.device_slug}, baselines {s.baselines}, "
         f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time)"
+        + (f", {s.processes} server processes" if s.processes > 1 else "")
     ]
     if s.inject:
         lines.append(
@@ -204,7 +252,7 @@ def run_summary(s: RunSummary, outcomes: Sequence[CaseOutcome]) -> list[str]:
             f"hint: {len(missing)} case(s) have no baseline in {s.baselines}; record them "
             "with: pytest perf_tests --specperf-update-baselines"
         )
-    lines += _case_notes(outcomes)
+    lines += _case_notes(outcomes, s.max_time_s)
     if outcomes:
         lines += [s.telemetry_note] if s.telemetry_note else []
         lines += s.backend_notes

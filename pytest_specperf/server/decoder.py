@@ -3,9 +3,15 @@
 A case is measured as blocks: one warm-up request (graphs captured, caches warm; not
 measured), then requests of about ``block_steps`` decode steps each, every one starting
 from a fresh prefill of ``context_len`` tokens in the requested KV layout, until
-``steps`` measured steps are collected. The first step after each prefill is dropped
-(transient). Blocks are the unit of evidence for the noise estimate
-(``judging.stats``); ``judging.samples`` turns the records into a frozen ``DecodeRun``.
+``steps`` measured steps are collected: the first round. The first step after each
+prefill is dropped (transient). Blocks are the unit of evidence for the noise estimate
+(``judging.noise``); ``judging.samples`` turns the records into a frozen ``DecodeRun``.
+
+More rounds (the automatic extension) repeat the first round's requests exactly: block
+``j`` of every round has block ``j``'s prompt, layout seed and length, so that every
+extended block has a baseline counterpart (block ``j`` of the baseline's run) and the
+verdict pairs the mean of its rounds with it. Telemetry and the server's own metrics
+cover the first round.
 """
 
 from __future__ import annotations
@@ -50,8 +56,11 @@ def block_steps(steps: int) -> int:
     return max(1, min(BLOCK_STEPS, steps // 3))
 
 
-def sampler_for(device: DeviceInfo, server: ModelServer) -> tuple[TelemetrySampler | None, str]:
-    """An NVML sampler for the server's GPU, or None and the line saying why not."""
+def sampler_for(
+    device: DeviceInfo, server: ModelServer, other_pids: tuple[int, ...] = ()
+) -> tuple[TelemetrySampler | None, str]:
+    """An NVML sampler for the server's GPU, or None and the line saying why not.
+    ``other_pids``: the session's other server processes (not foreign processes)."""
     if device.kind != "cuda":
         return None, "telemetry unavailable: no CUDA device (CPU run); host-side view"
     if device.nvml_index is None:
@@ -59,7 +68,7 @@ def sampler_for(device: DeviceInfo, server: ModelServer) -> tuple[TelemetrySampl
         return None, f"telemetry unavailable: {why}"
     from pytest_specperf.telemetry.nvml import TelemetrySampler
 
-    pids = set()
+    pids = set(other_pids)
     if server.process is not None and server.process.pid:
         pids.add(server.process.pid)
     if isinstance(server.server_info.get("pid"), int):
@@ -87,6 +96,31 @@ class _Blocks:
     blocks: list[int] = field(default_factory=list)
     frags: list[float] = field(default_factory=list)
     reference: dict[int, float] = field(default_factory=dict)
+    #: the first round's requests, (seed, steps wanted, max_new_tokens) per block
+    plan: list[tuple[int, int, int]] = field(default_factory=list)
+    rounds: int = 1
+    round_steps: int = 0
+    #: the id of the next block (ids grow across rounds, so blocks sort by round)
+    next_block: int = 0
+
+    def add(self, block: int, kept: list[StepRecord], metas: list[dict[str, Any]],
+            backend: Any) -> None:  # fmt: skip
+        """Keep block ``block``'s records, fragmentation and reference read time."""
+        self.frags += [f for f in map(backend.kv_fragmentation, metas) if f is not None]
+        refs = [x for x in map(backend.reference_ms, metas) if x]
+        if refs:
+            self.reference[block] = statistics.median(refs)
+        self.records += kept
+        self.blocks += [block] * len(kept)
+
+
+@dataclass
+class _Window:
+    """What the first round measured besides the records."""
+
+    t0: float
+    telemetry: Any = None
+    cross_check: tuple[str, ...] = ()
 
 
 def _accept_estimate(records: list[StepRecord], fallback: float) -> float:
@@ -105,6 +139,10 @@ class Decoder:
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
+        self._got = _Blocks()
+        self._window = _Window(time.monotonic())
+        self._note = ""  # shown on the progress line
+        self._total = 0  # steps the progress line counts to (0: the case's)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
@@ -144,7 +182,7 @@ class Decoder:
         while True:
             done = fut.done()
             mine += self._poll(set(rids))
-            self.progress(counted + len(mine), case.steps, "")
+            self.progress(counted + len(mine), self._total or case.steps, self._note)
             if done:
                 break
             time.sleep(0.2)
@@ -189,6 +227,7 @@ class Decoder:
         return _accept_estimate(recs, 1.0)
 
     def _measure_blocks(self, case: CaseSpec, accept: float) -> _Blocks:
+        """The first round: blocks until ``case.steps`` steps are measured."""
         per_block = block_steps(case.steps)
         got = _Blocks()
         b = 0
@@ -200,22 +239,21 @@ class Decoder:
                 counted=len(got.records),
             )  # fmt: skip
             accept = _accept_estimate(recs, accept)
-            backend = self.server.backend
-            got.frags += [f for f in map(backend.kv_fragmentation, metas) if f is not None]
-            refs = [x for x in map(backend.reference_ms, metas) if x]
-            if refs:
-                got.reference[b] = statistics.median(refs)
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
-            got.records += kept
-            got.blocks += [b] * len(kept)
+            got.add(b, kept, metas, self.server.backend)
+            if kept:  # a block that measured nothing is not repeated
+                got.plan.append((b, want, max_new))
             b += 1
             if b > 4 * case.steps:
                 raise MeasurementError(f"collected only {len(got.records)} of {case.steps} steps")
+        got.round_steps = len(got.records)
+        got.next_block = b
         return got
 
-    def decode(self, case: CaseSpec) -> DecodeRun:
-        """Warm up, measure the blocks of ``case`` and build its frozen run."""
+    def start(self, case: CaseSpec, *, note: str = "") -> None:
+        """Warm up and measure the first round of ``case`` (``run`` builds the run)."""
         t0 = time.monotonic()
+        self._note, self._total = note, 0
         srv = self.server
         info = srv.server_info
         block = int(info.get("speculative_num_draft_tokens") or 8) if srv.speculative else 1
@@ -225,19 +263,51 @@ class Decoder:
         if self.sampler is not None:
             self.sampler.start()
         try:
-            got = self._measure_blocks(case, accept)
+            self._got = self._measure_blocks(case, accept)
         finally:
             telemetry = self.sampler.stop() if self.sampler is not None else None
         cross = srv.backend.metrics_check(
-            srv.client, metrics_before, got.records, time.monotonic() - window_t0
+            srv.client, metrics_before, self._got.records, time.monotonic() - window_t0
         )
+        self._window = _Window(t0, telemetry, tuple(cross))
+
+    def more(self, case: CaseSpec, *, note: str = "") -> bool:
+        """Measure one more round of the first round's blocks; False (and nothing kept)
+        when a block came back without measured steps, so rounds stay whole."""
+        got = self._got
+        self._note, self._total = note, got.round_steps * (got.rounds + 1)
+        first = got.next_block
+        done = len(got.records)
+        extra = _Blocks()
+        for j, (seed, want, max_new) in enumerate(got.plan):
+            recs, metas = self._request(
+                case, max_new_tokens=max_new, seed=seed, tag=f"{case.tag}-r{got.rounds}b{j}",
+                counted=done + len(extra.records),
+            )  # fmt: skip
+            kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
+            if not kept:
+                return False
+            extra.add(first + j, kept, metas, self.server.backend)
+        got.records += extra.records
+        got.blocks += extra.blocks
+        got.frags += extra.frags
+        got.reference.update(extra.reference)
+        got.rounds += 1
+        got.next_block = first + len(got.plan)
+        return True
+
+    def run(self, case: CaseSpec) -> DecodeRun:
+        """The frozen run of every round measured so far."""
+        got, w = self._got, self._window
         window = Window(
             fragmentation=sum(got.frags) / len(got.frags) if got.frags else None,
-            wall_s=time.monotonic() - t0,
+            wall_s=time.monotonic() - w.t0,
             warmup_steps=case.warmup_steps,
             reference=got.reference,
-            telemetry=telemetry,
-            cross_check=tuple(cross),
+            telemetry=w.telemetry,
+            cross_check=w.cross_check,
+            server_pid=_pid(self.server.server_info.get("pid")),
+            round_steps=got.round_steps,
         )
         return build_run(
             got.records,
@@ -247,3 +317,12 @@ class Decoder:
             layout=case.layout,
             window=window,
         )
+
+    def decode(self, case: CaseSpec) -> DecodeRun:
+        """Warm up, measure the first round of ``case`` and build its frozen run."""
+        self.start(case)
+        return self.run(case)
+
+
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

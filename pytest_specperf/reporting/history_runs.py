@@ -1,0 +1,138 @@
+"""Earlier runs of each case, from a folder of our JSON reports (``--specperf-history``).
+
+A nightly job that writes ``--specperf-json nightly/<date>.json`` every night has, after a
+few nights, several runs of every case, each from its own server process: the between-
+process part of the noise can come from them instead of from extra processes now (a big
+SGLang model is slow to start). This module is the interface: it reads the reports
+through the one reader (``read_report``) and hands each case's runs of the last
+``HISTORY_REPORTS`` reports (by their ``created`` time, else the file's) to the judge as
+``HistoryRun`` records. They inform the between-process estimate only: the verdict's
+change is always against the baseline.
+
+A run is left out when it cannot be noise of the same engine: an injected canary run, a
+case judged SLOWER (a regression is not noise) or INVALID (a throttled GPU, another
+engine), a report from before this format carried runs, or a run that fails the baseline
+store's own validation. The judge keeps only runs of the baseline's engine fingerprint.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pytest_specperf.judging.baseline_schema import Invalid, check_run, make_run, number
+from pytest_specperf.judging.baselines import fingerprint_hash
+from pytest_specperf.judging.judge import HistoryRun
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import Verdict
+from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
+
+#: Reports read, the newest: about two weeks of nightly runs.
+HISTORY_REPORTS = 14
+#: Verdicts whose runs are not noise of the baseline's engine.
+_LEFT_OUT = (Verdict.SLOWER, Verdict.INVALID)
+
+CaseId = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class History:
+    """Runs by case (test id, case key), oldest first, and what was skipped and why."""
+
+    runs: Mapping[CaseId, tuple[HistoryRun, ...]]
+    reports: int
+    skipped: tuple[str, ...]
+
+    def of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
+        return self.runs.get((test, key), ())
+
+    def describe(self, where: str) -> str:
+        n = sum(len(v) for v in self.runs.values())
+        text = f"history: {n} run(s) of {len(self.runs)} case(s) from {self.reports} report(s)"
+        text += f" in {where}, for the noise between processes"
+        return text + (f"; skipped: {'; '.join(self.skipped)[:300]}" if self.skipped else "")
+
+
+def _when(report: Report) -> datetime.datetime:
+    created = report.data.get("created")
+    if isinstance(created, str):
+        try:
+            when = datetime.datetime.fromisoformat(created)
+            return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+        except ValueError:
+            pass
+    mtime = report.path.stat().st_mtime
+    return datetime.datetime.fromtimestamp(mtime, datetime.timezone.utc)
+
+
+def _newest(directory: Path, limit: int, skipped: list[str]) -> list[Report]:
+    reports = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            reports.append(read_report(path))
+        except (ReportError, OSError) as e:
+            skipped.append(str(e)[:200])
+    reports.sort(key=_when)
+    return reports[-limit:] if limit else []
+
+
+def _runs_of(case: CaseReport, where: str) -> list[HistoryRun]:
+    """The runs of one report case (``Invalid`` naming the field if one is unusable)."""
+    data = case.data
+    labels = data.get("labels")
+    if isinstance(labels, Mapping) and labels.get("inject"):
+        return []
+    fp = data.get("fingerprint")
+    raw_runs = data.get("runs")
+    if not isinstance(fp, Mapping) or not isinstance(raw_runs, list):
+        raise Invalid("no fingerprint or runs (a report older than --specperf-history)")
+    h = fingerprint_hash(fp)
+    return [HistoryRun(h, where, _summaries(r, f"runs[{i}]")) for i, r in enumerate(raw_runs)]
+
+
+def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
+    if not isinstance(raw, Mapping):
+        raise Invalid(f"{where}: expected an object")
+    values, blocks, steps = raw.get("values"), raw.get("blocks") or {}, raw.get("steps")
+    if not isinstance(values, Mapping) or not isinstance(blocks, Mapping):
+        raise Invalid(f"{where}: values and blocks must be objects")
+    run = make_run(
+        "history",
+        None,
+        {str(m): number(v, f"{where}.values.{m}") for m, v in values.items()},
+        {str(m): [number(x, f"{where}.blocks.{m}") for x in _list(b)] for m, b in blocks.items()},
+    )
+    check_run(run, lambda kind, m: f"{where}.{kind}.{m}" if m else f"{where}.{kind}")
+    n = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1
+    return MappingProxyType(run.summaries(n))
+
+
+def _list(x: Any) -> Sequence[Any]:
+    if not isinstance(x, list):
+        raise Invalid(f"expected a list of block centers, got {type(x).__name__}")
+    return x
+
+
+def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
+    """The runs of every case in the newest ``limit`` reports of ``directory``; unusable
+    reports and cases are skipped and named in ``History.skipped``, never an error."""
+    skipped: list[str] = []
+    reports = _newest(directory, limit, skipped)
+    runs: dict[CaseId, list[HistoryRun]] = {}
+    for report in reports:
+        for case in report.cases:
+            if case.verdict in _LEFT_OUT:
+                continue
+            where = f"{report.path.name} [{case.key}]"
+            try:
+                found = _runs_of(case, where)
+            except Invalid as e:
+                skipped.append(f"{where}: {e}")
+                continue
+            runs.setdefault((case.test, case.key), []).extend(found)
+    frozen = {k: tuple(v) for k, v in runs.items()}
+    return History(MappingProxyType(frozen), len(reports), tuple(skipped))
