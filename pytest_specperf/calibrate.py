@@ -491,8 +491,52 @@ class Calibration:
             "resumed_runs": sum(1 for c in conds for r in c.runs if r.resumed),
             "conditions": [_condition_row(c) for c in conds],
             "baseline_cases": [c.key for c in base.cases],
+            "baseline_noise": baseline_noise(self.baselines),
             "work_dir": str(self.work),
         }
+
+
+#: Judged forms whose between-process noise the calibration shows (those that exist).
+NOISE_FORMS = ("step/ref", "verify/rest", "draft/rest")
+
+
+def baseline_noise(directory: Path) -> list[dict[str, Any]]:
+    """Per baseline case with several runs: for each form of ``NOISE_FORMS``, the raw
+    between-process standard deviation ``tau_hat`` (no prior) and the block-to-block one,
+    from its runs (``judging.noise``): why a tolerance can or cannot be met here."""
+    from pytest_specperf.judging.baselines import load_baselines
+    from pytest_specperf.judging.noise import anova_between, log_rows
+
+    rows = []
+    for path in sorted(directory.glob("*.yaml")):
+        bf = load_baselines(path)
+        for case in bf.all_cases() if bf else ():
+            row: dict[str, Any] = {"case": f"{case.test.rsplit('::', 1)[-1]} {case.key}",
+                                   "runs": len(case.runs)}  # fmt: skip
+            for form in NOISE_FORMS:
+                blocks = [r.blocks.get(form, ()) for r in case.runs]
+                logs = [x for x in (log_rows(b, len(blocks[-1])) for b in blocks) if x]
+                tau2 = anova_between(logs) if len(logs) >= 2 else None
+                row[form] = None if tau2 is None else math.sqrt(tau2)
+            rows.append(row)
+    return rows
+
+
+def _noise_table(summary: dict[str, Any]) -> list[str]:
+    rows = [r for r in summary.get("baseline_noise") or () if r["runs"] >= 2]
+    if not rows:
+        return []
+    cells = [
+        [r["case"], str(r["runs"]),
+         *("-" if r.get(f) is None else f"{r[f] * 100:.2f}%" for f in NOISE_FORMS)]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "",
+        "noise between server processes in the baseline (tau_hat, standard deviation of one "
+        "run's center, no prior)",
+        *render_table(["case", "runs", *NOISE_FORMS], cells),
+    ]
 
 
 def expected_metric(inject: str) -> str:
@@ -643,6 +687,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         *_verdict_table(summary),
         *_sweep_table(summary, "phase"),
         *_sweep_table(summary, "step"),
+        *_noise_table(summary),
         *_footer(summary),
     ]
 

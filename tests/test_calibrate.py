@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pytest_specperf import __main__ as cli
@@ -197,3 +199,52 @@ def test_unstable_is_rejudged_at_the_tolerance_too():
     wobbly = _case("ctx=32768", "UNSTABLE", [("verify", "UNSTABLE", 0.02, 0.02)])
     assert _run_outcome({"cases": [wobbly]}, None, (0.05, 0.15)).unstable_cases == ("ctx=32768",)
     assert _run_outcome({"cases": [wobbly]}, None, (0.07, 0.15)).unstable_cases == ()
+
+
+def test_all_condition_expects_the_step_and_blames_no_phase():
+    from pytest_specperf.calibrate import expected_metric
+
+    assert expected_metric("all=1.10") == "step" and expected_metric("verify=1.05") == "verify"
+    uniform = {"cases": [
+        _case("ctx=46000", "SLOWER", [("verify", "SAME", 0.004, 0.005),
+                                      ("step", "SLOWER", 0.101, 0.02)], culprit="step"),
+        _case("ctx=32768", "SAME", [("verify", "SAME", -0.01, 0.004), ("step", "SAME", 0.08, 0.03)]),
+    ]}  # fmt: skip
+    out = _run_outcome(uniform, "step", (0.07, 0.08))
+    assert out.detected and out.named_right
+    blamed = {"cases": [_case("ctx=46000", "SLOWER", [("verify", "SLOWER", 0.09, 0.005),
+                                                      ("step", "SLOWER", 0.12, 0.02)])]}
+    out = _run_outcome(blamed, "step", (0.07, 0.08))
+    assert out.detected and not out.named_right  # a phase was blamed for a uniform slowdown
+
+
+def test_processes_and_max_time_reach_every_run(tmp_path):
+    opts = _args(tmp_path, resume=False, inject=["all=1.10"], processes=3, max_time=20.0)
+    assert (opts.processes, opts.max_time) == (3, 20.0)
+    assert opts.run_args() == ["--specperf-max-time=20"]
+    assert cli.main(["calibrate", "--processes", "0"]) == 2
+
+
+def test_the_baselines_process_noise_is_shown(tmp_path, make_case):
+    """Three runs of a case: one process ran verify 10% slower (its verify/rest is about
+    +10%): tau_hat of verify/rest shows it, step/ref (the reference scaled alike) not."""
+    import dataclasses
+
+    from pytest_specperf.calibrate import baseline_noise
+    from pytest_specperf.judging.baselines import write_baselines
+
+    runs = [make_case(seed=1, factors=f) for f in ({}, {"verify": 1.1}, {})]
+    case = dataclasses.replace(runs[0], runs=tuple(r.runs[0] for r in runs))
+    write_baselines(tmp_path / "box.yaml", {"name": "box"}, [case])
+    [row] = baseline_noise(tmp_path)
+    assert row["runs"] == 3
+    # run means 0, ln(1.1), 0: sd 0.055 (no residual: every block moved alike)
+    assert row["verify/rest"] == pytest.approx(math.log(1.1) / math.sqrt(3), rel=0.05)
+    assert row["draft/rest"] == pytest.approx(row["verify/rest"], rel=0.2)  # its rest grew
+    assert row["step/ref"] < row["verify/rest"]
+    summary = {"baseline_noise": [row]}
+    from pytest_specperf.calibrate import _noise_table
+
+    lines = _noise_table(summary)
+    assert "noise between server processes in the baseline" in lines[1]
+    assert any(line.startswith("test_d ctx=8192 kv=contiguous bs=1  3") for line in lines)

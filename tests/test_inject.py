@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -69,6 +70,40 @@ def test_phase_factor_stretches_the_phase_itself():
         assert r.host_ns["verify"] == pytest.approx(30e6, rel=0.15)  # 20 ms x 1.5
         assert r.host_ns["draft"] == pytest.approx(10e6, rel=0.15)  # untouched
         assert r.unaccounted_ns < 1e6
+
+
+def test_all_stretches_every_phase_alike():
+    """all=1.5: every phase 1.5x as long, each by its own busy work, so every phase keeps
+    its share of the step (no phase gate sees it) while the step grows by the factor."""
+    spec = parse_inject("all=1.5")
+    assert str(spec) == "all=1.5" and spec.uniform == 1.5
+    probe = StepProbe(None, injector=Injector(spec))
+    for _ in range(5):
+        probe.begin_step(context_len=1, batch_size=1, rids=[])
+        with probe.phase("draft"):
+            _busy(0.010)
+        with probe.phase("verify"):
+            _busy(0.020)
+        probe.end_step(accepted_tokens=1)
+    recs = probe.take_completed()
+    draft = statistics.median(r.host_ns["draft"] for r in recs)
+    verify = statistics.median(r.host_ns["verify"] for r in recs)
+    assert draft == pytest.approx(15e6, rel=0.15)  # the median: robust to a preemption
+    assert verify == pytest.approx(30e6, rel=0.15)
+    assert statistics.median(r.unaccounted_ns for r in recs) < 1e6
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("all=1.1,verify=1.2", "all= sets every phase: give either all=FACTOR or phase factors"),
+    ("verify=1.2,all=1.1", "give either all=FACTOR or phase factors, not both"),
+    ("all=1.1,all=1.2", "all is given twice"),
+    ("all=0.9", "all: factor 0.9 must be in (1, 10]"),
+])
+def test_bad_all_specs(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        parse_inject(text)
+    assert str(parse_inject("all=1.1,host_stall=3")) == "all=1.1,host_stall=3"
 
 
 def test_host_stall_lands_in_unaccounted():

@@ -31,9 +31,11 @@ def test_decode(specperf, context_len):
 """
 TEST = "test_case.py::test_decode"
 KEY = "ctx=2048 kv=contiguous bs=1"
+# No automatic extension here (CASE counts its steps): tests/test_noise_e2e.py has it.
 ARGS = (
     "--specperf-steps=8",
     "--specperf-warmup-steps=2",
+    "--specperf-max-time=0",
     "--specperf-device=test-box",
     "-p",
     "no:cacheprovider",
@@ -130,7 +132,10 @@ def test_faster_passes(pytester, recorded):
     result.stdout.fnmatch_lines(["*test_decode ctx=2048*verify -*FASTER*"])
 
 
-def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
+def test_unstable_says_what_would_decide(pytester, recorded):
+    """A baseline whose blocks scatter: more steps of this run cannot decide (the
+    baseline's blocks are the noise), more processes would."""
+
     def noisy(case, entry):
         blocks = case["blocks"]["verify/rest"]
         blocks[-1] = [
@@ -143,8 +148,9 @@ def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*UNSTABLE*verify changed *% within noise +-*%*about * steps "
-            "would decide: record the baseline and run with --specperf-steps *"
+            "*UNSTABLE*verify changed *% within noise +-*%*more steps cannot decide it: the "
+            "noise between server processes is +-*% per run (1 baseline run(s)), and the "
+            "baseline's own blocks add theirs; *"
         ]
     )
 

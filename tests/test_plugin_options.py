@@ -101,6 +101,17 @@ def test_ini_twins_and_command_line_wins(pytester):
             "*attaches to a running server*",
         ),
         (["--specperf-server-arg="], "*--specperf-server-arg: invalid value ''*"),
+        (["--specperf-processes=0"], "*--specperf-processes: invalid value '0'; expected an "
+                                     "integer in [[]1, 16]*"),
+        (["--specperf-keep-runs=65"], "*--specperf-keep-runs: invalid value '65'*"),
+        (["--specperf-max-time=-1"], "*--specperf-max-time: invalid value '-1'; expected "
+                                     "seconds in [[]0, 86400] (0: no automatic extension)*"),
+        (["--specperf-history=/nonexistent/nightly"], "*--specperf-history: invalid value "
+                                                      "'/nonexistent/nightly'; expected a directory*"),
+        (
+            ["--specperf-server-url=http://127.0.0.1:3", "--specperf-processes=2"],
+            "*--specperf-processes 2 needs servers launched by the plugin*",
+        ),
     ],
 )
 def test_bad_values_are_usage_errors(pytester, args, message):
@@ -150,3 +161,26 @@ def test_loads_and_lists_options_without_torch(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["*--specperf-backend=NAME*"])
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+NOISE = """
+def test_show(request):
+    from pytest_specperf.plugin.session import get_session
+    s = get_session(request.config).settings
+    print("NOISE", s.processes, s.keep_runs, s.max_time_s, s.history_dir and s.history_dir.name)
+"""
+
+
+def test_noise_options_and_their_ini_twins(pytester):
+    pytester.makepyfile(NOISE)
+    pytester.mkdir("nightly")
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(["*NOISE 1 5 30.0 None"])
+    pytester.makeini(
+        "[pytest]\nspecperf_processes = 3\nspecperf_keep_runs = 8\nspecperf_max_time = 0\n"
+        "specperf_history = nightly\n"
+    )
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(["*NOISE 3 8 0.0 nightly"])
+    result = pytester.runpytest("-s", "--specperf-processes=2", "--specperf-max-time=45")
+    result.stdout.fnmatch_lines(["*NOISE 2 8 45.0 nightly"])

@@ -111,12 +111,24 @@ class Noise:
             return None
         return max(1, math.ceil(self.now_var * self.rounds / room))
 
+    def with_processes(self, processes: int) -> float:
+        """The noise with ``processes`` current runs of one round each, against a baseline
+        of as many runs (or its own, if it has more), from the same estimates."""
+        base = max(self.base_runs, processes)
+        per_run_now = self.now_var * self.rounds * self.now_runs
+        per_run_base = self.base_var * self.base_runs
+        var = per_run_now / processes + per_run_base / base
+        return math.sqrt(var + self.between**2 * (1 / processes + 1 / base))
+
     def processes_for(self, target: float) -> int | None:
-        """Runs on both sides (one round each) that bring the noise to ``target``."""
+        """Processes (current runs; the baseline recorded in as many, if it has fewer) that
+        bring the noise to ``target``; None if up to ``4 * MAX_PROCESSES`` cannot."""
         if not self.paired or target <= 0:
             return None
-        per_run = self.now_var * self.rounds * self.now_runs + self.base_var * self.base_runs
-        return max(2, math.ceil((per_run + 2 * self.between**2) / target**2))
+        for p in range(1, 4 * MAX_PROCESSES + 1):
+            if self.with_processes(p) <= target:
+                return p
+        return None
 
 
 def log_rows(blocks: Sequence[float], period: int) -> list[float] | None:

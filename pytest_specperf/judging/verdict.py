@@ -170,7 +170,8 @@ class MetricVerdict:
     history_runs: int = 0
     #: rounds of the baseline's blocks measured per current run (automatic extension)
     rounds: int = 1
-    #: UNSTABLE that more steps cannot decide: processes (baseline and run alike) that would
+    #: UNSTABLE that more steps cannot decide: the processes that would (the run's, and the
+    #: baseline's too when it has fewer runs)
     processes_to_decide: int | None = None
 
     @property
@@ -185,7 +186,6 @@ class MetricVerdict:
             self.verdict is Verdict.UNSTABLE
             and not self.disturbed
             and self.steps_to_decide is not None
-            and self.processes_to_decide is None
         )
 
     def noise_at(self, tolerance: float) -> float:

@@ -37,6 +37,8 @@ HISTORY_REPORTS = 14
 _LEFT_OUT = (Verdict.SLOWER, Verdict.INVALID)
 
 CaseId = tuple[str, str]
+#: The store's field names as a report's run spells them.
+_FIELDS = {"value": "values", "blocks": "blocks"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
         {str(m): number(v, f"{where}.values.{m}") for m, v in values.items()},
         {str(m): [number(x, f"{where}.blocks.{m}") for x in _list(b)] for m, b in blocks.items()},
     )
-    check_run(run, lambda kind, m: f"{where}.{kind}.{m}" if m else f"{where}.{kind}")
+    check_run(run, lambda kind, m: f"{where}.{_FIELDS[kind]}" + (f".{m}" if m else ""))
     n = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1
     return MappingProxyType(run.summaries(n))
 
@@ -125,9 +127,10 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
     runs: dict[CaseId, list[HistoryRun]] = {}
     for report in reports:
         for case in report.cases:
-            if case.verdict in _LEFT_OUT:
-                continue
             where = f"{report.path.name} [{case.key}]"
+            if case.verdict in _LEFT_OUT:
+                skipped.append(f"{where}: judged {case.verdict.value}, not noise")
+                continue
             try:
                 found = _runs_of(case, where)
             except Invalid as e:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TABLE_ROWS, TOKENS_PER_S, device_form
-from pytest_specperf.judging.noise import MAX_PROCESSES
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
@@ -108,6 +108,10 @@ def _summary_row(o: CaseOutcome) -> list[str]:
     verdict = o.verdict.verdict.value + (" (recorded)" if o.recorded else "")
     if o.run.injected:
         verdict += " [injected]"
+    if o.run.rounds > 1:
+        verdict += f", {o.run.rounds} rounds"
+    if o.run.siblings:
+        verdict += f", {len(o.run.processes)} processes"
     return [
         f"{o.test.rsplit('::', 1)[-1]} {o.key}",
         f"{b.median:.2f} -> {step:.2f}" if b else f"- -> {step:.2f}",
@@ -144,10 +148,10 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str
         f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
         f"tol {m.tolerance * 100:.0f}{unit})"
     )
-    if m.processes_to_decide:
-        return text + _processes_advice(m)
     if m.steps_to_decide:
-        text += _steps_advice(m, max_time_s)
+        return text + _steps_advice(m, max_time_s)
+    if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
+        return text + _processes_advice(m)
     return text
 
 
@@ -156,19 +160,20 @@ def _processes_advice(m: MetricVerdict) -> str:
     if m.history_runs:
         runs += f" and {m.history_runs} history run(s)"
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
-    p = m.processes_to_decide or 0
     text = (
         f"; more steps cannot decide it: the noise between server processes is {between} "
         f"per run ({runs}), and the baseline's own blocks add theirs"
     )
-    if p > MAX_PROCESSES:
-        return text + (
-            f"; it would take about {p} processes: re-record the baseline on a quiet machine"
-        )
+    p = m.processes_to_decide
+    if p is None:
+        return text + "; no practical number of processes would: re-record on a quiet machine"
+    run = f"run with --specperf-processes {p}"
+    if p <= m.base_runs:
+        return text + f"; about {p} processes would decide: {run}"
+    keep = f" --specperf-keep-runs {p}" if p > DEFAULT_KEEP_RUNS else ""
     return text + (
         f"; about {p} processes would decide: record the baseline with "
-        f"--specperf-update-baselines --specperf-processes {p} and run with "
-        f"--specperf-processes {p}"
+        f"--specperf-update-baselines --specperf-processes {p}{keep} and {run}"
     )
 
 

@@ -1,0 +1,77 @@
+"""``--specperf-history``: earlier runs read back from our JSON reports (no servers)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pytest_specperf.judging.baselines import fingerprint_hash
+from pytest_specperf.judging.judge import Case, judge_case
+from pytest_specperf.judging.verdict import Tolerances
+from pytest_specperf.reporting.history_runs import load_history
+from pytest_specperf.reporting.report import run_record_json
+
+TEST, KEY = "perf_tests/t.py::test_d", "ctx=8192 kv=contiguous bs=1"
+
+
+def _report(path, runs, *, verdict="SAME", created=None, inject=None, fp, key=KEY):
+    case = {"test": TEST, "key": key, "verdict": verdict, "step_ms": {"median": 40.0},
+            "metrics": [], "fingerprint": fp, "labels": {"inject": inject} if inject else {},
+            "runs": [run_record_json(r) for r in runs]}  # fmt: skip
+    data = {"schema_version": 1, "cases": [case]}
+    if created:
+        data["created"] = created
+    path.write_text(json.dumps(data))
+
+
+def test_runs_are_read_and_unusable_ones_skipped_with_the_reason(tmp_path, make_run, reference_fp):
+    fp = reference_fp
+    _report(tmp_path / "n1.json", [make_run(seed=1)], created="2026-11-01T00:00:00+00:00", fp=fp)
+    _report(tmp_path / "n2.json", [make_run(seed=2), make_run(seed=3)], fp=fp,
+            created="2026-11-02T00:00:00+00:00")  # fmt: skip
+    _report(tmp_path / "canary.json", [make_run(seed=4)], inject="verify=1.1", fp=fp)
+    _report(tmp_path / "regressed.json", [make_run(seed=5)], verdict="SLOWER", fp=fp)
+    (tmp_path / "torn.json").write_text('{"schema_version": 1, "cases": [')
+    old = {"schema_version": 1, "cases": [{"test": TEST, "key": KEY, "verdict": "SAME",
+                                           "step_ms": {"median": 1.0}}]}  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    bad = run_record_json(make_run(seed=6))
+    bad["values"]["step"] = -1.0
+    data = json.loads((tmp_path / "n1.json").read_text())
+    data["cases"][0]["runs"] = [bad]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    history = load_history(tmp_path)
+    runs = history.of(TEST, KEY)
+    assert len(runs) == 3  # n1 (1 run) and n2 (2 runs); the rest left out
+    assert {r.fingerprint_hash for r in runs} == {fingerprint_hash(fp)}
+    assert [r.source.split(" ")[0] for r in runs] == ["n1.json", "n2.json", "n2.json"]
+    skipped = " | ".join(history.skipped)
+    assert "torn.json" in skipped and "old.json" in skipped and "older than" in skipped
+    assert "bad.json" in skipped and "values.step: must be > 0" in skipped
+    assert "regressed.json [ctx=8192 kv=contiguous bs=1]: judged SLOWER, not noise" in skipped
+    assert "history: 3 run(s) of 1 case(s)" in history.describe("nightly")
+
+
+def test_only_the_newest_reports_are_read(tmp_path, make_run, reference_fp):
+    for i in range(5):
+        path = tmp_path / f"night{i}.json"
+        _report(path, [make_run(seed=i)], fp=reference_fp)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))  # no "created": file times
+    history = load_history(tmp_path, limit=2)
+    assert history.reports == 2
+    assert [r.source.split(" ")[0] for r in history.of(TEST, KEY)] == ["night3.json", "night4.json"]
+
+
+def test_the_judge_uses_history_runs_of_the_baselines_engine_only(
+    tmp_path, make_run, make_case, reference_fp
+):
+    other = {**reference_fp, "engine_version": "9.9.9"}
+    _report(tmp_path / "a.json", [make_run(seed=s) for s in (1, 2, 3)], fp=reference_fp)
+    _report(tmp_path / "b.json", [make_run(seed=s, scale=2.0) for s in (4, 5)], fp=other)
+    history = load_history(tmp_path)
+    base = make_case(seed=0)
+    case = Case(nodeid=TEST, test=TEST, key=KEY, run=make_run(seed=9), fingerprint=reference_fp,
+                tolerances=Tolerances(0.07, 0.25), history=history.of(TEST, KEY))  # fmt: skip
+    outcome = judge_case(case, base, tmp_path / "b.yaml")
+    verify = next(m for m in outcome.verdict.metrics if m.metric == "verify")
+    assert verify.history_runs == 3 and verify.between_runs == 4 and verify.base_runs == 1

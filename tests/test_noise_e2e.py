@@ -1,0 +1,181 @@
+"""Between-process noise end to end, against the real reference server: baselines of
+several processes, judged runs of several processes, the automatic extension, history
+runs, and the all= canary of the step gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(900)
+
+CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify", "step"])
+@pytest.mark.parametrize("context_len", [2048])
+def test_decode(specperf, context_len):
+    run = specperf.decode(context_len=context_len)
+    assert run.steps >= 8 and run.steps % 8 == 0
+"""
+# The accept length only: deterministic (greedy tokens), so these runs pass whatever the
+# machine's load; the runs behind each verdict are what the tests check.
+ACCEPT_CASE = CASE.replace('gate=["verify", "step"]', 'gate=["accept_len"]')
+TEST, KEY = "test_case.py::test_decode", "ctx=2048 kv=contiguous bs=1"
+ENGINE = "reference tiny DFLASH"
+ARGS = ("--specperf-steps=8", "--specperf-warmup-steps=2", "--specperf-device=test-box",
+        "-p", "no:cacheprovider", "-p", "no:randomly")  # fmt: skip
+
+
+def _run(pytester, *extra):
+    return pytester.runpytest_subprocess(*ARGS, *extra, timeout=600)
+
+
+def _stored(pytester) -> dict:
+    path = pytester.path / "baselines" / "test-box.yaml"
+    return yaml.safe_load(path.read_text())["engines"][ENGINE]["cases"][TEST][KEY]
+
+
+def _case(pytester, name="report.json") -> dict:
+    (case,) = json.loads((pytester.path / name).read_text())["cases"]
+    return case
+
+
+def _metric(case: dict, name: str) -> dict:
+    return next(m for m in case["metrics"] if m["metric"] == name)
+
+
+def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
+    pytester.makepyfile(test_case=ACCEPT_CASE)
+    result = _run(pytester, "--specperf-update-baselines", "--specperf-processes=3")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*3 server processes*", "*: new, step * ms; 3 runs"])
+    stored = _stored(pytester)
+    pids = [r["pid"] for r in stored["runs"]]
+    assert len(pids) == 3 and len(set(pids)) == 3  # three server processes
+    assert len(stored["value"]["verify/rest"]) == 3
+    # an update of 2 more processes keeps the last 4
+    _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
+         "--specperf-keep-runs=4").assert_outcomes(passed=1)  # fmt: skip
+    assert [r["pid"] for r in _stored(pytester)["runs"]][:2] == pids[1:]
+    assert len(_stored(pytester)["runs"]) == 4
+    # judged in 2 processes against the 4 runs
+    result = _run(pytester, "--specperf-processes=2", "--specperf-json=report.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME, 2 processes*"])
+    case = _case(pytester)
+    assert len(case["runs"]) == 2 and case["runs"][0]["server_pid"] != case["runs"][1]["server_pid"]
+    accept = _metric(case, "accept_len")
+    assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (4, 2, 4)
+    assert abs(accept["change"]) < 1e-5 and accept["within"] < 1e-5  # the same tokens, 6 runs
+
+
+def _flat_blocks(pytester):
+    """A baseline whose verify/rest blocks are all alike: this run's block scatter is then
+    the noise (more rounds of this run lower it)."""
+    path = pytester.path / "baselines" / "test-box.yaml"
+    data = yaml.safe_load(path.read_text())
+    case = data["engines"][ENGINE]["cases"][TEST][KEY]
+    value = case["value"]["verify/rest"][-1]
+    case["blocks"]["verify/rest"][-1] = [value] * len(case["blocks"]["verify/rest"][-1])
+    path.write_text(yaml.safe_dump(data))
+
+
+ROUNDS_CASE = """
+from pytest_specperf.judging.samples import KVLayout
+from pytest_specperf.server.decoder import CaseSpec, Decoder
+
+
+def test_rounds(model_server):
+    decoder = Decoder(model_server, lambda done, total, note: None)
+    case = CaseSpec(2048, 1, 8, 2, KVLayout("fragmented", 1.0), "r")
+    decoder.start(case)
+    assert decoder.more(case) and decoder.more(case)
+    run = decoder.run(case)
+    decoder.close()
+    assert run.rounds == 3 and run.steps == 24 and run.round_steps == 8
+    per_block = {}
+    for rec, b in zip(run.records, run.blocks):
+        per_block.setdefault(b, []).append((rec.accepted_tokens, rec.context_len))
+    blocks = [per_block[b] for b in sorted(per_block)]
+    period = len(blocks) // 3
+    assert len(blocks) == 3 * period and period >= 3
+    # the same prompts, layout seeds and lengths: the same greedy tokens, block by block
+    assert blocks[period:2 * period] == blocks[:period] == blocks[2 * period:]
+    assert len(run.reference_ms) == len(blocks)  # a KV read time per block, every round
+    print("ROUNDS-OK", period)
+"""
+
+
+def test_more_rounds_repeat_the_first_rounds_requests(pytester):
+    pytester.makepyfile(test_rounds=ROUNDS_CASE)
+    result = _run(pytester, "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*ROUNDS-OK *"])
+
+
+def test_an_undecided_case_measures_more_rounds(pytester):
+    """A tolerance far tighter than 2 blocks can decide, against a baseline whose blocks are
+    alike: unless the first round already decides (a large change on a busy machine), the
+    case measures more rounds, within the budget, and says so."""
+    pytester.makepyfile(test_case=CASE)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    _flat_blocks(pytester)
+    result = _run(pytester, "--specperf-tolerance=0.3%", "--specperf-step-tolerance=95%",
+                  "--specperf-max-time=25", "--specperf-json=report.json")  # fmt: skip
+    case = _case(pytester)
+    rounds = case["runs"][0]["rounds"]
+    assert case["steps"] == 8 * rounds
+    verify = _metric(case, "verify")
+    assert verify["rounds"] == rounds
+    per_round = case["wall_s"] / rounds  # warm-up included: a generous round
+    assert case["wall_s"] <= 25 + 2 * per_round  # the budget, and at most the round in flight
+    if rounds > 1:
+        result.stdout.fnmatch_lines([f"*test_decode ctx=2048*, {rounds} rounds*"])
+    else:
+        assert verify["verdict"] in ("SLOWER", "FASTER") or verify["steps_to_decide"] is None
+    if verify["verdict"] == "UNSTABLE" and verify["steps_to_decide"]:
+        result.stdout.fnmatch_lines(["*automatic extension stopped*--specperf-max-time 25 s*"])
+
+
+def test_no_extension_with_a_zero_budget_and_the_advice_says_so(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    _flat_blocks(pytester)
+    result = _run(pytester, "--specperf-tolerance=0.3%", "--specperf-step-tolerance=90%",
+                  "--specperf-max-time=0", "--specperf-json=report.json")  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert _case(pytester)["runs"][0]["rounds"] == 1
+    result.stdout.fnmatch_lines(["*UNSTABLE*verify*about * steps would decide and the automatic "
+                                 "extension is off (--specperf-max-time 0)*"])  # fmt: skip
+
+
+def test_history_reports_inform_the_noise_between_processes(pytester):
+    pytester.makepyfile(test_case=ACCEPT_CASE)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    nightly = Path(pytester.mkdir("nightly"))
+    for night in (1, 2):
+        _run(pytester, f"--specperf-json=nightly/night{night}.json").assert_outcomes(passed=1)
+    result = _run(pytester, "--specperf-history=nightly", "--specperf-json=report.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["history: 2 run(s) of 1 case(s) from 2 report(s) in nightly*"])
+    accept = _metric(_case(pytester), "accept_len")
+    assert (accept["history_runs"], accept["between_runs"], accept["base_runs"]) == (2, 3, 1)
+
+
+def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
+    pytester.makepyfile(test_case=CASE)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    result = _run(pytester, "--specperf-inject=all=2", "--specperf-max-time=0",
+                  "--specperf-json=report.json")  # fmt: skip
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*step +*% (* -> * ms, tol 25%*[[]injected: all=2[]]"])
+    case = _case(pytester)
+    assert case["labels"]["inject"] == "all=2"
+    step, verify = _metric(case, "step"), _metric(case, "verify")
+    assert step["verdict"] == "SLOWER" and step["change"] > 0.5
+    # verify doubled, and so did the rest of the step: judged against it, it barely moves
+    assert verify["raw_change"] > 0.5 and abs(verify["change"]) < step["change"] / 2
