@@ -159,6 +159,7 @@ def test_history_reports_inform_the_noise_between_processes(pytester):
     nightly = Path(pytester.mkdir("nightly"))
     for night in (1, 2):
         _run(pytester, f"--specperf-json=nightly/night{night}.json").assert_outcomes(passed=1)
+    assert sorted(p.name for p in nightly.glob("*.json")) == ["night1.json", "night2.json"]
     result = _run(pytester, "--specperf-history=nightly", "--specperf-json=report.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["history: 2 run(s) of 1 case(s) from 2 report(s) in nightly*"])
