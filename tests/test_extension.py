@@ -21,7 +21,7 @@ class FakeDecoder:
 
     def run(self, case):
         run = self.make_run(steps=8 * self.rounds)
-        return dataclasses.replace(run, round_steps=8)
+        return dataclasses.replace(run, rounds=self.rounds, round_steps=8)
 
     def more(self, case, *, note=""):
         self.notes.append(note)

@@ -245,3 +245,14 @@ def test_a_measurement_in_several_processes_is_recorded_as_several_runs(
     verify = next(m for m in outcome.verdict.metrics if m.metric == "verify")
     assert (verify.base_runs, verify.now_runs, verify.between_runs) == (4, 2, 4)
     assert verify.verdict is Verdict.SAME
+
+
+def test_a_baseline_run_of_other_blocks_is_left_out():
+    """An older run that measured 5 blocks, not the latest's 4: neither paired nor pooled."""
+    odd = summary_of([9.0, 9.0, 9.0, 9.0, 9.0])
+    rows = [[0.0, 1.0, -0.6, 0.4], [0.2, 1.2, -0.4, 0.6]]
+    base = [odd, *(summary_of(r) for r in rows)]
+    now = [summary_of([x + 5.0 for x in rows[0]])]
+    v = judge_metric("verify", base, now, 0.04)
+    assert v.base_runs == 2 and v.within is not None
+    assert v.change == pytest.approx(math.exp(0.05 - 0.001) - 1)

@@ -199,8 +199,8 @@ def judge_case(
     verdict = _verdict(case, found, missing)
     base = found if isinstance(found, CaseBaseline) else None
     run = case.run
-    if run.telemetry is not None and verdict.verdict is not Verdict.NO_BASELINE:
-        bad = invalid_reasons(run.telemetry)
+    if verdict.verdict is not Verdict.NO_BASELINE:
+        bad = _telemetry_problems(run)
         if bad:
             verdict = CaseVerdict(Verdict.INVALID, verdict.metrics, (*verdict.reasons, *bad))
     return CaseOutcome(
@@ -223,15 +223,24 @@ def judge_case(
     )
 
 
+def _telemetry_problems(run: DecodeRun) -> list[str]:
+    """Why the telemetry of any of the run's processes makes it untrustworthy."""
+    out: list[str] = []
+    for i, r in enumerate(run.processes):
+        bad = invalid_reasons(r.telemetry) if r.telemetry is not None else []
+        prefix = f"server process {i + 1}: " if run.siblings else ""
+        out += [prefix + b for b in bad]
+    return out
+
+
 def recording_refusal(run: DecodeRun, key: str) -> str | None:
-    """Why ``run`` must not be recorded as a baseline, or None."""
-    if run.telemetry is not None:
-        bad = invalid_reasons(run.telemetry)
-        if bad:
-            return (
-                f"refusing to record {key} as a baseline: the measurement is not "
-                f"trustworthy: {'; '.join(bad)}"
-            )
+    """Why ``run`` (with its siblings) must not be recorded as a baseline, or None."""
+    bad = _telemetry_problems(run)
+    if bad:
+        return (
+            f"refusing to record {key} as a baseline: the measurement is not "
+            f"trustworthy: {'; '.join(bad)}"
+        )
     if run.injected:
         return (
             f"refusing to record {key} as a baseline: the server injected a canary "

@@ -118,18 +118,15 @@ class DecodeRun:
     #: the same case measured in the session's other server processes
     #: (``--specperf-processes``), judged together with this run
     siblings: tuple[DecodeRun, ...] = ()
-    #: measured steps per round: a run extended by the automatic extension repeats the
-    #: first round's blocks (same prompts and seeds) ``steps // round_steps`` times
+    #: rounds of the first round's blocks (same prompts and seeds) measured: more than one
+    #: when the automatic extension measured more; and the first round's steps
+    rounds: int = 1
     round_steps: int = 0
 
     @property
     def processes(self) -> tuple[DecodeRun, ...]:
         """This run and its siblings: one run per server process."""
         return (self, *self.siblings)
-
-    @property
-    def rounds(self) -> int:
-        return max(1, self.steps // self.round_steps) if self.round_steps else 1
 
     @property
     def steps(self) -> int:
@@ -240,6 +237,7 @@ class Window:
     telemetry: TelemetrySummary | None = None
     cross_check: tuple[str, ...] = ()
     server_pid: int | None = None
+    rounds: int = 1
     round_steps: int = 0
 
 
@@ -274,5 +272,6 @@ def build_run(
         reference_ms=tuple(w.reference[b] for b in sorted(w.reference)),
         cross_check=tuple(w.cross_check),
         server_pid=w.server_pid,
+        rounds=w.rounds,
         round_steps=w.round_steps,
     )

@@ -576,6 +576,13 @@ def _change(base: float, now: float) -> float:
     return now / base - 1.0
 
 
+def _like_latest(runs: tuple[Summary, ...]) -> tuple[Summary, ...]:
+    """The baseline runs with as many blocks as the latest (a run that measured other
+    blocks cannot be paired with this measurement's, nor pooled with the others)."""
+    period = len(runs[-1].blocks)
+    return tuple(r for r in runs if len(r.blocks) == period)
+
+
 def center_of_runs(runs: Sequence[Summary]) -> float:
     """The center of several runs of a metric: the geometric mean of their centers (the
     only run's center; the latest's when one is not positive)."""
@@ -596,7 +603,7 @@ def judge_metric(
     """Relative-change verdict for one metric or derived form (times: lower is better):
     the current runs' center over the baseline runs' center, with the noise of
     ``judging.noise`` (``history`` runs inform the between-process part only)."""
-    bs, ns = _seq(base), _seq(now)
+    bs, ns = _like_latest(_seq(base)), _seq(now)
     b, n = center_of_runs(bs), center_of_runs(ns)
     change = _change(b, n)
     noise = relative_noise(

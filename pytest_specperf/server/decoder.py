@@ -307,6 +307,7 @@ class Decoder:
             telemetry=w.telemetry,
             cross_check=w.cross_check,
             server_pid=_pid(self.server.server_info.get("pid")),
+            rounds=got.rounds,
             round_steps=got.round_steps,
         )
         return build_run(
