@@ -624,6 +624,12 @@ def _verdict_table(summary: dict[str, Any]) -> list[str]:
     return [head, *render_table(headers, rows)]
 
 
+def _detects(expect: str | None, kind: str) -> bool:
+    """Whether a sweep table of ``kind`` counts detections of ``expect`` (its metric is
+    judged at that kind's tolerance) rather than failed runs."""
+    return expect is not None and kind == "phase" and spec(expect).tolerance == "phase"
+
+
 _SWEEP_TITLES = {
     "phase": "phases, accept length, unaccounted share: --specperf-tolerance",
     "step": "raw step time and tokens/s: --specperf-step-tolerance",
@@ -640,7 +646,7 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
         line = [f"{row['tolerance']:.0%}"]
         for r in conds:
             v = row[r["condition"]]
-            key = "failed" if r["expect"] is None or kind == "step" else "detected"
+            key = "detected" if _detects(r["expect"], kind) else "failed"
             line.append(f"{v[key]}/{v['runs']}")
         cells.append(line)
     rec = summary["recommended_tolerance"].get(kind)
@@ -649,8 +655,8 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
         f"the same runs judged at other tolerances for {_SWEEP_TITLES[kind]}",
         "(runs that would fail)"
         if kind == "step"
-        else "(A/A columns: runs that would fail; "
-        "injected columns: runs that would detect the injected phase)",
+        else "(A/A and all= columns: runs that would fail; "
+        "phase columns: runs that would detect the injected phase)",
         *render_table(["tolerance", *(r["condition"] for r in conds)], cells),
         "smallest tolerance with at most 1 false alarm per 20 A/A runs: "
         + (f"{rec:.0%}" if rec is not None else f"none up to {rows[-1]['tolerance']:.0%}"),
