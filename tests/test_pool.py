@@ -55,3 +55,13 @@ def test_every_server_is_stopped_even_when_one_fails():
     with pytest.raises(RuntimeError, match="server 2 would not stop"):
         pool.stop()
     assert all(s.stopped for s in servers)
+
+
+def test_a_server_that_does_not_start_is_named_with_the_way_out():
+    def start(index):
+        raise ServerStartError("CUDA out of memory")
+
+    pool = ServerPool(FakeServer(1), start)
+    with pytest.raises(ServerStartError, match=r"server process 2 of 3 did not start: CUDA out "
+                       r"of memory; .*--specperf-history"):
+        pool.servers(3)

@@ -44,7 +44,15 @@ class ServerPool:
         if not 1 <= n <= MAX_PROCESSES:
             raise ValueError(f"processes must be from 1 to {MAX_PROCESSES}, got {n}")
         while len(self._servers) < n:
-            server = self._start(len(self._servers) + 1)
+            index = len(self._servers) + 1
+            try:
+                server = self._start(index)
+            except ServerStartError as e:
+                raise ServerStartError(
+                    f"server process {index} of {n} did not start: {e}; the {n} processes "
+                    "run at once (on one GPU they may not fit: take the noise between "
+                    "processes from --specperf-history instead)"
+                ) from None
             self._servers.append(server)
             if server.fingerprint != self.first.fingerprint:
                 raise ServerStartError(
