@@ -213,10 +213,13 @@ def read_report(path: Path) -> Report:
     )
 
 
-def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
-    """The whole report: ``header`` (device, backend, settings, server) and the cases."""
+def report_payload(
+    header: Mapping[str, Any], cases: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, servers) and the cases,
+    each in ``case_json``'s form."""
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         **header,
-        "cases": [case_json(o) for o in outcomes],
+        "cases": [dict(c) for c in cases],
     }
