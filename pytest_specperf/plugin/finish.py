@@ -91,7 +91,7 @@ def report_header(sess: SpecperfSession) -> dict[str, Any]:
     return {
         "device": _device(sess),
         "backend": s.backend,
-        "baselines": str(sess.baseline_path) if g is None else (g.baselines or ""),
+        "baselines": str(sess.baseline_path) if g is None else (g.baseline_path or ""),
         "tolerance": s.tolerance,
         "step_tolerance": s.step_tolerance,
         "update_baselines": s.update_baselines,

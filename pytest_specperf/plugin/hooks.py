@@ -102,5 +102,5 @@ def pytest_testnodedown(node: Any, error: object) -> None:
     """pytest-xdist controller: a worker finished (or died); gather its results."""
     config = node.config
     if SESSION_KEY in config.stash:
-        worker = str(getattr(node, "gateway", None) and node.gateway.id)
+        worker = str(getattr(getattr(node, "gateway", None), "id", "?"))
         gather(get_session(config), worker, getattr(node, "workeroutput", None), error)

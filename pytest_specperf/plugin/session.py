@@ -90,8 +90,9 @@ class Gathered:
     workers: int
     #: baseline file -> (device as the workers detected it, cases to record there)
     to_record: dict[Path, tuple[dict[str, Any], list[CaseBaseline]]] = field(default_factory=dict)
-    #: the first worker's device, and the baseline file as shown
+    #: the first worker's device, its baseline file, and that file as shown
     device: dict[str, Any] | None = None
+    baseline_path: str | None = None
     baselines: str | None = None
     backend_notes: list[str] = field(default_factory=list)
     servers: list[dict[str, Any]] = field(default_factory=list)

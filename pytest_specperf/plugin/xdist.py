@@ -144,6 +144,7 @@ def _merge(sess: SpecperfSession, g: Gathered, data: Mapping[str, Any]) -> None:
         g.servers.append(dict(data["server"]))
     if g.device is None and data.get("device"):
         g.device, g.baselines = dict(data["device"]), str(data["baselines"])
+        g.baseline_path = str(data["baseline_path"])
 
 
 def gather(sess: SpecperfSession, worker: str, output: Mapping[str, Any] | None,
