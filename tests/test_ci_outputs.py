@@ -92,6 +92,27 @@ def test_missing_telemetry_fails_only_a_gpu_run(outcome_of):
     assert unjudged(dataclasses.replace(o, run=run), mapped=None, gpu_run=True) == ()
 
 
+def test_backends_say_which_phases_they_map(tmp_path):
+    from pytest_specperf.engines.reference.backend import ReferenceBackend
+    from pytest_specperf.engines.sglang.backend import SGLangBackend
+
+    ref = ReferenceBackend()
+    assert ref.mapped_phases({"fingerprint": {"speculative_algorithm": "DFLASH"}}) == ALL_SEVEN
+    assert ref.mapped_phases({"fingerprint": {"speculative_algorithm": "NONE"}}) == (
+        ALL_SEVEN - {"draft", "build_verify_input"}
+    )
+    sgl = SGLangBackend()
+    sgl.bind(tmp_path)
+    assert sgl.mapped_phases({}) is None  # no scheduler reported yet: nothing to check
+    report = {"installed": [
+        {"target": "w.verify", "role": "phase", "phase": "verify"},
+        {"target": "w.sample", "role": "phase", "phase": "draft", "optional": True},
+        {"target": "w.step", "role": "step"},
+    ]}  # fmt: skip
+    (tmp_path / "hooks-pid1-rank0.json").write_text(json.dumps(report))
+    assert sgl.mapped_phases({}) == {"verify"}
+
+
 # -- the case view --------------------------------------------------------------------------
 
 
