@@ -38,6 +38,9 @@ MAX_STALL_MS = 10_000.0
 PENDING_STEPS = 1024
 #: Sleeps shorter than this do not correct the clock (launch gaps would dominate).
 MIN_CORRECTION_NS = 20_000.0
+#: Weight of the newest achieved sleep in the cycles-per-ns estimate (event-timed sleeps
+#: are precise; the rest of the weight damps a one-off outlier).
+CLOCK_CORRECTION_WEIGHT = 0.75
 #: Calibration: warm-up length, timed sleeps, cycles per timed sleep, and the cycles
 #: per ns assumed to size the warm-up (a GPU clock of the right order).
 CALIBRATION_WARMUP_MS = 50.0
@@ -182,7 +185,8 @@ class Injector:
             if ns is None or ns <= 0:
                 ns = cycles / self.cycles_per_ns  # not resolvable: take the intended time
             elif ns >= MIN_CORRECTION_NS:
-                self.cycles_per_ns = 0.5 * self.cycles_per_ns + 0.5 * (cycles / ns)
+                w = CLOCK_CORRECTION_WEIGHT
+                self.cycles_per_ns = (1 - w) * self.cycles_per_ns + w * (cycles / ns)
             achieved[phase] = achieved.get(phase, 0.0) + ns
         for phase in self.spec.factors:
             total = device_ns.get(phase)
