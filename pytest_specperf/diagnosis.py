@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
+from pytest_specperf.telemetry.bandwidth import kv_read_bytes
 from pytest_specperf.telemetry.bottleneck import Bottleneck, StepFigures, classify
 
 if TYPE_CHECKING:
@@ -17,17 +18,14 @@ def diagnose(run: DecodeRun, server_info: dict[str, Any], device: DeviceInfo) ->
     """Host-bound, memory-bound, compute-bound or latency-bound, with its numbers.
 
     On a GPU: device-busy share from the CUDA-event phase times, utilization from NVML/GPM,
-    and the KV-read bandwidth of the verify phase (KV bytes of the context over the
-    verify's device time) against the device's peak. On a CPU: the host-side view
-    (unaccounted share, largest phases).
+    and the KV-read bandwidth of the verify phase (the KV bytes the verify moves, see
+    :func:`kv_read_bytes_per_step`, over its device time) against the device's peak. On a
+    CPU: the host-side view (unaccounted share, largest phases).
     """
     s = run.summaries
     host = {p: s[p].value for p in PHASES if p in s}
     dev = {p: s[f"device.{p}"].value for p in PHASES if f"device.{p}" in s}
-    kv_per_token = server_info.get("kv_bytes_per_token")
-    kv_bytes = None
-    if isinstance(kv_per_token, (int, float)) and kv_per_token > 0:
-        kv_bytes = float(kv_per_token) * run.context_len * run.batch_size
+    kv_bytes = kv_read_bytes_per_step(run, server_info)
     peak = None
     if device.kind == "cuda":
         from pytest_specperf.telemetry.bandwidth import peak_bandwidth
@@ -43,6 +41,20 @@ def diagnose(run: DecodeRun, server_info: dict[str, Any], device: DeviceInfo) ->
         peak_bandwidth_bytes_per_s=peak,
     ).with_telemetry(run.telemetry)
     return classify(figures)
+
+
+def kv_read_bytes_per_step(run: DecodeRun, server_info: dict[str, Any]) -> float | None:
+    """KV bytes one verify moves: the server's traffic model when it has one (the
+    reference engine's graph path gathers whole padded page buckets and reads the copy
+    again), else the context's KV bytes (read once)."""
+    traffic = server_info.get("kv_read")
+    if isinstance(traffic, dict):
+        share = run.fragmentation if run.fragmentation is not None else 0.0
+        return kv_read_bytes(traffic, run.context_len, run.batch_size, share)
+    kv_per_token = server_info.get("kv_bytes_per_token")
+    if isinstance(kv_per_token, (int, float)) and kv_per_token > 0:
+        return float(kv_per_token) * run.context_len * run.batch_size
+    return None
 
 
 def time_went(run: DecodeRun, base: CaseBaseline | None) -> str | None:
