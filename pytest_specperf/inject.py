@@ -18,6 +18,7 @@ records of injected steps carry the label ``inject=<spec>``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -113,11 +114,14 @@ class Injector:
     """Implements ``probe.PhaseInjector`` for one server process.
 
     On a GPU the busy work is a sleep kernel of ``cycles``, and cycles per nanosecond
-    follow the SM clock. They are calibrated when the injector is built (at server
-    start, after a warm-up, outside every measured phase) and then corrected from every
-    sleep the GPU reports back: each stretched step's achieved sleep is a measurement at
-    the clock the SM ran at then. The feedback that sizes the next sleep subtracts the
-    achieved sleep (not the intended one) from the phase's device time.
+    follow the SM clock. They are calibrated once, after a warm-up and outside every
+    measured phase and step record: when the injector is built for ``"cuda:N"`` (server
+    start), or, for plain ``"cuda"`` (a process that selects its GPU later, as SGLang's
+    schedulers do), right after the first recorded step, on the device current then.
+    From there every sleep the GPU reports back corrects them: each stretched step's
+    achieved sleep is a measurement at the clock the SM ran at then. The feedback that
+    sizes the next sleep subtracts the achieved sleep (not the intended one) from the
+    phase's device time.
     """
 
     def __init__(
@@ -125,14 +129,16 @@ class Injector:
     ) -> None:
         self.spec = spec
         self._sleeper = sleeper
-        if sleeper is None and spec.factors and str(device or "").startswith("cuda"):
+        cuda = str(device or "")
+        if sleeper is None and spec.factors and cuda.startswith("cuda"):
             self._sleeper = CudaSleep(device)
         self._device_ns: dict[str, float] = {}  # phase -> un-stretched device time (EMA)
         self._step: list[tuple[str, int, Any]] = []  # this step's sleeps
         self._pending: deque[list[tuple[str, int, Any]]] = deque(maxlen=PENDING_STEPS)
         self.cycles_per_ns = 0.0
         self.calibrations: list[float] = []
-        if self._sleeper is not None:
+        self._calibrate_later = sleeper is None and cuda == "cuda"
+        if self._sleeper is not None and not self._calibrate_later:
             self.recalibrate()
 
     def recalibrate(self) -> float:
@@ -158,7 +164,7 @@ class Injector:
             _cpu_work(elapsed_ns * (factor - 1.0))
             return
         dev = self._device_ns.get(phase)
-        if dev:
+        if dev and self.cycles_per_ns > 0:
             cycles = max(int(dev * (factor - 1.0) * self.cycles_per_ns), 1)
             self._step.append((phase, cycles, self._sleeper.sleep(cycles)))
 
@@ -166,6 +172,9 @@ class Injector:
         """The step's record is made: its sleeps wait for its device times."""
         if self._sleeper is not None:
             self._pending.append(self._step)
+            if self._calibrate_later:  # outside every record, on the device current now
+                self._calibrate_later = False
+                self.recalibrate()
         self._step = []
 
     def abort_step(self) -> None:
@@ -214,23 +223,29 @@ def _spin(ns: float) -> None:
 
 
 class CudaSleep:
-    """:class:`SleepDevice` on a CUDA device (``torch.cuda._sleep`` between two events)."""
+    """:class:`SleepDevice` on a CUDA device (``torch.cuda._sleep`` between two events).
+
+    ``"cuda:N"`` pins device N; plain ``"cuda"`` follows whatever device is current at
+    each call (a server process that selects its GPU after building the injector)."""
 
     def __init__(self, device: Any) -> None:
         import torch
 
         dev = torch.device(device)
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        self.device = dev
+        self.device = dev if dev.index is not None else None
         self._torch = torch
         self._events: list[Any] = []
+
+    def _on_device(self) -> Any:
+        if self.device is None:
+            return contextlib.nullcontext()
+        return self._torch.cuda.device(self.device)
 
     def calibrate(self) -> float:
         """Cycles per ns: a warm-up (``CALIBRATION_WARMUP_MS`` of sleeps, so the SM
         leaves its idle clock), then the median of ``CALIBRATION_REPS`` timed sleeps."""
         torch = self._torch
-        with torch.cuda.device(self.device):
+        with self._on_device():
             warm = int(CALIBRATION_WARMUP_MS * 1e6 * NOMINAL_CYCLES_PER_NS / 10)
             for _ in range(10):
                 torch.cuda._sleep(warm)
@@ -246,7 +261,7 @@ class CudaSleep:
 
     def sleep(self, cycles: int) -> tuple[Any, Any]:
         torch = self._torch
-        with torch.cuda.device(self.device):
+        with self._on_device():
             start, end = (self._event(), self._event())
             start.record()
             torch.cuda._sleep(cycles)

@@ -147,7 +147,7 @@ def summarize(out: Path) -> int:
         "arms": arms,
         "aa_device_step": spread([arms[k]["device_step_change"] for k in ARMS_AA]),
         "v105_device_verify": [arms[k]["device_verify_change"] for k in ARMS_V105],
-        "baseline_file": str(out / "baselines" / "nvidia-h200.yaml"),
+        "baseline_files": sorted(str(p) for p in (out / "baselines").glob("*.yaml")),
     }
     write_json(out / "summary.json", summary)
     text = summary_text(summary)

@@ -217,3 +217,45 @@ def test_probe_feeds_the_canary_its_resolved_steps():
     for r in recs[3:]:
         assert r.device_ns["verify"] == pytest.approx(1.2 * VERIFY_NS, rel=0.01)
         assert r.device_ns["draft"] == pytest.approx(2e6)
+
+
+def test_plain_cuda_calibrates_after_the_first_step_not_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``device="cuda"`` (a process that picks its GPU later): no CUDA work when built;
+    calibrated once, right after the first recorded step, outside every record."""
+    import pytest_specperf.inject as inject
+
+    clock = FakeGpuClock(ghz=1.7)
+    made: list[FakeSleepDevice] = []
+
+    def fake_cuda_sleep(device: str) -> FakeSleepDevice:
+        made.append(FakeSleepDevice(clock))
+        return made[-1]
+
+    monkeypatch.setattr(inject, "CudaSleep", fake_cuda_sleep)
+    inj = Injector(parse_inject("verify=1.1"), device="cuda")
+    assert made[0].calibrations == 0 and inj.cycles_per_ns == 0.0
+    inj.stretch("verify", elapsed_ns=0)
+    inj.end_step()
+    assert made[0].calibrations == 1 and inj.cycles_per_ns == 1.7
+    inj.end_step()
+    assert made[0].calibrations == 1
+    pinned = Injector(parse_inject("verify=1.1"), device="cuda:1")
+    assert made[1].calibrations == 1 and pinned.calibrations == [1.7]  # at start
+
+
+def test_engine_claims_its_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA engine makes its device current (streams, capture, events and the canary
+    follow the current device); plain "cuda" gets the current index spelled out."""
+    import torch
+
+    from pytest_specperf.engines.reference.engine import _claim_device
+
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _claim_device("cuda:1") == torch.device("cuda", 1)
+    assert _claim_device("cuda") == torch.device("cuda", 3)
+    assert _claim_device("cpu") == torch.device("cpu")
+    assert calls == [torch.device("cuda", 1), torch.device("cuda", 3)]
