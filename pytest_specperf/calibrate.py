@@ -22,25 +22,72 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.options import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE
-from pytest_specperf.probe.phases import ALL_PHASES
-from pytest_specperf.verdict import (
-    RAW_TIME_METRICS,
+from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.verdict import (
+    DEFAULT_STEP_TOLERANCE,
+    DEFAULT_TOLERANCE,
+    MetricVerdict,
     Verdict,
-    stored_case_disturbed,
-    stored_verdict,
-    would_be_slower,
+    case_disturbed,
+    parse_fraction,
 )
+from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
+from pytest_specperf.reporting.report import Report, ReportError, read_report, strict
+from pytest_specperf.reporting.table import render_table
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "verify=1.20")
 #: Attempts at recording a quiet baseline before calibrating against a noisy one.
 RECORD_ATTEMPTS = 3
-UNACCOUNTED = "unaccounted"
+_UNCOMPARED = (Verdict.NO_BASELINE, Verdict.INVALID)
+
+Judged = tuple[tuple[MetricVerdict, ...], ...]
+
+
+@dataclass(frozen=True)
+class SlowCase:
+    """A case of a run that failed: its key, the metric it blames, and every slow one."""
+
+    key: str
+    head: str
+    metrics: tuple[str, ...]
+    gated: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One repetition, judged from its stored report."""
+
+    slower_cases: tuple[SlowCase, ...]
+    unstable_cases: tuple[str, ...]
+    detected: bool
+    named_right: bool
+    cases: int
+    judged: Judged
+    rep: int = 0
+    exit: int = 0
+    wall_s: float | None = None
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rep": self.rep,
+            "exit": self.exit,
+            "wall_s": self.wall_s,
+            "resumed": self.resumed,
+            "cases": self.cases,
+            "detected": self.detected,
+            "named_right": self.named_right,
+            "unstable_cases": list(self.unstable_cases),
+            "slower_cases": [c.__dict__ | {"metrics": list(c.metrics), "gated": list(c.gated)}
+                             for c in self.slower_cases],
+            "judged": [[m.to_json() for m in case] for case in self.judged],
+        }  # fmt: skip
 
 
 @dataclass
@@ -49,95 +96,95 @@ class Condition:
     inject: str | None = None
     hog: bool = False
     expect: str | None = None  # the phase a detection must name (None: A/A)
-    runs: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[RunOutcome] = field(default_factory=list)
 
     @property
     def slower_runs(self) -> int:
-        return sum(1 for r in self.runs if r["slower_cases"])
+        return sum(1 for r in self.runs if r.slower_cases)
 
     @property
     def named_right(self) -> int:
-        return sum(1 for r in self.runs if r["slower_cases"] and r["named_right"])
+        return sum(1 for r in self.runs if r.slower_cases and r.named_right)
 
     @property
     def detected(self) -> int:
-        return sum(1 for r in self.runs if r["detected"])
+        return sum(1 for r in self.runs if r.detected)
 
     @property
     def unstable_runs(self) -> int:
-        return sum(1 for r in self.runs if r["unstable_cases"])
+        return sum(1 for r in self.runs if r.unstable_cases)
 
 
-_JUDGED_KEYS = ("metric", "change", "noise", "share_based", "points_based", "scatter_ratio")
-_UNCOMPARED = ("NO_BASELINE", "INVALID")
+def _of_kind(m: MetricVerdict, kind: str) -> bool:
+    """Whether ``m`` is judged with the step tolerance (``kind`` "step") or the phase one."""
+    return (spec(m.metric).tolerance == "step") == (kind == "step")
 
 
-def _run_outcome(
-    report: dict[str, Any], expect: str | None, tolerances: tuple[float, float] | None = None
-) -> dict[str, Any]:
-    """One run, judged by verdict.py's rule from its stored metrics at ``tolerances``
-    (phases, step; default: those the run used), so that a resumed calibration judges
-    older runs by the current rule. For a fresh run this is the run's own verdicts."""
-    tol_phase, tol_step = tolerances or (
-        float(report.get("tolerance", DEFAULT_TOLERANCE)),
-        float(report.get("step_tolerance", DEFAULT_STEP_TOLERANCE)),
-    )
-    compared = [c for c in report.get("cases", []) if c["verdict"] not in _UNCOMPARED]
-    judged = [[{k: m.get(k) for k in _JUDGED_KEYS} for m in c["metrics"]] for c in compared]
-    slower, unstable = [], []
-    for case, metrics in zip(compared, judged):
-        bad = slower_at([metrics], tol_phase, "phase")[0]
-        bad += slower_at([metrics], tol_step, "step")[0]
-        if bad:
-            changes = {m["metric"]: abs(float(m["change"])) for m in metrics}
-            # The culprit as the report names it: a phase first, then by size of change.
-            head = min(bad, key=lambda m: (m not in ALL_PHASES, -changes[m]))
-            gated = [m["metric"] for m in metrics]
-            slower.append({"key": case["key"], "head": head, "metrics": bad, "gated": gated})
-        elif _unstable_at(metrics, tol_phase, tol_step):
-            unstable.append(case["key"])
-    detected = bool(expect) and any(expect in c["metrics"] for c in slower)
-    # Attribution: the injected phase is named and no failing case blames another phase.
-    # A case failing on its step alone (the injected phase grew, but less than the
-    # tolerance there) blames no phase; its "where the time went" line names the phase.
-    wrong = [c for c in slower if c["head"] in ALL_PHASES and c["head"] != expect]
-    named_right = detected and not wrong
-    return {
-        "slower_cases": slower,
-        "unstable_cases": unstable,
-        "detected": detected,
-        "named_right": named_right,
-        "cases": len(report.get("cases", [])),
-        "judged": judged,
-    }
-
-
-def _unstable_at(metrics: list[dict[str, Any]], tol_phase: float, tol_step: float) -> bool:
-    disturbed = stored_case_disturbed(metrics)
-    return any(
-        stored_verdict(
-            m, tol_step if m["metric"] in RAW_TIME_METRICS else tol_phase, case_disturbed=disturbed
-        )
-        is Verdict.UNSTABLE
-        for m in metrics
-    )
-
-
-def slower_at(judged: list[list[dict[str, Any]]], tolerance: float, kind: str) -> list[list[str]]:
-    """Per case, the metrics of ``kind`` ("phase" or "step", as ``verdict.Tolerances``
-    splits them) that would be SLOWER at ``tolerance``: verdict.py's own rule."""
+def slower_at(judged: Judged, tolerance: float, kind: str) -> list[list[str]]:
+    """Per case, the metrics of ``kind`` ("phase" or "step", as ``Tolerances`` splits
+    them) that would be SLOWER at ``tolerance``: the verdict's own rule."""
     out = []
     for case in judged:
-        disturbed = stored_case_disturbed(case)
+        disturbed = case_disturbed(case)
         out.append(
             [
-                m["metric"]
+                m.metric
                 for m in case
-                if (m["metric"] in RAW_TIME_METRICS) == (kind == "step")
-                and would_be_slower(m, tolerance, case_disturbed=disturbed)
+                if _of_kind(m, kind)
+                and m.rejudged(tolerance, case_disturbed=disturbed) is Verdict.SLOWER
             ]
         )
     return out
+
+
+def _unstable_at(case: Sequence[MetricVerdict], tol_phase: float, tol_step: float) -> bool:
+    disturbed = case_disturbed(case)
+    return any(
+        m.rejudged(tol_step if _of_kind(m, "step") else tol_phase, case_disturbed=disturbed)
+        is Verdict.UNSTABLE
+        for m in case
+    )
+
+
+def judge_report(
+    report: Report, expect: str | None, tolerances: tuple[float, float] | None = None
+) -> RunOutcome:
+    """One run, judged by the verdict rule from its stored metrics at ``tolerances``
+    (phases, step; default: those the run used), so that a resumed calibration judges
+    older runs by the current rule. For a fresh run this is the run's own verdicts."""
+    tol_phase, tol_step = tolerances or (
+        report.tolerance or DEFAULT_TOLERANCE,
+        report.step_tolerance or DEFAULT_STEP_TOLERANCE,
+    )
+    compared = [c for c in report.cases if c.verdict not in _UNCOMPARED]
+    judged: Judged = tuple(c.metrics for c in compared)
+    slower, unstable = [], []
+    for case, metrics in zip(compared, judged):
+        bad = (
+            slower_at((metrics,), tol_phase, "phase")[0]
+            + slower_at((metrics,), tol_step, "step")[0]
+        )
+        if bad:
+            changes = {m.metric: abs(m.change) for m in metrics}
+            # The culprit as the report names it: a phase first, then by size of change.
+            head = min(bad, key=lambda m: (m not in ALL_PHASES, -changes[m]))
+            gated = tuple(m.metric for m in metrics)
+            slower.append(SlowCase(case.key, head, tuple(bad), gated))
+        elif _unstable_at(metrics, tol_phase, tol_step):
+            unstable.append(case.key)
+    detected = bool(expect) and any(expect in c.metrics for c in slower)
+    # Attribution: the injected phase is named and no failing case blames another phase.
+    # A case failing on its step alone (the injected phase grew, but less than the
+    # tolerance there) blames no phase; its "where the time went" line names the phase.
+    wrong = [c for c in slower if c.head in ALL_PHASES and c.head != expect]
+    return RunOutcome(
+        slower_cases=tuple(slower),
+        unstable_cases=tuple(unstable),
+        detected=detected,
+        named_right=detected and not wrong,
+        cases=len(report.cases),
+        judged=judged,
+    )  # fmt: skip
 
 
 def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[dict[str, Any]]:
@@ -148,7 +195,7 @@ def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[di
         for c in conds:
             fails = detect = 0
             for r in c.runs:
-                per_case = slower_at(r["judged"], tol, kind)
+                per_case = slower_at(r.judged, tol, kind)
                 if any(per_case):
                     fails += 1
                 if c.expect and any(c.expect in bad for bad in per_case):
@@ -166,83 +213,123 @@ def recommend(rows: list[dict[str, Any]], conds: list[Condition]) -> float | Non
     return None
 
 
+@dataclass(frozen=True)
+class CalibrateOptions:
+    """The command line of ``specperf calibrate``, read once and validated."""
+
+    repetitions: int
+    injects: tuple[str, ...]
+    host_stall_share: float
+    hog: bool
+    tolerances: tuple[float, float] | None
+    json_path: Path | None
+    work_dir: Path | None
+    resume: bool
+    suite: tuple[str, ...]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CalibrateOptions:
+        """Validate ``args``; ``ValueError`` with the message for the user."""
+        from pytest_specperf.probe.inject import parse_inject
+
+        if args.repetitions < 1:
+            raise ValueError("--repetitions must be at least 1")
+        if not 0 < args.host_stall_share < 5:
+            raise ValueError("--host-stall-share must be in (0, 5)")
+        for f in args.inject or ():
+            try:
+                inj = parse_inject(f)
+            except ValueError as e:
+                raise ValueError(f"--inject {f!r}: {e}") from None
+            if len(inj.factors) != 1 or inj.host_stall_ms:
+                raise ValueError(f"--inject {f!r}: give one PHASE=FACTOR per --inject")
+        if args.resume and args.work_dir is None:
+            raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
+        return cls(
+            repetitions=args.repetitions,
+            injects=tuple(args.inject or DEFAULT_FACTORS),
+            host_stall_share=args.host_stall_share,
+            hog=bool(args.hog),
+            tolerances=_tolerances(args.tolerance, args.step_tolerance),
+            json_path=args.json,
+            work_dir=args.work_dir,
+            resume=bool(args.resume),
+            suite=tuple(args.pytest_args or DEFAULT_SUITE),
+        )
+
+
+def _tolerances(tol: str | None, step_tol: str | None) -> tuple[float, float] | None:
+    if tol is None and step_tol is None:
+        return None
+    out = []
+    for flag, text, default in (
+        ("--tolerance", tol, DEFAULT_TOLERANCE),
+        ("--step-tolerance", step_tol, DEFAULT_STEP_TOLERANCE),
+    ):
+        try:
+            out.append(default if text is None else parse_fraction(text))
+        except ValueError:
+            raise ValueError(f"{flag} {text!r}: expected a fraction like 0.07 or 7%") from None
+    return out[0], out[1]
+
+
 class Calibration:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="specperf-calibrate-"))
+    def __init__(self, opts: CalibrateOptions) -> None:
+        self.opts = opts
+        self.work = Path(opts.work_dir or tempfile.mkdtemp(prefix="specperf-calibrate-"))
         self.work.mkdir(parents=True, exist_ok=True)
         self.baselines = self.work / "baselines"
-        self.suite = list(args.pytest_args or DEFAULT_SUITE)
         self.t0 = time.monotonic()
-        tol, step_tol = getattr(args, "tolerance", None), getattr(args, "step_tolerance", None)
-        self.tolerances: tuple[float, float] | None = None
         self.tolerance_args: list[str] = []
-        if tol is not None or step_tol is not None:
-            self.tolerances = (
-                DEFAULT_TOLERANCE if tol is None else tol,
-                DEFAULT_STEP_TOLERANCE if step_tol is None else step_tol,
-            )
+        if opts.tolerances is not None:
             self.tolerance_args = [
-                f"--specperf-tolerance={self.tolerances[0]}",
-                f"--specperf-step-tolerance={self.tolerances[1]}",
+                f"--specperf-tolerance={opts.tolerances[0]}",
+                f"--specperf-step-tolerance={opts.tolerances[1]}",
             ]
 
-    def _pytest(self, tag: str, extra: list[str]) -> tuple[int, dict[str, Any] | None, float]:
+    def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
         report_path = self.work / f"{tag}.json"
         cmd = [
-            sys.executable,
-            "-m",
-            "pytest",
-            *self.suite,
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--specperf-baselines",
-            str(self.baselines),
-            "--specperf-json",
-            str(report_path),
-            *self.tolerance_args,
-            *extra,
-        ]
+            sys.executable, "-m", "pytest", *self.opts.suite, "-q", "-p", "no:cacheprovider",
+            "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
+            *self.tolerance_args, *extra,
+        ]  # fmt: skip
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         dt = time.monotonic() - t
-        report = json.loads(report_path.read_text()) if report_path.exists() else None
         (self.work / f"{tag}.rc").write_text(f"{rc} {dt:.1f}\n")
-        return rc, report, dt
+        return rc, _read(report_path), dt
 
-    def _resumed(self, tag: str) -> tuple[int, dict[str, Any], float | None] | None:
+    def _resumed(self, tag: str) -> tuple[int, Report, float | None] | None:
         """A repetition finished by an earlier, interrupted calibration in this work dir.
 
         The report is written when its pytest session ends, so its presence means the run
         completed; its exit status and wall time come from the ``.rc`` file beside it
         (missing for runs of older versions: the status is then read off the verdicts)."""
-        if not self.args.resume:
+        if not self.opts.resume:
             return None
-        report_path = self.work / f"{tag}.json"
-        try:
-            report: dict[str, Any] = json.loads(report_path.read_text())
-        except (OSError, ValueError):
+        report = _read(self.work / f"{tag}.json")
+        if report is None:
             return None
         try:
             rc_text, wall_text = (self.work / f"{tag}.rc").read_text().split()
             return int(rc_text), report, float(wall_text)
         except (OSError, ValueError):
-            failed = any(c.get("verdict") == "SLOWER" for c in report.get("cases", []))
+            failed = any(c.verdict is Verdict.SLOWER for c in report.cases)
             return int(failed), report, None
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> Report:
         """Record the baseline; re-record (up to RECORD_ATTEMPTS) while it is noisy, since a
         baseline taken on a disturbed machine makes every comparison UNSTABLE."""
-        report: dict[str, Any] | None = None
-        if self.args.resume and (self.work / "baseline.json").exists() and self.baselines.exists():
-            report = json.loads((self.work / "baseline.json").read_text())
-            print(f"resuming: baseline from {self.work / 'baseline.json'}", flush=True)
-            return report
+        saved = _read(self.work / "baseline.json")
+        if self.opts.resume and saved is not None and self.baselines.exists():
+            print(f"resuming: baseline from {saved.path}", flush=True)
+            return saved
+        report: Report | None = None
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             print(
-                f"recording the baseline (attempt {attempt}): pytest {' '.join(self.suite)} "
+                f"recording the baseline (attempt {attempt}): pytest {' '.join(self.opts.suite)} "
                 "--specperf-update-baselines",
                 flush=True,
             )
@@ -255,7 +342,7 @@ class Calibration:
                 )
             noisy = self._noisy_cases()
             print(
-                f"  baseline recorded in {dt:.0f} s ({len(report['cases'])} cases)"
+                f"  baseline recorded in {dt:.0f} s ({len(report.cases)} cases)"
                 + (f"; noisy: {', '.join(noisy)}" if noisy else "; quiet"),
                 flush=True,
             )
@@ -265,37 +352,36 @@ class Calibration:
         return report
 
     def _noisy_cases(self) -> list[str]:
-        from pytest_specperf.baselines import load_baselines
-        from pytest_specperf.verdict import QUIET_SCATTER, noisiest_phase
+        from pytest_specperf.judging.baselines import load_baselines
+        from pytest_specperf.judging.verdict import QUIET_SCATTER, noisiest_phase
 
         out = []
         for path in self.baselines.glob("*.yaml"):
             bf = load_baselines(path)
-            for per in bf.cases.values() if bf else ():
-                for key, case in per.items():
-                    worst = noisiest_phase(case.metrics)
-                    if worst is not None and worst[1] > QUIET_SCATTER:
-                        out.append(f"{key} ({worst[0]} {worst[1]:.0%})")
+            for case in bf.all_cases() if bf else ():
+                worst = noisiest_phase(case.metrics)
+                if worst is not None and worst[1] > QUIET_SCATTER:
+                    out.append(f"{case.key} ({worst[0]} {worst[1]:.0%})")
         return out
 
-    def run(self) -> dict[str, Any]:
-        base = self.record()
-        steps = [c["step_ms"]["median"] for c in base["cases"]]
-        ref_step = sorted(steps)[len(steps) // 2]
-        stall_ms = round(self.args.host_stall_share * ref_step, 1)
+    def conditions(self, stall_ms: float) -> list[Condition]:
+        """A/A, each injected factor, the host stall, and A/A with a hog if asked."""
         conds = [Condition("A/A")]
-        for f in self.args.inject or DEFAULT_FACTORS:
+        for f in self.opts.injects:
             conds.append(Condition(f, inject=f, expect=f.split("=")[0]))
         conds.append(
             Condition(
                 f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}", expect=UNACCOUNTED
             )
         )
-        if self.args.hog:
+        if self.opts.hog:
             conds.append(Condition("A/A + CPU hog", hog=True))
+        return conds
+
+    def _check_plan(self, conds: list[Condition]) -> None:
         names = [c.name for c in conds]
         plan = self.work / "conditions.json"
-        if self.args.resume and plan.exists():
+        if self.opts.resume and plan.exists():
             before = json.loads(plan.read_text())
             if before != names:
                 raise SystemExit(
@@ -304,193 +390,205 @@ class Calibration:
                     "--work-dir"
                 )
         plan.write_text(json.dumps(names))
-        total = len(conds) * self.args.repetitions
-        n = 0
-        for rep in range(self.args.repetitions):
+
+    def repetition(self, cond: Condition, rep: int) -> tuple[RunOutcome | None, int, float | None]:
+        """Run (or resume) one repetition of ``cond``; its outcome, exit code, wall time."""
+        tag = f"rep{rep:02d}-{_slug(cond.name)}"
+        done = self._resumed(tag)
+        if done is not None:
+            rc, report, dt = done
+        else:
+            extra = ["--specperf-inject", cond.inject] if cond.inject else []
+            hog = _start_hog() if cond.hog else None
+            try:
+                rc, maybe, dt = self._pytest(tag, extra)
+            finally:
+                if hog is not None:
+                    _stop_hog(hog)
+            if maybe is None:
+                return None, rc, dt
+            report = maybe
+        out = judge_report(report, cond.expect, self.opts.tolerances)
+        out = replace(out, rep=rep, exit=rc, resumed=done is not None,
+                      wall_s=None if dt is None else round(dt, 1))  # fmt: skip
+        return out, rc, dt
+
+    def run(self) -> dict[str, Any]:
+        base = self.record()
+        steps = sorted(c.step_median_ms for c in base.cases)
+        ref_step = steps[len(steps) // 2]
+        stall_ms = round(self.opts.host_stall_share * ref_step, 1)
+        conds = self.conditions(stall_ms)
+        self._check_plan(conds)
+        k = self.opts.repetitions
+        total, n = len(conds) * k, 0
+        for rep in range(k):
             for cond in conds:
                 n += 1
-                tag = f"rep{rep:02d}-{_slug(cond.name)}"
-                done = self._resumed(tag)
-                dt: float | None
-                report: dict[str, Any] | None
-                if done is not None:
-                    rc, report, dt = done
-                else:
-                    extra = ["--specperf-inject", cond.inject] if cond.inject else []
-                    hog = _start_hog() if cond.hog else None
-                    try:
-                        rc, report, dt = self._pytest(tag, extra)
-                    finally:
-                        if hog is not None:
-                            _stop_hog(hog)
-                if report is None:
-                    print(
-                        f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
-                        f"(exit {rc}); see {self.work}",
-                        flush=True,
-                    )
+                out, rc, _ = self.repetition(cond, rep)
+                if out is None:
+                    print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
+                          f"(exit {rc}); see {self.work}", flush=True)  # fmt: skip
                     continue
-                out = _run_outcome(report, cond.expect, self.tolerances)
-                out.update(
-                    {
-                        "rep": rep,
-                        "exit": rc,
-                        "wall_s": None if dt is None else round(dt, 1),
-                        "resumed": done is not None,
-                    }
-                )
                 cond.runs.append(out)
-                what = ", ".join(f"{c['head']}@{c['key']}" for c in out["slower_cases"]) or "pass"
-                unst = f", {len(out['unstable_cases'])} UNSTABLE" if out["unstable_cases"] else ""
-                print(
-                    f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{self.args.repetitions}  "
-                    f"{'FAIL ' + what if out['slower_cases'] else 'pass'}{unst}  "
-                    + (f"{dt:.0f} s" if dt is not None else "-")
-                    + ("  (resumed)" if done is not None else ""),
-                    flush=True,
-                )
+                print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{k}  {_line(out)}",
+                      flush=True)  # fmt: skip
         return self.summarize(conds, base, stall_ms, ref_step)
 
     def summarize(
-        self,
-        conds: list[Condition],
-        base: dict[str, Any],
-        stall_ms: float,
-        ref_step: float,
+        self, conds: list[Condition], base: Report, stall_ms: float, ref_step: float
     ) -> dict[str, Any]:
-        wall = time.monotonic() - self.t0
         # Wall time of the whole calibration: this process, plus the runs it resumed.
-        wall += sum(r["wall_s"] or 0.0 for c in conds for r in c.runs if r["resumed"])
-        rows: list[dict[str, Any]] = []
-        for c in conds:
-            k = len(c.runs)
-            rows.append(
-                {
-                    "condition": c.name,
-                    "inject": c.inject,
-                    "hog": c.hog,
-                    "expect": c.expect,
-                    "runs": k,
-                    "slower_runs": c.slower_runs,
-                    "detected": c.detected,
-                    "named_right": c.named_right,
-                    "unstable_runs": c.unstable_runs,
-                    "rate": c.slower_runs / k if k else math.nan,
-                    "details": c.runs,
-                }
-            )
-        smallest: tuple[str, float] | None = None
-        for c in conds:
-            if (
-                c.inject
-                and c.expect
-                and c.expect != UNACCOUNTED
-                and c.runs
-                and c.detected / len(c.runs) >= 0.95
-            ):
-                f = float(c.inject.split("=")[1])
-                if smallest is None or f < smallest[1]:
-                    smallest = (c.inject, f)
+        wall = time.monotonic() - self.t0
+        wall += sum(r.wall_s or 0.0 for c in conds for r in c.runs if r.resumed)
         grids = {
             "phase": [round(0.01 * t, 2) for t in range(2, 16)],
             "step": [round(0.05 * t, 2) for t in range(1, 9)],
         }
         swept = {kind: sweep(conds, grid, kind) for kind, grid in grids.items()}
-        recommended = {kind: recommend(rows, conds) for kind, rows in swept.items()}
         return {
-            "suite": self.suite,
-            "repetitions": self.args.repetitions,
+            "suite": list(self.opts.suite),
+            "repetitions": self.opts.repetitions,
             "sweep": swept,
-            "recommended_tolerance": recommended,
-            "judged_at": list(self.tolerances) if self.tolerances else None,
+            "recommended_tolerance": {kind: recommend(rows, conds) for kind, rows in swept.items()},
+            "judged_at": list(self.opts.tolerances) if self.opts.tolerances else None,
             "host_stall_ms": stall_ms,
             "reference_step_ms": ref_step,
-            "smallest_detected_95": smallest[0] if smallest else None,
+            "smallest_detected_95": _smallest_detected(conds),
             "wall_s": round(wall, 1),
-            "resumed_runs": sum(1 for c in conds for r in c.runs if r["resumed"]),
-            "conditions": rows,
-            "baseline_cases": [c["key"] for c in base["cases"]],
+            "resumed_runs": sum(1 for c in conds for r in c.runs if r.resumed),
+            "conditions": [_condition_row(c) for c in conds],
+            "baseline_cases": [c.key for c in base.cases],
             "work_dir": str(self.work),
         }
 
 
-def format_table(summary: dict[str, Any]) -> list[str]:
-    head = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE"]
+def _read(path: Path) -> Report | None:
+    """A repetition's report, or None when it is missing or unusable (said on stderr)."""
+    if not path.exists():
+        return None
+    try:
+        return read_report(path)
+    except ReportError as e:
+        print(f"skipping {e}", file=sys.stderr)
+        return None
+
+
+def _line(out: RunOutcome) -> str:
+    what = ", ".join(f"{c.head}@{c.key}" for c in out.slower_cases)
+    text = f"FAIL {what}" if out.slower_cases else "pass"
+    text += f", {len(out.unstable_cases)} UNSTABLE" if out.unstable_cases else ""
+    text += f"  {out.wall_s:.0f} s" if out.wall_s is not None else "  -"
+    return text + ("  (resumed)" if out.resumed else "")
+
+
+def _condition_row(c: Condition) -> dict[str, Any]:
+    k = len(c.runs)
+    return {
+        "condition": c.name,
+        "inject": c.inject,
+        "hog": c.hog,
+        "expect": c.expect,
+        "runs": k,
+        "slower_runs": c.slower_runs,
+        "detected": c.detected,
+        "named_right": c.named_right,
+        "unstable_runs": c.unstable_runs,
+        "rate": c.slower_runs / k if k else math.nan,
+        "details": [r.to_json() for r in c.runs],
+    }
+
+
+def _smallest_detected(conds: list[Condition]) -> str | None:
+    """The smallest injected phase factor detected in at least 95% of its runs."""
+    smallest: tuple[str, float] | None = None
+    for c in conds:
+        if not (c.inject and c.expect and c.expect != UNACCOUNTED and c.runs):
+            continue
+        if c.detected / len(c.runs) >= 0.95:
+            f = float(c.inject.split("=")[1])
+            if smallest is None or f < smallest[1]:
+                smallest = (c.inject, f)
+    return smallest[0] if smallest else None
+
+
+def _verdict_table(summary: dict[str, Any]) -> list[str]:
     at = summary.get("judged_at")
-    lines = [
-        "verdicts at "
-        + (
-            f"tolerance {at[0]:.0%} (phases), {at[1]:.0%} (step)"
-            if at
-            else "the tolerances the runs used (the suite's defaults)"
-        )
-    ]
-    data = []
+    head = "verdicts at " + (
+        f"tolerance {at[0]:.0%} (phases), {at[1]:.0%} (step)"
+        if at
+        else "the tolerances the runs used (the suite's defaults)"
+    )
+    rows = []
     for r in summary["conditions"]:
         named = "-" if not r["expect"] else f"{r['named_right']}/{r['runs']} ({r['expect']})"
-        failed = f"{r['slower_runs']}/{r['runs']}"
-        if r["expect"] is None:
-            failed += " false alarms"
-        data.append(
-            [r["condition"], str(r["runs"]), failed, named, f"{r['unstable_runs']}/{r['runs']}"]
+        failed = f"{r['slower_runs']}/{r['runs']}" + (
+            " false alarms" if r["expect"] is None else ""
         )
-    widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(head)]
-    for row in [head, ["-" * w for w in widths], *data]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    for kind, what in (
-        ("phase", "phases, accept length, unaccounted share: --specperf-tolerance"),
-        ("step", "raw step time and tokens/s: --specperf-step-tolerance"),
-    ):
-        rows = summary.get("sweep", {}).get(kind)
-        if not rows:
-            continue
-        lines.append("")
-        lines.append(f"the same runs judged at other tolerances for {what}")
-        lines.append(
-            "(runs that would fail)"
-            if kind == "step"
-            else "(A/A columns: runs that would fail; injected columns: runs that would "
-            "detect the injected phase)"
-        )
-        hdr = ["tolerance", *(r["condition"] for r in summary["conditions"])]
-        table = []
-        for row in rows:
-            cells = [f"{row['tolerance']:.0%}"]
-            for r in summary["conditions"]:
-                v = row[r["condition"]]
-                key = "failed" if r["expect"] is None or kind == "step" else "detected"
-                cells.append(f"{v[key]}/{v['runs']}")
-            table.append(cells)
-        w = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(hdr)]
-        for row_cells in [hdr, ["-" * x for x in w], *table]:
-            lines.append("  ".join(c.ljust(x) for c, x in zip(row_cells, w)).rstrip())
-        rec = summary["recommended_tolerance"].get(kind)
-        lines.append(
-            "smallest tolerance with at most 1 false alarm per 20 A/A runs: "
-            + (f"{rec:.0%}" if rec is not None else f"none up to {rows[-1]['tolerance']:.0%}")
-        )
-    lines.append("")
-    lines.append(
-        f"smallest injected factor detected in >= 95% of runs: "
-        f"{summary['smallest_detected_95'] or 'none of those tried'}"
-    )
-    lines.append(
+        rows.append([r["condition"], str(r["runs"]), failed, named,
+                     f"{r['unstable_runs']}/{r['runs']}"])  # fmt: skip
+    headers = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE"]
+    return [head, *render_table(headers, rows)]
+
+
+_SWEEP_TITLES = {
+    "phase": "phases, accept length, unaccounted share: --specperf-tolerance",
+    "step": "raw step time and tokens/s: --specperf-step-tolerance",
+}
+
+
+def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
+    rows = summary.get("sweep", {}).get(kind)
+    if not rows:
+        return []
+    conds = summary["conditions"]
+    cells = []
+    for row in rows:
+        line = [f"{row['tolerance']:.0%}"]
+        for r in conds:
+            v = row[r["condition"]]
+            key = "failed" if r["expect"] is None or kind == "step" else "detected"
+            line.append(f"{v[key]}/{v['runs']}")
+        cells.append(line)
+    rec = summary["recommended_tolerance"].get(kind)
+    return [
+        "",
+        f"the same runs judged at other tolerances for {_SWEEP_TITLES[kind]}",
+        "(runs that would fail)"
+        if kind == "step"
+        else "(A/A columns: runs that would fail; "
+        "injected columns: runs that would detect the injected phase)",
+        *render_table(["tolerance", *(r["condition"] for r in conds)], cells),
+        "smallest tolerance with at most 1 false alarm per 20 A/A runs: "
+        + (f"{rec:.0%}" if rec is not None else f"none up to {rows[-1]['tolerance']:.0%}"),
+    ]
+
+
+def _footer(summary: dict[str, Any]) -> list[str]:
+    wall = summary["wall_s"]
+    resumed = summary.get("resumed_runs")
+    return [
+        "",
+        "smallest injected factor detected in >= 95% of runs: "
+        f"{summary['smallest_detected_95'] or 'none of those tried'}",
         f"host stall: {summary['host_stall_ms']} ms per step (about "
         f"{summary['host_stall_ms'] / summary['reference_step_ms']:.0%} of the median "
-        f"case's {summary['reference_step_ms']:.1f} ms step)"
-    )
-    wall = summary["wall_s"]
-    lines.append(
+        f"case's {summary['reference_step_ms']:.1f} ms step)",
         f"wall time: {int(wall // 3600)}h {int(wall % 3600 // 60)}m {int(wall % 60)}s "
         f"({summary['repetitions']} repetitions per condition"
-        + (
-            f"; {summary['resumed_runs']} runs resumed from an interrupted calibration"
-            if summary.get("resumed_runs")
-            else ""
-        )
-        + ")"
-    )
-    return lines
+        + (f"; {resumed} runs resumed from an interrupted calibration" if resumed else "")
+        + ")",
+    ]
+
+
+def format_table(summary: dict[str, Any]) -> list[str]:
+    """The calibration's tables: verdicts per condition, the two tolerance sweeps."""
+    return [
+        *_verdict_table(summary),
+        *_sweep_table(summary, "phase"),
+        *_sweep_table(summary, "step"),
+        *_footer(summary),
+    ]
 
 
 def _slug(name: str) -> str:
@@ -565,52 +663,26 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pytest_specperf.inject import parse_inject
-
-    if args.repetitions < 1:
-        print("error: --repetitions must be at least 1", file=sys.stderr)
+    try:
+        opts = CalibrateOptions.from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    if not 0 < args.host_stall_share < 5:
-        print("error: --host-stall-share must be in (0, 5)", file=sys.stderr)
-        return 2
-    for f in args.inject or ():
-        try:
-            spec = parse_inject(f)
-        except ValueError as e:
-            print(f"error: --inject {f!r}: {e}", file=sys.stderr)
-            return 2
-        if len(spec.factors) != 1 or spec.host_stall_ms:
-            print(f"error: --inject {f!r}: give one PHASE=FACTOR per --inject", file=sys.stderr)
-            return 2
-    from pytest_specperf.options import parse_fraction
-
-    for flag in ("tolerance", "step_tolerance"):
-        text = getattr(args, flag)
-        if text is None:
-            continue
-        try:
-            setattr(args, flag, parse_fraction(text))
-        except ValueError as e:
-            print(f"error: --{flag.replace('_', '-')} {text!r}: {e}", file=sys.stderr)
-            return 2
-    if args.resume and args.work_dir is None:
-        print("error: --resume needs --work-dir (the interrupted calibration's)", file=sys.stderr)
-        return 2
-    if args.json is not None:
+    if opts.json_path is not None:
         try:  # fail now, not after hours of runs
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.touch()
+            opts.json_path.parent.mkdir(parents=True, exist_ok=True)
+            opts.json_path.touch()
         except OSError as e:
-            print(f"error: --json {args.json}: {e}", file=sys.stderr)
+            print(f"error: --json {opts.json_path}: {e}", file=sys.stderr)
             return 2
-    cal = Calibration(args)
+    cal = Calibration(opts)
     summary = cal.run()
     print()
     for line in format_table(summary):
         print(line)
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=1))
-        print(f"JSON: {args.json}")
-    if not args.work_dir:
+    if opts.json_path:
+        opts.json_path.write_text(json.dumps(strict(summary), indent=1, allow_nan=False))
+        print(f"JSON: {opts.json_path}")
+    if not opts.work_dir:
         shutil.rmtree(cal.work, ignore_errors=True)
     return 0

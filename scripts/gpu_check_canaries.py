@@ -83,8 +83,8 @@ def _device_ms(recs: list[Any], phase: str) -> float | None:
 
 def canary_verify(eng: Any) -> dict[str, Any]:
     """``verify=1.10``: the change in device verify time over ~``CANARY_STEPS`` steps."""
-    from pytest_specperf.inject import Injector, parse_inject
     from pytest_specperf.probe import StepProbe
+    from pytest_specperf.probe.inject import Injector, parse_inject
 
     inj = Injector(parse_inject("verify=1.10"), device=DEVICE)  # calibrated here, warm
     probes = {
@@ -109,8 +109,8 @@ def canary_verify(eng: Any) -> dict[str, Any]:
 
 def canary_host_stall(eng: Any) -> dict[str, Any]:
     """``host_stall=2``: the change in unaccounted time, and the bottleneck verdict."""
-    from pytest_specperf.inject import Injector, parse_inject
     from pytest_specperf.probe import StepProbe
+    from pytest_specperf.probe.inject import Injector, parse_inject
     from pytest_specperf.telemetry import StepFigures, classify
 
     probes = {

@@ -96,7 +96,7 @@ class Nvml:
 
 def calibrate_with_clock(nv: Nvml) -> dict[str, Any]:
     """The canary's ``_sleep`` calibration now, beside NVML's SM clock."""
-    from pytest_specperf.inject import CudaSleep
+    from pytest_specperf.probe.inject import CudaSleep
 
     before = nv.sm_clock()
     cpn = CudaSleep(DEVICE).calibrate()

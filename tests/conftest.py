@@ -35,3 +35,107 @@ def tiny_engine_factory():
         return cache[key]
 
     return make
+
+
+#: Host milliseconds per phase of the synthetic decode steps below (verify dominates).
+SYNTHETIC_PHASE_MS = {
+    "schedule": 0.02,
+    "draft": 10.0,
+    "build_verify_input": 0.05,
+    "prepare_for_verify": 0.05,
+    "verify": 38.0,
+    "accept": 0.05,
+    "kv_commit": 0.3,
+}
+REFERENCE_FP = {
+    "backend": "reference",
+    "engine": "specperf-reference",
+    "engine_version": "0.1.0",
+    "config": "tiny",
+    "config_hash": "1a92d7839362",
+    "speculative_algorithm": "DFLASH",
+    "num_draft_tokens": 8,
+    "simulate_accept_len": None,
+    "dtype": "float32",
+    "device_type": "cpu",
+    "cuda_graphs": False,
+    "torch_version": "2.13.0+cpu",
+}
+
+
+@pytest.fixture
+def make_run():
+    """Build a DecodeRun from synthetic step records through the real summarizing code:
+    ``scale`` slows every phase, ``factors`` one phase (``{"verify": 1.2}``)."""
+    from pytest_specperf.judging.samples import KVLayout, Window, build_run
+    from pytest_specperf.probe.record import StepRecord
+
+    def make(steps=16, scale=1.0, factors=None, seed=0):
+        factors = factors or {}
+        records = []
+        for i in range(steps):
+            jitter = 1 + 0.01 * ((i * 7 + seed) % 5)
+            host = {
+                p: int(ms * 1e6 * scale * jitter * factors.get(p, 1.0))
+                for p, ms in SYNTHETIC_PHASE_MS.items()
+            }
+            unaccounted = int(30_000 * jitter)
+            records.append(
+                StepRecord(
+                    step=i,
+                    wall_ns=i,
+                    mode="decode",
+                    rids=["r"],
+                    context_len=8192,
+                    batch_size=1,
+                    accepted_tokens=1 + (i + seed) % 4,
+                    step_ns=sum(host.values()) + unaccounted,
+                    host_ns=host,
+                    unaccounted_ns=unaccounted,
+                )
+            )
+        blocks = [i // 4 for i in range(steps)]
+        return build_run(
+            records,
+            blocks,
+            context_len=8192,
+            batch_size=1,
+            layout=KVLayout("contiguous", 1.0),
+            window=Window(wall_s=1.0, reference={b: 6.5 * scale for b in set(blocks)}),
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_case(make_run):
+    """A just-measured CaseBaseline of a synthetic run (see ``make_run``)."""
+    from pytest_specperf.judging.baselines import CaseBaseline
+
+    def make(
+        test="perf_tests/t.py::test_d",
+        key="ctx=8192 kv=contiguous bs=1",
+        *,
+        fingerprint=None,
+        pid=None,
+        at=None,
+        **run_kw,
+    ):
+        run = make_run(**run_kw)
+        return CaseBaseline.from_run(
+            test=test,
+            key=key,
+            fingerprint=fingerprint or REFERENCE_FP,
+            steps=run.steps,
+            metrics=run.summaries,
+            pid=pid,
+            at=at,
+        )
+
+    return make
+
+
+@pytest.fixture
+def reference_fp():
+    """A reference engine's fingerprint as the server reports it (a fresh copy)."""
+    return dict(REFERENCE_FP)

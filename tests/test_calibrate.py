@@ -6,19 +6,38 @@ import pytest
 
 from pytest_specperf import __main__ as cli
 from pytest_specperf.calibrate import (
+    CalibrateOptions,
     Condition,
-    _run_outcome,
     format_table,
+    judge_report,
     recommend,
     slower_at,
     sweep,
 )
+from pytest_specperf.judging.verdict import MetricVerdict
+from pytest_specperf.reporting.report import read_report
 
 
 def _case(key, verdict, metrics, culprit=None):
-    return {"key": key, "verdict": verdict, "culprit": culprit, "metrics": [
+    return {"key": key, "test": "t", "verdict": verdict, "culprit": culprit,
+            "step_ms": {"median": 40.0}, "metrics": [
         {"metric": m, "verdict": v, "change": c, "noise": n, "share_based": m == "unaccounted"}
         for m, v, c, n in metrics]}
+
+
+def _report(cases, tmp_path_factory=None):
+    """A report as ``read_report`` gives it (written to a temporary file and read back)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="specperf-cal-test-")) / "r.json"
+    path.write_text(json.dumps({"schema_version": 1, **cases}))
+    return read_report(path)
+
+
+def _run_outcome(data, expect, tolerances=None):
+    return judge_report(_report(data), expect, tolerances)
 
 
 AA = {"cases": [
@@ -34,29 +53,30 @@ INJ = {"cases": [
 
 def test_run_outcome_detects_and_attributes():
     out = _run_outcome(INJ, "verify")
-    assert out["detected"] and out["named_right"]
-    assert out["slower_cases"] == [{"key": "ctx=46000", "head": "verify", "metrics": ["verify"],
-                                    "gated": ["verify", "step"]}]
-    assert not _run_outcome(AA, None)["slower_cases"]
+    assert out.detected and out.named_right
+    [slow] = out.slower_cases
+    assert (slow.key, slow.head, slow.metrics, slow.gated) == (
+        "ctx=46000", "verify", ("verify",), ("verify", "step"))
+    assert not _run_outcome(AA, None).slower_cases
 
 
 def test_attribution_ignores_cases_that_do_not_gate_the_phase():
     step_only = _case("accept-test", "SLOWER", [("step", "SLOWER", 0.2, 0.01)], culprit="step")
     out = _run_outcome({"cases": [*INJ["cases"], step_only]}, "verify")
-    assert out["detected"] and out["named_right"]
+    assert out.detected and out.named_right
     wrong = _case("ctx=8192", "SLOWER", [("verify", "SAME", 0.01, 0.01), ("draft", "SLOWER", 0.2, 0.01)],
                   culprit="draft")
-    assert not _run_outcome({"cases": [*INJ["cases"], wrong]}, "verify")["named_right"]
+    assert not _run_outcome({"cases": [*INJ["cases"], wrong]}, "verify").named_right
 
 
 def test_slower_at_uses_the_verdict_rule():
-    judged = _run_outcome(INJ, "verify")["judged"]
+    judged = _run_outcome(INJ, "verify").judged
     assert slower_at(judged, 0.05, "phase") == [["verify"], []]
     assert slower_at(judged, 0.03, "phase") == [["verify"], ["verify"]]
     assert slower_at(judged, 0.10, "phase") == [[], []]
     assert slower_at(judged, 0.05, "step") == [["step"], []]  # raw step carries drift
     # the noise condition: a change within 3x the noise is not SLOWER at any tolerance
-    noisy = [[{"metric": "verify", "change": 0.09, "noise": 0.04, "share_based": False}]]
+    noisy = ((MetricVerdict.from_json({"metric": "verify", "change": 0.09, "noise": 0.04}),),)
     assert slower_at(noisy, 0.02, "phase") == [[]]
 
 
@@ -103,9 +123,10 @@ def _args(tmp_path, resume=True, **kw):
     import argparse
 
     ns = dict(repetitions=1, inject=["verify=1.10"], host_stall_share=0.2, hog=False,
-              json=None, work_dir=tmp_path, resume=resume, pytest_args=[])
+              json=None, work_dir=tmp_path, resume=resume, pytest_args=[], tolerance=None,
+              step_tolerance=None)
     ns.update(kw)
-    return argparse.Namespace(**ns)
+    return CalibrateOptions.from_args(argparse.Namespace(**ns))
 
 
 def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
@@ -114,12 +135,17 @@ def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
     from pytest_specperf.calibrate import Calibration
 
     cal = Calibration(_args(tmp_path))
-    (tmp_path / "rep00-A_A.json").write_text(json.dumps(AA))
+    (tmp_path / "rep00-A_A.json").write_text(json.dumps({"schema_version": 1, **AA}))
     (tmp_path / "rep00-A_A.rc").write_text("0 61.5\n")
-    assert cal._resumed("rep00-A_A") == (0, AA, 61.5)
+    rc, report, wall = cal._resumed("rep00-A_A")
+    assert (rc, wall, [c.key for c in report.cases]) == (0, 61.5, ["ctx=46000", "ctx=32768"])
     # A run of an older version without its .rc: the exit status is read off the verdicts.
-    (tmp_path / "rep00-verify_1.10.json").write_text(json.dumps(INJ))
-    assert cal._resumed("rep00-verify_1.10") == (1, INJ, None)
+    (tmp_path / "rep00-verify_1.10.json").write_text(json.dumps({"schema_version": 1, **INJ}))
+    rc, report, wall = cal._resumed("rep00-verify_1.10")
+    assert (rc, wall) == (1, None)
+    # A report of an unknown version is named and skipped, never a crash.
+    (tmp_path / "rep02-A_A.json").write_text(json.dumps({"schema_version": 99, **AA}))
+    assert cal._resumed("rep02-A_A") is None
     # Interrupted mid-run (no report) or a torn report: run it again.
     assert cal._resumed("rep01-A_A") is None
     (tmp_path / "rep01-A_A.json").write_text('{"cases": [')
@@ -134,8 +160,8 @@ def test_resume_refuses_other_conditions(tmp_path, monkeypatch):
     from pytest_specperf.calibrate import Calibration
 
     (tmp_path / "baselines").mkdir()
-    (tmp_path / "baseline.json").write_text(json.dumps(
-        {"cases": [{"key": "k", "step_ms": {"median": 40.0}}]}))
+    (tmp_path / "baseline.json").write_text(json.dumps({"schema_version": 1, "cases": [
+        {"key": "k", "test": "t", "verdict": "SAME", "step_ms": {"median": 40.0}}]}))
     (tmp_path / "conditions.json").write_text(json.dumps(["A/A", "verify=1.05"]))
     cal = Calibration(_args(tmp_path))
     with pytest.raises(SystemExit, match=r"--resume: this work dir was calibrated with "
@@ -150,16 +176,16 @@ def test_resume_needs_a_work_dir(capsys):
 
 def test_run_outcome_judges_stored_metrics_by_the_current_rule():
     # Judged at other tolerances than the run used: the same stored changes and noises.
-    assert not _run_outcome(INJ, "verify", (0.10, 0.15))["slower_cases"]
-    both = _run_outcome(INJ, "verify", (0.05, 0.05))["slower_cases"]
-    assert both[0]["metrics"] == ["verify", "step"] and both[0]["head"] == "verify"
+    assert not _run_outcome(INJ, "verify", (0.10, 0.15)).slower_cases
+    both = _run_outcome(INJ, "verify", (0.05, 0.05)).slower_cases
+    assert both[0].metrics == ("verify", "step") and both[0].head == "verify"
     # A case whose draft scattered far more than the baseline's: its verify cannot fail
     # (a report of an older version said SLOWER; the current rule says UNSTABLE).
     shaken = _case("ctx=131072", "SLOWER", [("verify", "SLOWER", 0.09, 0.005),
                                              ("draft", "UNSTABLE", -0.3, 0.04)], culprit="verify")
     shaken["metrics"][1]["scatter_ratio"] = 3.7
     out = _run_outcome({"cases": [shaken]}, "verify")
-    assert not out["slower_cases"] and out["unstable_cases"] == ["ctx=131072"]
+    assert not out.slower_cases and out.unstable_cases == ("ctx=131072",)
 
 
 def test_cli_tolerance_errors(capsys):
@@ -169,5 +195,5 @@ def test_cli_tolerance_errors(capsys):
 
 def test_unstable_is_rejudged_at_the_tolerance_too():
     wobbly = _case("ctx=32768", "UNSTABLE", [("verify", "UNSTABLE", 0.02, 0.02)])
-    assert _run_outcome({"cases": [wobbly]}, None, (0.05, 0.15))["unstable_cases"] == ["ctx=32768"]
-    assert _run_outcome({"cases": [wobbly]}, None, (0.07, 0.15))["unstable_cases"] == []
+    assert _run_outcome({"cases": [wobbly]}, None, (0.05, 0.15)).unstable_cases == ("ctx=32768",)
+    assert _run_outcome({"cases": [wobbly]}, None, (0.07, 0.15)).unstable_cases == ()

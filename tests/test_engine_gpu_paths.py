@@ -273,15 +273,14 @@ def test_engine_counts_the_kv_bytes_of_its_verifies() -> None:
 
 
 def test_diagnosis_uses_the_servers_traffic_model() -> None:
-    from pytest_specperf.diagnosis import kv_read_bytes_per_step
+    from pytest_specperf.judging.diagnosis import kv_read_bytes_per_step
 
-    run = SimpleNamespace(context_len=46000, batch_size=1, fragmentation=0.0)
-    info = {"kv_bytes_per_token": MEDIUM_BYTES_PER_TOKEN,
-            "kv_read": {"bytes_per_token": MEDIUM_BYTES_PER_TOKEN, "page_size": 16,
-                        "gather_passes": 3,
-                        "padded_bucket": {"min_pages": 64, "linear_step_pages": 512}}}
-    assert kv_read_bytes_per_step(run, info) == 3 * 3072 * 16 * MEDIUM_BYTES_PER_TOKEN
-    assert kv_read_bytes_per_step(run, {"kv_bytes_per_token": 10}) == 460000  # other backends
+    run: Any = SimpleNamespace(context_len=46000, batch_size=1, fragmentation=0.0)
+    traffic = {"bytes_per_token": MEDIUM_BYTES_PER_TOKEN, "page_size": 16, "gather_passes": 3,
+               "padded_bucket": {"min_pages": 64, "linear_step_pages": 512}}
+    moved = kv_read_bytes_per_step(run, MEDIUM_BYTES_PER_TOKEN, traffic)
+    assert moved == 3 * 3072 * 16 * MEDIUM_BYTES_PER_TOKEN
+    assert kv_read_bytes_per_step(run, 10.0) == 460000  # other backends: the context, once
 
 
 def test_kv_pool_starts_zeroed() -> None:

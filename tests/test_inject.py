@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_specperf.inject import Injector, InjectSpec, parse_inject
 from pytest_specperf.probe import StepProbe
+from pytest_specperf.probe.inject import Injector, InjectSpec, parse_inject
 
 
 def test_parse_spec():
@@ -224,7 +224,7 @@ def test_plain_cuda_calibrates_after_the_first_step_not_at_import(
 ) -> None:
     """``device="cuda"`` (a process that picks its GPU later): no CUDA work when built;
     calibrated once, right after the first recorded step, outside every record."""
-    import pytest_specperf.inject as inject
+    import pytest_specperf.probe.inject as inject
 
     clock = FakeGpuClock(ghz=1.7)
     made: list[FakeSleepDevice] = []

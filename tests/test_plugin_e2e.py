@@ -68,21 +68,28 @@ def _setup(pytester, text: str | None) -> Path:
     return path
 
 
+ENGINE = "reference tiny DFLASH"
+
+
+def _entry(data: dict) -> dict:
+    return data["engines"][ENGINE]
+
+
 def _edit(text: str, fn) -> str:
+    """Apply ``fn(case, entry)`` to the recorded case (schema v2) and return the YAML."""
     data = yaml.safe_load(text)
-    fn(data["cases"][TEST][KEY])
+    fn(_entry(data)["cases"][TEST][KEY], _entry(data))
     return yaml.safe_dump(data)
 
 
 def _scale(metric: str, factor: float):
-    """Scale a phase in the baseline, both raw and in the form it is judged on."""
+    """Scale a phase in the baseline's latest run, raw and in the form it is judged on."""
 
-    def fn(case):
+    def fn(case, entry):
         for name in (metric, f"{metric}/rest"):
-            m = case["metrics"][name]
-            for k in ("median", "mean", "q10", "q90", "min", "max"):
-                m[k] *= factor
-            m["blocks"] = [b * factor for b in m["blocks"]]
+            case["value"][name][-1] *= factor
+        blocks = case["blocks"][f"{metric}/rest"]
+        blocks[-1] = [b * factor for b in blocks[-1]]
 
     return fn
 
@@ -124,13 +131,12 @@ def test_faster_passes(pytester, recorded):
 
 
 def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
-    def noisy(case):
-        for name in ("verify", "verify/rest"):
-            m = case["metrics"][name]
-            m["blocks"] = [
-                b * f for b, f in zip(m["blocks"], [0.5, 1.6, 0.6, 1.5, 0.55, 1.55, 0.6, 1.4])
-            ]
-            m["median"] *= 1.04
+    def noisy(case, entry):
+        blocks = case["blocks"]["verify/rest"]
+        blocks[-1] = [
+            b * f for b, f in zip(blocks[-1], [0.5, 1.6, 0.6, 1.5, 0.55, 1.55, 0.6, 1.4])
+        ]
+        case["value"]["verify"][-1] *= 1.04
 
     _setup(pytester, _edit(recorded, noisy))
     result = _run(pytester, "--specperf-tolerance=5%")
@@ -144,9 +150,9 @@ def test_unstable_says_how_many_steps_would_decide(pytester, recorded):
 
 
 def test_fingerprint_mismatch_is_invalid_not_a_regression(pytester, recorded):
-    def other_engine(case):
-        case["fingerprint"]["engine_version"] = "0.0.1"
-        _scale("verify", 0.5)(case)  # would be SLOWER if it were compared
+    def other_engine(case, entry):
+        entry["fingerprints"][case["fingerprint"]]["engine_version"] = "0.0.1"
+        _scale("verify", 0.5)(case, entry)  # would be SLOWER if it were compared
 
     _setup(pytester, _edit(recorded, other_engine))
     result = _run(pytester, "-W", "default")
@@ -177,20 +183,39 @@ def test_no_baseline_passes_with_a_hint(pytester):
 
 def test_update_records_measured_and_keeps_the_rest(pytester, recorded):
     data = yaml.safe_load(recorded)
-    data["cases"]["elsewhere.py::test_other"] = {
-        "ctx=1 kv=contiguous bs=1": copy.deepcopy(data["cases"][TEST][KEY])
+    _entry(data)["cases"]["elsewhere.py::test_other"] = {
+        "ctx=1 kv=contiguous bs=1": copy.deepcopy(_entry(data)["cases"][TEST][KEY])
     }
     path = _setup(pytester, _edit(yaml.safe_dump(data), _scale("verify", 0.5)))
-    before = yaml.safe_load(path.read_text())
+    before = _entry(yaml.safe_load(path.read_text()))["cases"]
     result = _run(pytester, "--specperf-update-baselines")
     result.assert_outcomes(passed=1)  # a regression does not fail an update run
     result.stdout.fnmatch_lines(
-        ["baselines written: baselines/test-box.yaml (1 case(s) recorded, 1 kept)"]
+        ["baselines written: baselines/test-box.yaml (1 case(s) recorded, 1 kept); what moved:",
+         "  test_case.py::test_decode ctx=2048 kv=contiguous bs=1: step * -> * ms (*); verify *; 2 runs"]
     )
-    after = yaml.safe_load(path.read_text())
-    assert after["cases"]["elsewhere.py::test_other"] == before["cases"]["elsewhere.py::test_other"]
-    new = after["cases"][TEST][KEY]["metrics"]["verify"]["median"]
-    assert new > 1.5 * before["cases"][TEST][KEY]["metrics"]["verify"]["median"]
+    after = _entry(yaml.safe_load(path.read_text()))["cases"]
+    assert after["elsewhere.py::test_other"] == before["elsewhere.py::test_other"]
+    old, new = before[TEST][KEY], after[TEST][KEY]
+    assert len(new["runs"]) == 2 and new["runs"][0] == old["runs"][0]  # the new run appended
+    assert new["value"]["verify"][-1] > 1.5 * old["value"]["verify"][-1]
+
+
+def test_a_corrupt_case_is_invalid_naming_file_case_and_field(pytester, recorded):
+    def negative_step(case, entry):
+        case["value"]["step"] = [-1]
+        _scale("verify", 0.5)(case, entry)  # would be SLOWER if it were compared
+
+    _setup(pytester, _edit(recorded, negative_step))
+    result = _run(pytester, "-W", "default")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "INVALID test_case.py::test_decode ctx=2048 kv=contiguous bs=1: *baselines/"
+            "test-box.yaml: reference tiny DFLASH: test_case.py::test_decode "
+            "[[]ctx=2048 kv=contiguous bs=1[]]: value.step: must be > 0, got -1; fix the entry*"
+        ]
+    )
 
 
 @pytest.mark.parametrize(

@@ -51,12 +51,12 @@ def test_bad_specperf_marker_is_rejected_by_name(pytester, marker, message):
 def test_valid_marker_is_accepted(pytester):
     pytester.makepyfile("""
         import pytest
-        @pytest.mark.specperf(gate=["verify", "step", "unaccounted"], tolerance="10%", steps=8,
-                              warmup=0)
+        @pytest.mark.specperf(gate=["verify", "step", "unaccounted", "util.sm"], tolerance="10%",
+                              steps=8, warmup=0)
         def test_ok(request):
-            from pytest_specperf.markers import parse_marker
+            from pytest_specperf.plugin.markers import parse_marker
             o = parse_marker(request.node)
-            assert o.gate == ("verify", "step", "unaccounted")
+            assert o.gate == ("verify", "step", "unaccounted", "util.sm")
             assert o.tolerance == 0.1 and o.steps == 8 and o.warmup == 0
     """)
     pytester.runpytest().assert_outcomes(passed=1)

@@ -6,11 +6,11 @@ import textwrap
 
 import pytest
 
-from pytest_specperf.options import OPTIONS
+from pytest_specperf.plugin.options import OPTIONS
 
 SHOW = """
 def test_show(request):
-    from pytest_specperf.session import get_session
+    from pytest_specperf.plugin.session import get_session
     s = get_session(request.config).settings
     print("SETTINGS", s.backend, s.tolerance, s.step_tolerance, s.steps, s.warmup_steps, s.device_slug,
           s.server_args, s.update_baselines, s.baselines_dir.name, s.long_context_min)
@@ -20,7 +20,7 @@ def test_show(request):
 def test_every_option_is_listed_in_help(pytester):
     result = pytester.runpytest("--help")
     for o in OPTIONS:
-        result.stdout.fnmatch_lines([f"*{o.flag}*"])
+        result.stdout.fnmatch_lines([f"*{o.flag}*" if o.kind != "ini" else f"*{o.ini}*"])
     result.stdout.fnmatch_lines(["*specperf_tolerance*", "*specperf_long_context_min*"])
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pytest_specperf.report import most_changed
-from pytest_specperf.verdict import MetricVerdict, Verdict
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict
+from pytest_specperf.reporting.terminal import most_changed
 
 
 def _m(metric, verdict, change):
@@ -30,7 +30,7 @@ def test_most_changed_without_a_regression_is_the_largest_change():
 
 
 def test_change_of_a_near_zero_phase_is_shown_in_ms():
-    from pytest_specperf.report import _change_cell
+    from pytest_specperf.reporting.terminal import _change_cell
 
     assert _change_cell(0.026, 9.231, 44.0) == "+9.21 ms"
     assert _change_cell(26.36, 28.03, 35.9) == "+6.3%"

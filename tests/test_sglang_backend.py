@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_specperf.engines import base
-from pytest_specperf.engines.base import BackendSettings, BackendUnavailable, get_backend
+from pytest_specperf.engines import env as base
+from pytest_specperf.engines import get_backend
+from pytest_specperf.engines.protocol import BackendSettings, BackendUnavailable
 from pytest_specperf.engines.sglang import backend as backend_mod
 from pytest_specperf.engines.sglang import kv_fragment, launcher, source
 from pytest_specperf.engines.sglang.backend import (
@@ -329,10 +330,11 @@ def test_unit_set_kv_layout_applies_in_the_scheduler(tmp_path: Path) -> None:
     sched = FakeScheduler(FakeTokenAllocator(1000))
     client = FakeServerClient(sched, rt)
     b = SGLangBackend()
-    b.set_kv_layout(client, tmp_path, "fragmented", 1.0, seed=5)  # type: ignore[arg-type]
+    b.bind(tmp_path)
+    b.set_kv_layout(client, "fragmented", 1.0, seed=5)  # type: ignore[arg-type]
     order = torch.tensor(kv_fragment.fragment_order(1000, 1.0, 5)) + 1
     assert torch.equal(sched.token_to_kv_pool_allocator.free_pages, order)
-    b.set_kv_layout(client, tmp_path, "contiguous", 0.9, seed=5)  # type: ignore[arg-type]
+    b.set_kv_layout(client, "contiguous", 0.9, seed=5)  # type: ignore[arg-type]
     assert torch.equal(sched.token_to_kv_pool_allocator.free_pages, torch.arange(1, 1001))
     assert client.flushes == 2
 
@@ -341,23 +343,24 @@ def test_unit_set_kv_layout_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     rt = ProbeRuntime(tmp_path, use_cuda=False)
     swa = type("SWATokenToKVPoolAllocator", (FakeTokenAllocatorBase,), {})(64)
     b = SGLangBackend()
+    b.bind(tmp_path)
     with pytest.raises(KVLayoutError, match=r"refused KV layout 'fragmented'.*sliding-window"):
-        b.set_kv_layout(FakeServerClient(FakeScheduler(swa), rt), tmp_path,  # type: ignore[arg-type]
+        b.set_kv_layout(FakeServerClient(FakeScheduler(swa), rt),  # type: ignore[arg-type]
                         "fragmented", 0.5, 0)
     with pytest.raises(KVLayoutError, match="must be idle"):
-        b.set_kv_layout(FakeServerClient(None, None, busy=True), tmp_path,  # type: ignore[arg-type]
+        b.set_kv_layout(FakeServerClient(None, None, busy=True),  # type: ignore[arg-type]
                         "fragmented", 0.5, 0)
     monkeypatch.setattr(kv_fragment, "wait_layout_results",
                         lambda rd, rid, timeout_s: kv_fragment.read_layout_results(rd, rid))
     with pytest.raises(KVLayoutError, match="SPECPERF_SGLANG_PLUGIN=1"):
-        b.set_kv_layout(FakeServerClient(None, None), tmp_path,  # type: ignore[arg-type]
+        b.set_kv_layout(FakeServerClient(None, None),  # type: ignore[arg-type]
                         "fragmented", 0.5, 0)
     with pytest.raises(KVLayoutError, match="unknown KV layout"):
-        b.set_kv_layout(FakeServerClient(None, None), tmp_path,  # type: ignore[arg-type]
+        b.set_kv_layout(FakeServerClient(None, None),  # type: ignore[arg-type]
                         "diagonal", 0.5, 0)
-    monkeypatch.delenv(base.ENV_RUN_DIR, raising=False)
-    with pytest.raises(BackendUnavailable, match="needs its run directory"):
-        SGLangBackend().set_kv_layout(FakeServerClient(None, None), None,  # type: ignore[arg-type]
+    monkeypatch.setenv(base.ENV_RUN_DIR, str(tmp_path))  # never a source of truth
+    with pytest.raises(BackendUnavailable, match="not bound to a run directory"):
+        SGLangBackend().set_kv_layout(FakeServerClient(None, None),  # type: ignore[arg-type]
                                       "fragmented", 0.5, 0)
 
 
@@ -365,15 +368,14 @@ def test_unit_kv_fragmentation_reads_the_schedulers_measurement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b = SGLangBackend()
-    assert b.kv_fragmentation({"id": "r1"}, tmp_path) is None  # nothing measured: no wait
+    b.bind(tmp_path)
+    assert b.kv_fragmentation({"id": "r1"}) is None  # nothing measured: no wait
     (tmp_path / "kvfrag-r1-rank1.json").write_text(json.dumps({"rid": "r1",
                                                                 "fragmentation": 0.4}))
     (tmp_path / "kvfrag-r1-rank0.json").write_text(json.dumps({"rid": "r1",
                                                                 "fragmentation": 0.5}))
-    assert b.kv_fragmentation({"id": "r1"}, tmp_path) == 0.5
-    assert b.kv_fragmentation({}, tmp_path) is None
-    monkeypatch.setenv(base.ENV_RUN_DIR, str(tmp_path))  # attach mode: from the environment
-    assert SGLangBackend().kv_fragmentation({"id": "r1"}, None) == 0.5
+    assert b.kv_fragmentation({"id": "r1"}) == 0.5
+    assert b.kv_fragmentation({}) is None
 
 
 # -- after launch ----------------------------------------------------------------------------------
@@ -417,7 +419,8 @@ def test_unit_capacity_reason() -> None:
 
 def test_unit_hook_reports(tmp_path: Path) -> None:
     b = SGLangBackend()
-    assert "did not load" in b.describe_hooks(tmp_path)[0]
+    b.bind(tmp_path)
+    assert "did not load" in b.describe_hooks()[0]
     (tmp_path / "hooks-pid1-rank0.json").write_text(json.dumps({
         "sglang_version": "0.5.23", "phase_map": ["phase_map_0_5_23.yaml"],
         "installed": [{"target": "x"}] * 3,
@@ -430,14 +433,14 @@ def test_unit_hook_reports(tmp_path: Path) -> None:
     }))
     (tmp_path / "errors-pid1-rank0.json").write_text(json.dumps(
         {"step:x": {"count": 2, "first": "AttributeError: reqs"}}))
-    lines = b.describe_hooks(tmp_path)
+    lines = b.describe_hooks()
     assert lines[0] == "sglang 0.5.23: 3 hooks installed from phase_map_0_5_23.yaml"
     assert "MISSING target a.B.c (draft): AttributeError: no c" in lines[1]
     assert "optional target f.G.h (step)" in lines[2]
     assert "signature changed: s.T.u" in lines[3]
     assert "fork.yaml" in lines[4]
     assert "hook error in step:x (2x): AttributeError: reqs" in lines[5]
-    assert len(b.hook_reports(tmp_path)) == 1
+    assert len(b.hook_reports()) == 1
 
 
 def test_unit_tiny_model_configs(tmp_path: Path) -> None:

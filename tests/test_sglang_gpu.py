@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf.engines.base import BackendSettings
+from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.engines.sglang import tiny_model
 from pytest_specperf.engines.sglang.backend import SGLangBackend
 from pytest_specperf.engines.sglang.metrics import cross_check, scrape

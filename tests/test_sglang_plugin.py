@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pytest_specperf.engines import base
+from pytest_specperf.engines import env as base
 from pytest_specperf.engines.sglang import sgl_plugin
 from pytest_specperf.engines.sglang.hooks import ProbeRuntime
 from pytest_specperf.engines.sglang.phase_map import PhaseMap, load_builtin, parse_map
@@ -26,7 +26,6 @@ def test_unit_env_names_match_the_backend_protocol() -> None:
     assert sgl_plugin.ENV_SGLANG_PLUGIN == base.ENV_SGLANG_PLUGIN
     assert sgl_plugin.ENV_RUN_DIR == base.ENV_RUN_DIR
     assert sgl_plugin.ENV_PHASE_MAP == base.ENV_PHASE_MAP
-    assert sgl_plugin.ENV_INJECT == base.ENV_INJECT
 
 
 def test_unit_disabled_plugin_is_inert_and_imports_nothing() -> None:
@@ -119,6 +118,19 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> type[FakeHookRegistry]:
     monkeypatch.setenv("SPECPERF_SGLANG_PLUGIN", "1")
     monkeypatch.delenv("SPECPERF_PHASE_MAP", raising=False)
     return FakeHookRegistry
+
+
+def test_unit_load_takes_inject_and_nvtx_from_the_environment(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECPERF_INJECT", "verify=1.25")
+    monkeypatch.setenv("SPECPERF_NVTX", "1")
+    _in_scheduler(sgl_plugin.load, tp_rank=0)
+    rt = sgl_plugin._runtime
+    assert isinstance(rt, ProbeRuntime)
+    assert rt.labels["inject"] == "verify=1.25" and rt.labels["engine"] == "sglang"
+    assert rt._injector is not None and rt._nvtx is True
 
 
 def test_unit_load_in_a_scheduler_registers_hooks_and_reports(

@@ -1,62 +1,17 @@
-"""Utilization gates (SLOWER) and validity checks (INVALID)."""
+"""Utilization gates in points (SLOWER) and validity checks (INVALID)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from pytest_specperf.telemetry import (
-    TelemetrySummary,
-    invalid_reasons,
-    utilization_figures,
-    utilization_regressions,
-)
+from pytest_specperf.judging.samples import Utilization, utilizations
+from pytest_specperf.judging.verdict import Tolerances, judge_gate, judge_points
+from pytest_specperf.telemetry import TelemetrySummary, invalid_reasons
 from pytest_specperf.telemetry.summary import MetricSummary
 
-BASE = {"device_busy_pct": 45.0, "sm_util_pct": 60.0, "dram_util_pct": 30.0}
 
-
-def test_drop_beyond_tolerance_is_reported() -> None:
-    now = {"device_busy_pct": 30.0, "sm_util_pct": 58.0, "dram_util_pct": 31.0}
-    assert utilization_regressions(BASE, now, 10.0) == [
-        "device-busy share dropped from 45.0% to 30.0% (-15.0 points, tolerance 10.0 points)"
-    ]
-
-
-def test_every_gated_figure_can_fail() -> None:
-    now = {"device_busy_pct": 20.0, "sm_util_pct": 20.0, "dram_util_pct": 5.0}
-    messages = utilization_regressions(BASE, now, 5.0)
-    assert [m.split(" dropped")[0] for m in messages] == [
-        "device-busy share",
-        "SM utilization (GPM)",
-        "DRAM bandwidth utilization (GPM)",
-    ]
-
-
-def test_within_tolerance_rises_and_missing_figures_pass() -> None:
-    assert utilization_regressions(BASE, {"device_busy_pct": 35.0}, 10.0) == []  # exactly 10
-    assert utilization_regressions(BASE, {"device_busy_pct": 95.0}, 0.0) == []  # a rise
-    assert utilization_regressions(BASE, {}, 0.0) == []
-    assert utilization_regressions({}, BASE, 0.0) == []
-    assert utilization_regressions(BASE, {"sm_util_pct": math.nan}, 0.0) == []
-    # tensor utilization is not gated unless asked for
-    assert utilization_regressions({"tensor_util_pct": 80.0}, {"tensor_util_pct": 0.0}, 1.0) == []
-    asked = utilization_regressions(
-        {"tensor_util_pct": 80.0}, {"tensor_util_pct": 0.0}, 1.0, metrics=["tensor_util_pct"]
-    )
-    assert asked == [
-        "tensor_util_pct dropped from 80.0% to 0.0% (-80.0 points, tolerance 1.0 points)"
-    ]
-
-
-@pytest.mark.parametrize("tolerance", [-1.0, math.nan, math.inf])
-def test_bad_tolerance(tolerance: float) -> None:
-    with pytest.raises(ValueError, match="tolerance"):
-        utilization_regressions(BASE, BASE, tolerance)
-
-
-def test_utilization_figures() -> None:
+def test_utilizations_from_telemetry() -> None:
+    """NVML/GPM medians become utilizations of their own type (one value per run)."""
     summary = TelemetrySummary(
         available=True,
         metrics={
@@ -64,12 +19,37 @@ def test_utilization_figures() -> None:
             "gpu_util_pct": MetricSummary(99.0, 90.0, 100.0, 9),
         },
     )
-    assert utilization_figures(0.42, summary) == {
-        "device_busy_pct": pytest.approx(42.0),
-        "sm_util_pct": 61.0,
-    }
-    assert utilization_figures(None, TelemetrySummary.unavailable("x")) == {}
-    assert utilization_figures(0.5, None) == {"device_busy_pct": 50.0}
+    u = utilizations(summary)
+    assert set(u) == {"util.sm", "util.gpu"}
+    assert u["util.sm"] == Utilization("util.sm", 61.0, 50.0, 70.0, 9)
+    assert u["util.sm"].blocks == () and u["util.sm"].value == 61.0
+    assert utilizations(TelemetrySummary.unavailable("x")) == {}
+    assert utilizations(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("base", "now", "tol", "verdict"),
+    [
+        (45.0, 35.0, 0.05, "SLOWER"),  # a 10-point drop beyond 5 points
+        (45.0, 42.0, 0.05, "SAME"),  # 3 points: within
+        (45.0, 60.0, 0.05, "FASTER"),  # a rise
+        (2.0, 1.0, 0.05, "SAME"),  # 2% -> 1% is -50% but only 1 point
+    ],
+)
+def test_utilization_is_gated_in_points(base: float, now: float, tol: float, verdict: str) -> None:
+    b = Utilization("util.sm", base, base, base, 10)
+    n = Utilization("util.sm", now, now, now, 10)
+    mv = judge_points("util.sm", b, n, tol, 10)
+    assert mv.verdict.value == verdict and mv.points_based
+    assert mv.change == pytest.approx((now - base) / 100)
+
+
+def test_utilization_gate_needs_both_runs() -> None:
+    tol = Tolerances(0.05, 0.25)
+    u = {"util.sm": Utilization("util.sm", 40.0, 40.0, 40.0, 5)}
+    assert judge_gate("util.sm", {}, {}, tol, base_util=u, now_util={}) is None
+    mv = judge_gate("util.sm", {}, {}, tol, base_util=u, now_util=u)
+    assert mv is not None and mv.verdict.value == "SAME"
 
 
 def _summary(reasons: dict[str, int], samples: int, **kw: object) -> TelemetrySummary:

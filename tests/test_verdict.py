@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from pytest_specperf.stats import Summary, summarize
-from pytest_specperf.verdict import (
+from pytest_specperf.judging.stats import Summary, summarize
+from pytest_specperf.judging.verdict import (
     MetricVerdict,
     Verdict,
     combine,
@@ -124,7 +124,7 @@ def test_no_change_is_same_whatever_the_noise():
 
 
 def test_unmeasurable_noise_is_unstable_not_silent():
-    from pytest_specperf.verdict import decide
+    from pytest_specperf.judging.verdict import decide
 
     assert decide(0.3, math.inf, 0.05) is Verdict.UNSTABLE
     assert decide(0.0, math.inf, 0.05) is Verdict.SAME
@@ -142,27 +142,36 @@ def test_share_uses_paired_block_noise_and_can_be_unstable():
 
 
 def test_utilization_drop_in_points():
-    from pytest_specperf.verdict import judge_points
+    from pytest_specperf.judging.verdict import judge_points
 
     busy = [0.9] * 16
-    v = judge_points("device_busy", s(busy), s([0.6] * 16), 0.05)
+    v = judge_points("device_busy", s(busy), s([0.6] * 16), 0.05, 16)
     assert v.verdict is Verdict.SLOWER and v.change == pytest.approx(-0.30)
     assert v.describe() == "device_busy -30.0 points (90.0% -> 60.0%, tol 5 points)"
-    up = judge_points("device_busy", s([0.6] * 16), s(busy), 0.05)
+    up = judge_points("device_busy", s([0.6] * 16), s(busy), 0.05, 16)
     assert up.verdict is Verdict.FASTER
-    assert judge_points("device_busy", s(busy), s([0.88] * 16), 0.05).verdict is Verdict.SAME
+    assert judge_points("device_busy", s(busy), s([0.88] * 16), 0.05, 16).verdict is Verdict.SAME
+
+
+def _stored(**d):
+    return MetricVerdict.from_json(d)
+
+
+def _slower(d, tol, **kw):
+    return _stored(**d).rejudged(tol, **kw) is Verdict.SLOWER
 
 
 def test_calibration_rule_is_the_verdict_rule():
-    from pytest_specperf.verdict import would_be_slower
-
-    assert would_be_slower({"metric": "verify", "change": 0.09, "noise": 0.01}, 0.05)
-    assert not would_be_slower({"metric": "verify", "change": 0.09, "noise": 0.04}, 0.05)
-    assert would_be_slower({"metric": "accept_len", "change": -0.2, "noise": 0.0}, 0.05)
-    assert not would_be_slower({"metric": "util.sm", "change": 0.2, "noise": 0.0,
-                                "points_based": True}, 0.05)
-    assert would_be_slower({"metric": "util.sm", "change": -0.2, "noise": 0.0,
-                            "points_based": True}, 0.05)
+    assert _slower({"metric": "verify", "change": 0.09, "noise": 0.01}, 0.05)
+    assert not _slower({"metric": "verify", "change": 0.09, "noise": 0.04}, 0.05)
+    assert _slower({"metric": "accept_len", "change": -0.2, "noise": 0.0}, 0.05)
+    assert not _slower({"metric": "util.sm", "change": 0.2, "noise": 0.0,
+                        "points_based": True}, 0.05)
+    assert _slower({"metric": "util.sm", "change": -0.2, "noise": 0.0,
+                    "points_based": True}, 0.05)
+    # the stored verdict of a live judgement, re-decided at its own tolerance, is itself
+    live = judge_metric("verify", s(BASE), s(BASE, 1.18), 0.08)
+    assert MetricVerdict.from_json(live.to_json()).rejudged(0.08) is live.verdict
 
 
 def test_a_disturbed_run_is_unstable_not_slower():
@@ -172,7 +181,7 @@ def test_a_disturbed_run_is_unstable_not_slower():
     v = judge_metric("verify", s(quiet), s(shaken), 0.05)
     assert v.disturbed and v.scatter_ratio > 3
     assert v.verdict is Verdict.UNSTABLE
-    from pytest_specperf.session import unstable_advice
+    from pytest_specperf.reporting.terminal import unstable_advice
 
     assert "scatter" in unstable_advice(v) and "quiet machine" in unstable_advice(v)
     # a regression that moves every block alike is SLOWER
@@ -182,7 +191,7 @@ def test_a_disturbed_run_is_unstable_not_slower():
 
 def test_step_of_a_disturbed_case_is_unstable():
     """Phases scattering far more than the baseline's: the step change is not the code's."""
-    from pytest_specperf.verdict import case_disturbance, downgrade_disturbed
+    from pytest_specperf.judging.verdict import case_disturbance, downgrade_disturbed
 
     step = s(BASE)
     quiet_rest = s([3.0] * 16)
@@ -193,10 +202,12 @@ def test_step_of_a_disturbed_case_is_unstable():
     assert ratio is not None and ratio > 3
     mv = judge_metric("step", step, now["step"], 0.15)
     assert mv.verdict is Verdict.SLOWER
-    downgrade_disturbed([mv], ratio)
+    [mv] = downgrade_disturbed([mv], ratio)
     assert mv.verdict is Verdict.UNSTABLE and mv.disturbed
     calm = judge_metric("step", step, now["step"], 0.15)
-    downgrade_disturbed([calm], case_disturbance(base, {**now, "verify/rest": quiet_rest}))
+    [calm] = downgrade_disturbed(
+        [calm], case_disturbance(base, {**now, "verify/rest": quiet_rest})
+    )
     assert calm.verdict is Verdict.SLOWER  # a uniform slowdown stays a regression
 
 
@@ -204,33 +215,32 @@ def test_phases_of_a_disturbed_case_are_unstable_too():
     """verify's blocks scatter (disturbed); draft, judged against a rest made mostly of
     verify, moves by 40% without scattering: neither is the code's doing. unaccounted and
     the accept length keep their verdicts."""
-    from pytest_specperf.verdict import downgrade_disturbed
+    from pytest_specperf.judging.verdict import downgrade_disturbed
 
     draft = judge_metric("draft", s(BASE), s(BASE, 1.4), 0.05)
     unacc = MetricVerdict("unaccounted", Verdict.SLOWER, 0.1, 5.0, 0.2, 0.01, 0.05, "ms",
                           share_based=True)
     accept = judge_metric("accept_len", s(BASE), s(BASE, 0.5), 0.05)
     assert draft.verdict is Verdict.SLOWER and accept.verdict is Verdict.SLOWER
-    downgrade_disturbed([draft, unacc, accept], 4.2)
+    draft, unacc, accept = downgrade_disturbed([draft, unacc, accept], 4.2)
     assert draft.verdict is Verdict.UNSTABLE and draft.scatter_ratio == 4.2
     assert unacc.verdict is Verdict.SLOWER and accept.verdict is Verdict.SLOWER
     # A ratio within [1/3, 3] is a quiet case: nothing changes.
     calm = judge_metric("draft", s(BASE), s(BASE, 1.4), 0.05)
-    downgrade_disturbed([calm], 2.9)
+    [calm] = downgrade_disturbed([calm], 2.9)
     assert calm.verdict is Verdict.SLOWER
 
 
 def test_stored_form_applies_the_case_rule():
     """The calibration re-judges stored reports: a case with any disturbed phase or step
     cannot fail on its phases or step, exactly as downgrade_disturbed decides live."""
-    from pytest_specperf.verdict import stored_case_disturbed, would_be_slower
+    from pytest_specperf.judging.verdict import case_disturbed
 
-    draft = {"metric": "draft", "change": 0.47, "noise": 0.03, "scatter_ratio": 2.99}
-    verify = {"metric": "verify", "change": -0.32, "noise": 0.04, "scatter_ratio": 3.66}
-    unacc = {"metric": "unaccounted", "change": 0.2, "noise": 0.01, "share_based": True}
-    case = [draft, verify, unacc]
-    assert stored_case_disturbed(case)
-    assert would_be_slower(draft, 0.05)  # alone, its own scatter ratio is under 3
-    assert not would_be_slower(draft, 0.05, case_disturbed=True)
-    assert would_be_slower(unacc, 0.05, case_disturbed=True)
-    assert not stored_case_disturbed([draft, unacc])
+    draft = _stored(metric="draft", change=0.47, noise=0.03, scatter_ratio=2.99)
+    verify = _stored(metric="verify", change=-0.32, noise=0.04, scatter_ratio=3.66)
+    unacc = _stored(metric="unaccounted", change=0.2, noise=0.01, share_based=True)
+    assert case_disturbed([draft, verify, unacc])
+    assert draft.rejudged(0.05) is Verdict.SLOWER  # alone, its own scatter ratio is under 3
+    assert draft.rejudged(0.05, case_disturbed=True) is Verdict.UNSTABLE
+    assert unacc.rejudged(0.05, case_disturbed=True) is Verdict.SLOWER
+    assert not case_disturbed([draft, unacc])

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED, check_phase
 from pytest_specperf.probe.record import GraphCount, StepRecord
-from pytest_specperf.probe.sink import RunDirSink, iter_records, make_run_dir, read_records
+from pytest_specperf.probe.sink import (
+    RunDirError,
+    RunDirSink,
+    iter_records,
+    make_run_dir,
+    read_records,
+)
 from pytest_specperf.probe.spans import NullProbe, PhaseInjector, StepProbe
 
 __all__ = [
@@ -18,6 +24,7 @@ __all__ = [
     "GraphCount",
     "NullProbe",
     "PhaseInjector",
+    "RunDirError",
     "RunDirSink",
     "StepProbe",
     "StepRecord",

@@ -9,9 +9,11 @@ process killed mid-write) is skipped by the reader.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,36 +24,116 @@ from pytest_specperf.probe.record import StepRecord
 #: Records are written when this many are buffered, or when the oldest is this old.
 _BATCH_RECORDS = 64
 _BATCH_SECONDS = 0.25
+#: Names of the record files (one per process, numbered if a process opens several).
+_RECORD_GLOB = "steps-rank*-pid*.jsonl"
+#: A process whose record file name is taken tries this many numbered names after it.
+_NAME_TRIES = 100
+#: Flags for every file this module creates: never through a link, never an existing file.
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_RUN_DIR_FIX = (
+    "pass a directory that does not exist yet (it is created, mode 0700) or an empty one "
+    "that you own"
+)
+
+
+class RunDirError(Exception):
+    """A run directory that cannot safely hold step records; the message names the fix."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"run directory {os.fspath(path)} {problem}; {_RUN_DIR_FIX}")
+        self.path = Path(path)
+        self.problem = problem
 
 
 def make_run_dir(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` (and parents) private to this user (mode 0700) and return it.
+    """Create ``path`` fresh and private (mode 0700), or accept it if it is empty and ours.
 
-    An existing directory is accepted only if it is a real directory owned by us; its
-    mode is tightened to 0700.
+    Refused with :class:`RunDirError` (naming the path and the fix): a symbolic link, a
+    non-directory, a directory owned by another user, or one that already holds files
+    (records of another run would mix with this one's).
     """
+    return _private_dir(path, must_be_empty=True)
+
+
+def open_run_dir(path: str | os.PathLike[str]) -> Path:
+    """Create or check the run directory a sink writes to: a real directory of ours, 0700.
+
+    Unlike :func:`make_run_dir` it may hold files already: the other ranks of one server
+    write into the same directory.
+    """
+    return _private_dir(path, must_be_empty=False)
+
+
+def _private_dir(path: str | os.PathLike[str], *, must_be_empty: bool) -> Path:
     run_dir = Path(path)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(run_dir)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"run directory {run_dir} is not a directory")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"run directory {run_dir} is owned by uid {st.st_uid}, not by us")
-    os.chmod(run_dir, 0o700)
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(run_dir, 0o700)
+    except FileExistsError:
+        pass  # checked below, through a descriptor that does not follow links
+    except OSError as e:
+        raise RunDirError(run_dir, f"cannot be created ({e.strerror or e})") from None
+    fd = _open_dir(run_dir)
+    try:
+        st = os.fstat(fd)
+        uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+        if st.st_uid != uid:
+            raise RunDirError(run_dir, f"is owned by uid {st.st_uid}, not by this user ({uid})")
+        if must_be_empty:
+            entries = sorted(os.listdir(fd))
+            if entries:
+                shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+                raise RunDirError(
+                    run_dir,
+                    f"is not empty ({len(entries)} entries: {shown}): records of another "
+                    "run would mix with this one's",
+                )
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return run_dir
+
+
+def _open_dir(run_dir: Path) -> int:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+    try:
+        return os.open(run_dir, flags)
+    except OSError as e:
+        if os.path.islink(run_dir):
+            raise RunDirError(run_dir, f"is a symbolic link (to {os.readlink(run_dir)})") from None
+        if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+            raise RunDirError(run_dir, "exists and is not a directory") from None
+        raise RunDirError(run_dir, f"cannot be opened ({e.strerror or e})") from None
+
+
+def _create_private_file(path: Path) -> int:
+    """Open a new file at ``path`` for writing (0600): never an existing file or a link."""
+    return os.open(path, _CREATE_FLAGS, 0o600)
 
 
 class RunDirSink:
     """Append-only JSON-lines sink for one process."""
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int = 0) -> None:
-        self.run_dir = make_run_dir(run_dir)
+        self.run_dir = open_run_dir(run_dir)
         self.rank = rank
-        self.path = self.run_dir / f"steps-rank{rank}-pid{os.getpid()}.jsonl"
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd, self.path = self._create(f"steps-rank{rank}-pid{os.getpid()}")
         self._file: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
         self._buffer: list[str] = []
         self._oldest = 0.0
+
+    def _create(self, stem: str) -> tuple[int, Path]:
+        """A new record file: ``<stem>.jsonl``, or ``<stem>-<n>.jsonl`` if that is taken."""
+        for n in range(_NAME_TRIES):
+            path = self.run_dir / (f"{stem}.jsonl" if n == 0 else f"{stem}-{n}.jsonl")
+            try:
+                return _create_private_file(path), path
+            except FileExistsError:
+                continue  # an earlier sink of this process, or a planted file or link
+            except OSError as e:
+                raise RunDirError(self.run_dir, f"refuses {path.name} ({e.strerror})") from None
+        raise RunDirError(self.run_dir, f"already holds {_NAME_TRIES} files named {stem}*")
 
     def write(self, record: StepRecord) -> None:
         if not self._buffer:
@@ -63,11 +145,15 @@ class RunDirSink:
     def write_meta(self, name: str, data: dict[str, Any]) -> None:
         """Write a small JSON document (engine fingerprint, hook report) beside the records."""
         target = self.run_dir / f"{name}-rank{self.rank}.json"
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, target)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=self.run_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=1, sort_keys=True)
+            os.replace(tmp, target)  # replaces a link itself, never writes through it
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def flush(self) -> None:
         if self._buffer:
@@ -83,14 +169,28 @@ class RunDirSink:
 
 def iter_records(run_dir: str | os.PathLike[str]) -> Iterator[StepRecord]:
     """Yield every complete record under ``run_dir``, file by file, in write order."""
-    for path in sorted(Path(run_dir).glob("steps-rank*-pid*.jsonl")):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.endswith("\n"):
-                    break  # torn write from a process that died mid-line
-                line = line.strip()
-                if line:
-                    yield StepRecord.from_json(json.loads(line))
+    for path in sorted(Path(run_dir).glob(_RECORD_GLOB)):
+        data = _read_regular(path)
+        if data is None:
+            continue
+        for raw in data.split(b"\n")[:-1]:  # the last piece: "" or a torn write
+            line = raw.strip()
+            if line:
+                yield StepRecord.from_json(json.loads(line))
+
+
+def _read_regular(path: Path, start: int = 0) -> bytes | None:
+    """The bytes of ``path`` from ``start``; None for a link, a FIFO or a vanished file."""
+    flags = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fh.seek(start)
+        return fh.read()
 
 
 def read_records(
@@ -116,23 +216,17 @@ class RecordTail:
         self.run_dir = Path(run_dir)
         self._offsets: dict[Path, int] = {}
         if from_end:
-            for path in self.run_dir.glob("steps-rank*-pid*.jsonl"):
-                try:
-                    with open(path, "rb") as fh:
-                        data = fh.read()
-                except OSError:
-                    continue
-                self._offsets[path] = data.rfind(b"\n") + 1
+            for path in self.run_dir.glob(_RECORD_GLOB):
+                data = _read_regular(path)
+                if data is not None:
+                    self._offsets[path] = data.rfind(b"\n") + 1
 
     def poll(self) -> list[StepRecord]:
         out: list[StepRecord] = []
-        for path in sorted(self.run_dir.glob("steps-rank*-pid*.jsonl")):
+        for path in sorted(self.run_dir.glob(_RECORD_GLOB)):
             start = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(start)
-                    chunk = fh.read()
-            except OSError:
+            chunk = _read_regular(path, start)
+            if chunk is None:
                 continue
             end = chunk.rfind(b"\n")
             if end < 0:

@@ -42,12 +42,9 @@ Verdict (:mod:`.bottleneck`, pure)
     (94%), DRAM 2%, tensor 0%". ``StepFigures.with_telemetry(summary)`` fills in the
     utilization medians.
 
-Gates (:mod:`.gates`)
-    ``utilization_regressions(base, now, tolerance) -> list[str]`` (drops of
-    ``device_busy_pct`` / ``sm_util_pct`` / ``dram_util_pct`` beyond ``tolerance``
-    absolute percentage points: SLOWER); ``utilization_figures(device_busy_share,
-    summary) -> dict[str, float]`` builds those inputs; ``invalid_reasons(summary) ->
-    list[str]`` (throttled clocks, other processes on the GPU: INVALID, never SLOWER).
+Validity (:mod:`.gates`)
+    ``invalid_reasons(summary) -> list[str]`` (throttled clocks, other processes on the
+    GPU: INVALID, never SLOWER).
 
 NVTX (:mod:`.nvtx`)
     ``nvtx_range(name, *, enabled=True)`` context manager; ``NvtxRanges(enabled)`` for hot
@@ -86,13 +83,7 @@ from pytest_specperf.telemetry.device import (
     slugify,
     validate_slug,
 )
-from pytest_specperf.telemetry.gates import (
-    DEVICE_BUSY,
-    UTILIZATION_GATES,
-    invalid_reasons,
-    utilization_figures,
-    utilization_regressions,
-)
+from pytest_specperf.telemetry.gates import invalid_reasons
 from pytest_specperf.telemetry.loader import PynvmlImport, import_pynvml, load_pynvml
 from pytest_specperf.telemetry.nvml import MIN_WINDOW_S, TelemetrySampler
 from pytest_specperf.telemetry.nvtx import NvtxRanges, nvtx_range
@@ -100,13 +91,11 @@ from pytest_specperf.telemetry.summary import METRICS, MetricSummary, TelemetryS
 
 __all__ = [
     "BENIGN_REASONS",
-    "DEVICE_BUSY",
     "KNOWN_PEAK_BANDWIDTH",
     "METRICS",
     "MIN_WINDOW_S",
     "SLUG_PATTERN",
     "THROTTLING_REASONS",
-    "UTILIZATION_GATES",
     "Bottleneck",
     "BottleneckKind",
     "DeviceInfo",
@@ -133,7 +122,5 @@ __all__ = [
     "nvtx_range",
     "peak_bandwidth",
     "slugify",
-    "utilization_figures",
-    "utilization_regressions",
     "validate_slug",
 ]

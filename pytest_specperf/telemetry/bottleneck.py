@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from pytest_specperf.probe.phases import VERIFY
 from pytest_specperf.telemetry.summary import (
     DRAM_UTIL,
     GPU_UTIL,
@@ -62,7 +63,7 @@ _LABELS: dict[str, str] = {
 }
 
 #: Phase whose device time the KV-read bandwidth is computed over.
-VERIFY_PHASE = "verify"
+VERIFY_PHASE = VERIFY
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,153 @@ def achieved_bandwidth(kv_read_bytes_per_step: float, verify_device_ms: float) -
     return kv_read_bytes_per_step / (verify_device_ms / 1e3)
 
 
+def _host_figures(figures: StepFigures, out: dict[str, float]) -> float:
+    """Fill in the host-side figures; return the unaccounted time (ms)."""
+    step = figures.step_ms
+    unacc = _finite(figures.unaccounted_ms)
+    if unacc is None:
+        unacc = max(0.0, step - sum(figures.host_ms.values()))
+    out["unaccounted_ms"] = unacc
+    out["unaccounted_share"] = unacc / step
+    for name, ms in figures.host_ms.items():
+        out[f"host_ms.{name}"] = ms
+        out[f"host_share.{name}"] = ms / step
+    return unacc
+
+
+def _host_only(figures: StepFigures, unacc: float, out: dict[str, float]) -> Bottleneck:
+    step = figures.step_ms
+    reasons = [
+        "no device timing (CPU run): host-side view only",
+        f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) of the {step:.1f} ms step "
+        "is outside every named phase",
+    ]
+    if figures.host_ms:
+        reasons.append(_largest_phase("largest phase", figures.host_ms, step))
+    return Bottleneck("unknown", reasons, out)
+
+
+@dataclass(frozen=True)
+class _Device:
+    """The device-side figures of one case (utilizations in percent, None if unmeasured)."""
+
+    busy: float
+    sm: float | None
+    tensor: float | None
+    dram: float | None
+    bw_share: float | None
+
+
+def _device_figures(figures: StepFigures, busy: float, out: dict[str, float]) -> _Device:
+    out["device_busy_ms"] = sum(figures.device_ms.values())
+    out["device_busy_share"] = busy
+    for name, ms in figures.device_ms.items():
+        out[f"device_ms.{name}"] = ms
+    utils = {
+        "sm_util_pct": _finite(figures.sm_util_pct),
+        "tensor_util_pct": _finite(figures.tensor_util_pct),
+        "dram_util_pct": _finite(figures.dram_util_pct),
+        "gpu_util_pct": _finite(figures.gpu_util_pct),
+    }
+    out.update({k: v for k, v in utils.items() if v is not None})
+    bw_share: float | None = None
+    kv = _finite(figures.kv_read_bytes_per_step)
+    verify_ms = figures.device_ms.get(VERIFY_PHASE)
+    achieved = achieved_bandwidth(kv, verify_ms) if kv is not None and verify_ms else None
+    if achieved is not None:
+        out["kv_read_bytes_per_s"] = achieved
+        peak = _finite(figures.peak_bandwidth_bytes_per_s)
+        if peak is not None and peak > 0:
+            out["peak_bandwidth_bytes_per_s"] = peak
+            bw_share = out["bandwidth_share"] = achieved / peak
+    return _Device(
+        busy, utils["sm_util_pct"], utils["tensor_util_pct"], utils["dram_util_pct"], bw_share
+    )
+
+
+def _host_bound(figures: StepFigures, d: _Device, unacc: float, t: Thresholds) -> list[str]:
+    step = figures.step_ms
+    reasons = [
+        f"device busy {_pct(d.busy)} of the step, below {_pct(t.host_bound_busy_share)}: "
+        "the GPU waits for the host"
+    ]
+    if unacc / step >= 0.5:
+        reasons.append(
+            f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) is outside every named "
+            "phase: a host-side stall"
+        )
+    elif figures.host_ms:
+        reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
+    return reasons
+
+
+def _memory(d: _Device, t: Thresholds) -> tuple[list[str], float]:
+    reasons: list[str] = []
+    score = 0.0
+    if d.bw_share is not None and d.bw_share >= t.memory_bound_bandwidth_share:
+        reasons.append(
+            f"KV reads reach {_pct(d.bw_share)} of peak bandwidth "
+            f"(>= {_pct(t.memory_bound_bandwidth_share)})"
+        )
+        score = max(score, d.bw_share / t.memory_bound_bandwidth_share)
+    if d.dram is not None and d.dram >= t.memory_bound_dram_util_pct:
+        reasons.append(
+            f"DRAM bandwidth utilization {d.dram:.0f}% (>= {t.memory_bound_dram_util_pct:.0f}%)"
+        )
+        score = max(score, d.dram / t.memory_bound_dram_util_pct)
+    return reasons, score
+
+
+def _compute(d: _Device, t: Thresholds, memory_bound: bool) -> tuple[list[str], float]:
+    reasons: list[str] = []
+    score = 0.0
+    if d.tensor is not None and d.tensor >= t.compute_bound_tensor_util_pct:
+        reasons.append(
+            f"tensor pipes busy {d.tensor:.0f}% (>= {t.compute_bound_tensor_util_pct:.0f}%)"
+        )
+        score = max(score, d.tensor / t.compute_bound_tensor_util_pct)
+    if d.sm is not None and d.sm >= t.compute_bound_sm_util_pct and not memory_bound:
+        reasons.append(
+            f"SM utilization {d.sm:.0f}% (>= {t.compute_bound_sm_util_pct:.0f}%) without "
+            "DRAM saturation"
+        )
+        score = max(score, d.sm / t.compute_bound_sm_util_pct)
+    return reasons, score
+
+
+def _busy_verdict(d: _Device, t: Thresholds, out: dict[str, float]) -> Bottleneck:
+    """Memory-, compute- or latency-bound (or unknown) for a GPU that is mostly busy."""
+    busy_reason = f"device busy {_pct(d.busy)} of the step"
+    memory, memory_score = _memory(d, t)
+    compute, compute_score = _compute(d, t, bool(memory))
+    if memory and (not compute or memory_score >= compute_score):
+        return Bottleneck("memory-bound", [busy_reason, *memory, *compute], out)
+    if compute:
+        return Bottleneck("compute-bound", [busy_reason, *compute, *memory], out)
+    if d.dram is not None and d.tensor is not None:
+        reasons = [
+            busy_reason,
+            f"DRAM {d.dram:.0f}% (< {t.memory_bound_dram_util_pct:.0f}%) and tensor "
+            f"{d.tensor:.0f}% (< {t.compute_bound_tensor_util_pct:.0f}%): neither roof is "
+            "near, so the time goes to kernel latency, launches and gaps",
+        ]
+        return Bottleneck("latency-bound", reasons, out)
+    missing = [
+        name
+        for name, value in (("GPM DRAM utilization", d.dram), ("GPM tensor utilization", d.tensor))
+        if value is None
+    ]
+    reasons = [
+        busy_reason,
+        f"missing {' and '.join(missing)}: cannot tell memory-, compute- and latency-bound apart",
+    ]
+    if d.bw_share is not None:
+        reasons.append(
+            f"KV reads reach {_pct(d.bw_share)} of peak (a lower bound: weights not counted)"
+        )
+    return Bottleneck("unknown", reasons, out)
+
+
 def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bottleneck:
     """The bottleneck verdict for one case (decision rules in the module docstring)."""
     t = thresholds or Thresholds()
@@ -218,125 +366,11 @@ def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bott
     out: dict[str, float] = {"step_ms": step}
     if not math.isfinite(step) or step <= 0:
         return Bottleneck("unknown", [f"step time {step!r} ms is not a positive number"], out)
-
-    host_total = sum(figures.host_ms.values())
-    unacc = _finite(figures.unaccounted_ms)
-    if unacc is None:
-        unacc = max(0.0, step - host_total)
-    out["unaccounted_ms"] = unacc
-    out["unaccounted_share"] = unacc / step
-    for name, ms in figures.host_ms.items():
-        out[f"host_ms.{name}"] = ms
-        out[f"host_share.{name}"] = ms / step
-
+    unacc = _host_figures(figures, out)
     busy = device_busy_share(figures.device_ms, step)
     if busy is None:
-        reasons = ["no device timing (CPU run): host-side view only"]
-        reasons.append(
-            f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) of the {step:.1f} ms step "
-            "is outside every named phase"
-        )
-        if figures.host_ms:
-            reasons.append(_largest_phase("largest phase", figures.host_ms, step))
-        return Bottleneck("unknown", reasons, out)
-
-    out["device_busy_ms"] = sum(figures.device_ms.values())
-    out["device_busy_share"] = busy
-    for name, ms in figures.device_ms.items():
-        out[f"device_ms.{name}"] = ms
-    sm = _finite(figures.sm_util_pct)
-    tensor = _finite(figures.tensor_util_pct)
-    dram = _finite(figures.dram_util_pct)
-    gpu = _finite(figures.gpu_util_pct)
-    for key, value in (
-        ("sm_util_pct", sm),
-        ("tensor_util_pct", tensor),
-        ("dram_util_pct", dram),
-        ("gpu_util_pct", gpu),
-    ):
-        if value is not None:
-            out[key] = value
-    bw_share: float | None = None
-    kv = _finite(figures.kv_read_bytes_per_step)
-    verify_ms = figures.device_ms.get(VERIFY_PHASE)
-    if kv is not None and verify_ms is not None:
-        achieved = achieved_bandwidth(kv, verify_ms)
-        if achieved is not None:
-            out["kv_read_bytes_per_s"] = achieved
-            peak = _finite(figures.peak_bandwidth_bytes_per_s)
-            if peak is not None and peak > 0:
-                out["peak_bandwidth_bytes_per_s"] = peak
-                bw_share = achieved / peak
-                out["bandwidth_share"] = bw_share
-
+        return _host_only(figures, unacc, out)
+    d = _device_figures(figures, busy, out)
     if busy < t.host_bound_busy_share:
-        reasons = [
-            f"device busy {_pct(busy)} of the step, below {_pct(t.host_bound_busy_share)}: "
-            "the GPU waits for the host"
-        ]
-        if unacc / step >= 0.5:
-            reasons.append(
-                f"unaccounted {unacc:.1f} ms ({_pct(unacc / step)}) is outside every named "
-                "phase: a host-side stall"
-            )
-        elif figures.host_ms:
-            reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
-        return Bottleneck("host-bound", reasons, out)
-
-    memory_reasons: list[str] = []
-    memory_score = 0.0
-    if bw_share is not None and bw_share >= t.memory_bound_bandwidth_share:
-        memory_reasons.append(
-            f"KV reads reach {_pct(bw_share)} of peak bandwidth "
-            f"(>= {_pct(t.memory_bound_bandwidth_share)})"
-        )
-        memory_score = max(memory_score, bw_share / t.memory_bound_bandwidth_share)
-    if dram is not None and dram >= t.memory_bound_dram_util_pct:
-        memory_reasons.append(
-            f"DRAM bandwidth utilization {dram:.0f}% (>= {t.memory_bound_dram_util_pct:.0f}%)"
-        )
-        memory_score = max(memory_score, dram / t.memory_bound_dram_util_pct)
-
-    compute_reasons: list[str] = []
-    compute_score = 0.0
-    if tensor is not None and tensor >= t.compute_bound_tensor_util_pct:
-        compute_reasons.append(
-            f"tensor pipes busy {tensor:.0f}% (>= {t.compute_bound_tensor_util_pct:.0f}%)"
-        )
-        compute_score = max(compute_score, tensor / t.compute_bound_tensor_util_pct)
-    if sm is not None and sm >= t.compute_bound_sm_util_pct and not memory_reasons:
-        compute_reasons.append(
-            f"SM utilization {sm:.0f}% (>= {t.compute_bound_sm_util_pct:.0f}%) without "
-            "DRAM saturation"
-        )
-        compute_score = max(compute_score, sm / t.compute_bound_sm_util_pct)
-
-    busy_reason = f"device busy {_pct(busy)} of the step"
-    if memory_reasons and (not compute_reasons or memory_score >= compute_score):
-        return Bottleneck("memory-bound", [busy_reason, *memory_reasons, *compute_reasons], out)
-    if compute_reasons:
-        return Bottleneck("compute-bound", [busy_reason, *compute_reasons, *memory_reasons], out)
-
-    if dram is not None and tensor is not None:
-        reasons = [
-            busy_reason,
-            f"DRAM {dram:.0f}% (< {t.memory_bound_dram_util_pct:.0f}%) and tensor "
-            f"{tensor:.0f}% (< {t.compute_bound_tensor_util_pct:.0f}%): neither roof is "
-            "near, so the time goes to kernel latency, launches and gaps",
-        ]
-        return Bottleneck("latency-bound", reasons, out)
-
-    missing = [
-        name
-        for name, value in (("GPM DRAM utilization", dram), ("GPM tensor utilization", tensor))
-        if value is None
-    ]
-    reasons = [
-        busy_reason,
-        f"missing {' and '.join(missing)}: cannot tell memory-, compute- and latency-bound apart",
-    ]
-    if bw_share is not None:
-        reasons.append(
-            f"KV reads reach {_pct(bw_share)} of peak (a lower bound: weights not counted)"
-        )
-    return Bottleneck("unknown", reasons, out)
+        return Bottleneck("host-bound", _host_bound(figures, d, unacc, t), out)
+    return _busy_verdict(d, t, out)

@@ -143,8 +143,7 @@ def paged_attention(
     if plan.gather_pages is not None:
         gp = plan.gather_pages
         per = max(1, step // page_size)
-        kpool = pool_k.view(hkv, -1, page_size, d)
-        vpool = pool_v.view(hkv, -1, page_size, d)
+        kpool, vpool = (pool.view(hkv, -1, page_size, d) for pool in (pool_k, pool_v))
         left = plan.gather_len
         for i in range(0, gp.numel(), per):
             idx = gp[i : i + per]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.base import (
-    ENV_INJECT,
-    ENV_NVTX,
+from pytest_specperf.engines.env import ENV_INJECT, ENV_NVTX
+from pytest_specperf.engines.protocol import (
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
+    RunDirBinding,
 )
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
@@ -25,8 +26,7 @@ _RESERVED = ("--host", "--port", "--run-dir", "--config", "--no-probe")
 def default_threads() -> int:
     """CPU threads for the server: every usable core but one, which is left to pytest and
     the OS. On a 2-core machine that is 1 thread: steps are slower, but a stray process no
-    longer stalls a parallel region, and block-to-block noise drops from ~10% to ~1-2%
-    (measured; see README)."""
+    longer stalls a parallel region and block-to-block noise drops (README, "Backends")."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -34,8 +34,9 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
-class ReferenceBackend:
+class ReferenceBackend(RunDirBinding):
     name = "reference"
+    server_info_fields = ("fingerprint", "config", "run_dir")
 
     def check(self, settings: BackendSettings) -> None:
         import importlib.util
@@ -66,7 +67,11 @@ class ReferenceBackend:
                     f"--specperf-server-arg {arg!r} sets {flag}, which the plugin controls"
                 )
 
+    def check_attached(self, server_info: dict[str, Any]) -> None:
+        return None
+
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
+        self.bind(run_dir)
         cmd = [
             sys.executable,
             "-m",
@@ -94,13 +99,11 @@ class ReferenceBackend:
         seeds: int | list[int] = seed if batch_size == 1 else [seed + i for i in range(batch_size)]
         return {"context_len": ctx, "synthetic_seed": seeds}
 
-    def set_kv_layout(
-        self, client: ServerClient, run_dir: Path | None, layout: str, level: float, seed: int
-    ) -> None:
+    def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
         client.flush_cache()
         client.post("/specperf/kv_layout", {"layout": layout, "level": level, "seed": seed})
 
-    def kv_fragmentation(self, meta_info: dict[str, Any], run_dir: Path | None) -> float | None:
+    def kv_fragmentation(self, meta_info: dict[str, Any]) -> float | None:
         sp = meta_info.get("specperf") or {}
         value = sp.get("kv_fragmentation")
         return float(value) if isinstance(value, (int, float)) else None
@@ -150,13 +153,19 @@ class ReferenceBackend:
         value = sp.get("reference_ms")
         return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
-    def notes(self, run_dir: Path | None) -> list[str]:
+    def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
+        value = server_info.get("kv_bytes_per_token")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            return None
+        return float(value)
+
+    def notes(self) -> list[str]:
         return []
 
     def metrics_before(self, client: ServerClient) -> Any:
         return None  # the reference server has no metrics of its own to cross-check
 
     def metrics_check(
-        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+        self, client: ServerClient, before: Any, records: Sequence[StepRecord], wall_s: float
     ) -> list[str]:
         return []

@@ -25,18 +25,22 @@ import random
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.base import (
+from pytest_specperf.engines.env import (
     ENV_INJECT,
     ENV_NVTX,
     ENV_PHASE_MAP,
     ENV_RUN_DIR,
     ENV_SGLANG_PLUGIN,
+)
+from pytest_specperf.engines.protocol import (
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
+    RunDirBinding,
 )
 from pytest_specperf.engines.sglang import kv_fragment, launcher, metrics, source
 from pytest_specperf.probe.record import StepRecord
@@ -147,14 +151,14 @@ def prompt_id_range(vocab_size: int | None) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-class SGLangBackend:
+class SGLangBackend(RunDirBinding):
     """Real SGLang, launched as ``python -m sglang.launch_server`` (or attached to)."""
 
     name = "sglang"
+    server_info_fields = ("model_path", "version")
 
     def __init__(self) -> None:
         self._vocab_size: int | None = None
-        self._run_dir: Path | None = None
         self._version: str | None = None
         self._layout_requested = False
 
@@ -219,8 +223,8 @@ class SGLangBackend:
             port=port,
             server_args=tokens,
         )
-        self._run_dir = Path(run_dir)
-        env = launcher.build_env(self._run_dir, os.environ)
+        self.bind(run_dir)
+        env = launcher.build_env(self.run_dir, os.environ)
         if settings.inject:
             env[ENV_INJECT] = settings.inject  # the scheduler's probe slows phases down
         if settings.nvtx:
@@ -245,15 +249,8 @@ class SGLangBackend:
         rows = [random.Random(seed + i).choices(ids, k=context_len) for i in range(batch_size)]
         return {"input_ids": rows[0] if batch_size == 1 else rows}
 
-    def set_kv_layout(
-        self, client: ServerClient, run_dir: Path | None, layout: str, level: float, seed: int
-    ) -> None:
-        rd = self._resolve_run_dir(run_dir)
-        if rd is None:
-            raise BackendUnavailable(
-                f"setting the KV layout of an SGLang server needs its run directory: set "
-                f"{ENV_RUN_DIR} for the server and for pytest (attach mode)"
-            )
+    def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
+        rd = self.run_dir
         if layout == "contiguous":
             level = 0.0
         try:
@@ -285,10 +282,10 @@ class SGLangBackend:
                 f"{bad[0].get('message')}"
             )
 
-    def kv_fragmentation(self, meta_info: dict[str, Any], run_dir: Path | None) -> float | None:
+    def kv_fragmentation(self, meta_info: dict[str, Any]) -> float | None:
         rid = meta_info.get("id")
-        rd = self._resolve_run_dir(run_dir)
-        if not isinstance(rid, str) or rd is None:
+        rd = self.run_dir
+        if not isinstance(rid, str):
             return None
         # Written by the scheduler before it streams the final output; the wait only
         # covers a slow filesystem.
@@ -329,8 +326,14 @@ class SGLangBackend:
     def reference_ms(self, meta_info: dict[str, Any]) -> float | None:
         return None  # no reference read inside SGLang: step times are judged raw
 
-    def notes(self, run_dir: Path | None) -> list[str]:
-        return self.describe_hooks(run_dir)
+    def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
+        return None
+
+    def check_attached(self, server_info: dict[str, Any]) -> None:
+        return None
+
+    def notes(self) -> list[str]:
+        return self.describe_hooks()
 
     def metrics_before(self, client: ServerClient) -> Any:
         try:
@@ -339,7 +342,7 @@ class SGLangBackend:
             return None
 
     def metrics_check(
-        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+        self, client: ServerClient, before: Any, records: Sequence[StepRecord], wall_s: float
     ) -> list[str]:
         if before is None:
             return ["sglang metrics unavailable (start the server with --enable-metrics)"]
@@ -398,13 +401,10 @@ class SGLangBackend:
         return None
 
     # -- reports (not part of the Backend protocol) ---------------------------------------
-    def hook_reports(self, run_dir: Path | None = None) -> list[dict[str, Any]]:
+    def hook_reports(self) -> list[dict[str, Any]]:
         """The schedulers' hook reports (``hooks-*.json``), one per scheduler process."""
-        rd = self._resolve_run_dir(run_dir)
-        if rd is None:
-            return []
         out = []
-        for path in sorted(rd.glob("hooks-*.json")):
+        for path in sorted(self.run_dir.glob("hooks-*.json")):
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -413,9 +413,9 @@ class SGLangBackend:
                 out.append(data)
         return out
 
-    def describe_hooks(self, run_dir: Path | None = None) -> list[str]:
+    def describe_hooks(self) -> list[str]:
         """Readable lines about hooks missing or changed, and hook errors, for reports."""
-        reports = self.hook_reports(run_dir)
+        reports = self.hook_reports()
         if not reports:
             return [
                 "sglang: no hook report in the run directory: the pytest-specperf plugin "
@@ -437,25 +437,14 @@ class SGLangBackend:
             )
         if r.get("phase_map_error"):
             lines.append(f"  {r['phase_map_error']}")
-        rd = self._resolve_run_dir(run_dir)
-        if rd is not None:
-            for path in sorted(rd.glob("errors-*.json")):
-                try:
-                    errors = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-                for where, e in errors.items():
-                    lines.append(f"  hook error in {where} ({e.get('count')}x): {e.get('first')}")
+        for path in sorted(self.run_dir.glob("errors-*.json")):
+            try:
+                errors = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            for where, e in errors.items():
+                lines.append(f"  hook error in {where} ({e.get('count')}x): {e.get('first')}")
         return lines
-
-    def _resolve_run_dir(self, run_dir: Path | None) -> Path | None:
-        if run_dir is not None:
-            self._run_dir = Path(run_dir)
-            return self._run_dir
-        if self._run_dir is not None:
-            return self._run_dir
-        env = os.environ.get(ENV_RUN_DIR)
-        return Path(env) if env else None
 
 
 def decode_cuda_graphs(server_info: dict[str, Any]) -> bool:

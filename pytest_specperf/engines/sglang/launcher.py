@@ -24,7 +24,8 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pytest_specperf.engines.base import ENV_RUN_DIR, ENV_SGLANG_PLUGIN, BackendUnavailable
+from pytest_specperf.engines.env import ENV_RUN_DIR, ENV_SGLANG_PLUGIN
+from pytest_specperf.engines.protocol import BackendUnavailable
 
 #: Flags the plugin sets itself.
 RESERVED = {

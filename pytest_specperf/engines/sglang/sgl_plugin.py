@@ -25,17 +25,19 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+# engines.env imports only the standard library: this module stays cheap to import in
+# every SGLang process.
+from pytest_specperf.engines.env import (
+    ENV_PHASE_MAP,
+    ENV_RUN_DIR,
+    ENV_SGLANG_PLUGIN,
+    probe_setup,
+    run_dir_from_env,
+)
+
 if TYPE_CHECKING:
     from pytest_specperf.engines.sglang.hooks import ProbeRuntime
     from pytest_specperf.engines.sglang.phase_map import HookEntry, PhaseMap
-
-#: Same names as in pytest_specperf.engines.base (not imported: this module must stay
-#: cheap to import in every SGLang process).
-ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"
-ENV_RUN_DIR = "SPECPERF_RUN_DIR"
-ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"
-ENV_INJECT = "SPECPERF_INJECT"
-ENV_NVTX = "SPECPERF_NVTX"
 
 #: The one piece of module state: the runtime of this process once its hooks are
 #: registered. SGLang's hooks are process-wide monkeypatches, so registration must
@@ -55,7 +57,7 @@ def load() -> None:
     import logging
 
     log = logging.getLogger("pytest_specperf.sglang")
-    run_dir = os.environ.get(ENV_RUN_DIR)
+    run_dir = run_dir_from_env()
     if not run_dir:
         log.warning(
             "%s=1 but %s is not set: pytest-specperf probe stays off",
@@ -66,35 +68,13 @@ def load() -> None:
     try:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-        from pytest_specperf.engines.sglang.hooks import ProbeRuntime
         from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
         from pytest_specperf.engines.sglang.source import installed_version
 
         version = installed_version()
-        rank = _int(ctx.get("tp_rank"))
-        labels = {"engine": "sglang", "sglang_version": str(version)}
-        for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
-            if ctx.get(key) is not None:
-                labels[key] = str(ctx[key])
         algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
         algo = None if algo is None else str(getattr(algo, "name", algo))
-        if algo is not None:
-            labels["speculative_algorithm"] = algo
-        injector = None
-        inject_text = os.environ.get(ENV_INJECT, "").strip()
-        if inject_text:
-            from pytest_specperf.inject import Injector, parse_inject
-
-            spec = parse_inject(inject_text)  # validated by the plugin before launch
-            injector = Injector(spec, device="cuda")
-            labels["inject"] = str(spec)
-        rt = ProbeRuntime(
-            run_dir,
-            rank=rank,
-            labels=labels,
-            injector=injector,
-            nvtx=os.environ.get(ENV_NVTX) == "1",
-        )
+        rt = _probe_runtime(ctx, run_dir, version, algo)
         pm = load_builtin(version)
         map_error = None
         user_file = os.environ.get(ENV_PHASE_MAP)
@@ -123,6 +103,28 @@ def load() -> None:
         _runtime = rt
     except Exception as e:  # never take the server down
         log.exception("pytest-specperf plugin failed to load: %s", e)
+
+
+def _probe_runtime(
+    ctx: dict[str, Any], run_dir: str, version: str | None, algo: str | None
+) -> ProbeRuntime:
+    """This scheduler's probe runtime: its labels, plus the environment's probe setup."""
+    from pytest_specperf.engines.sglang.hooks import ProbeRuntime
+
+    labels = {"engine": "sglang", "sglang_version": str(version)}
+    for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
+        if ctx.get(key) is not None:
+            labels[key] = str(ctx[key])
+    if algo is not None:
+        labels["speculative_algorithm"] = algo
+    setup = probe_setup(device="cuda", labels=labels)  # SPECPERF_INJECT, SPECPERF_NVTX
+    return ProbeRuntime(
+        run_dir,
+        rank=_int(ctx.get("tp_rank")),
+        labels=dict(setup.labels),
+        injector=setup.injector,
+        nvtx=setup.nvtx,
+    )
 
 
 #: Which families of the phase map each speculative algorithm can use. Entries of a

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.engines.base import BackendUnavailable, get_backend
-from pytest_specperf.markers import CaseOptions, parse_marker
-from pytest_specperf.measure import Decoder, DecodeRun, KVLayout, MeasurementError
+from pytest_specperf.engines import BackendUnavailable, get_backend
+from pytest_specperf.judging.samples import DecodeRun, KVLayout
+from pytest_specperf.plugin.markers import CaseOptions, parse_marker
+from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
-from pytest_specperf.serving import ModelServer, attach_server, start_server
-from pytest_specperf.session import SpecperfSession, get_session
+from pytest_specperf.server.decoder import CaseSpec, Decoder, MeasurementError, sampler_for
+from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
 
 LAYOUT_PARAMS = ("contiguous", "fragmented")
 
@@ -66,6 +67,30 @@ class SpecperfHandle:
         """Why ``context_len`` cannot run on this server (KV memory, model limit), or None."""
         return self.server.backend.capacity_reason(self.server.server_info, context_len, batch_size)
 
+    def _case(
+        self, context_len: int, steps: int | None, batch_size: int, warmup: int | None
+    ) -> CaseSpec:
+        for name, v, lo in (
+            ("context_len", context_len, 1),
+            ("batch_size", batch_size, 1),
+            ("steps", steps, 4),
+            ("warmup", warmup, 0),
+        ):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+                raise ValueError(f"specperf.decode: {name} must be an integer >= {lo}, got {v!r}")
+        if warmup is None:
+            warmup = self.options.warmup
+        if warmup is None:
+            warmup = self._session.settings.warmup_steps
+        return CaseSpec(
+            context_len=context_len,
+            batch_size=batch_size,
+            steps=steps or self.steps,
+            warmup_steps=warmup,
+            layout=self.layout,
+            tag=f"{len(self.runs)}",
+        )
+
     def decode(
         self,
         context_len: int,
@@ -79,34 +104,16 @@ class SpecperfHandle:
         Returns the run with per-step records and summaries. The plugin judges every run
         against its baseline when the test ends; a regression fails the test.
         """
-        for name, v, lo in (
-            ("context_len", context_len, 1),
-            ("batch_size", batch_size, 1),
-            ("steps", steps, 4),
-            ("warmup", warmup, 0),
-        ):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-                raise ValueError(f"specperf.decode: {name} must be an integer >= {lo}, got {v!r}")
-        s = self._session.settings
-        n_steps = steps or self.steps
-        n_warm = (
-            warmup
-            if warmup is not None
-            else (self.options.warmup if self.options.warmup is not None else s.warmup_steps)
-        )
-        label = f"{self._item.name} ctx={context_len} kv={self.layout.label}"
-        prog = self._session.progress.case(label)
+        case = self._case(context_len, steps, batch_size, warmup)
+        sess = self._session
+        prog = sess.progress.case(f"{self._item.name} ctx={context_len} kv={self.layout.label}")
+        sampler, note = sampler_for(sess.device(), self.server)
+        if note:
+            sess.telemetry_note = note
         decoder: Decoder | None = None
         try:
-            decoder = Decoder(self.server, prog.update, sampler=self._session.telemetry_sampler())
-            run = decoder.decode(
-                context_len=context_len,
-                batch_size=batch_size,
-                steps=n_steps,
-                warmup_steps=n_warm,
-                layout=self.layout,
-                tag=f"{len(self.runs)}",
-            )
+            decoder = Decoder(self.server, prog.update, sampler=sampler)
+            run = decoder.decode(case)
         except (MeasurementError, ServerHTTPError, ServerUnreachable) as e:
             prog.done("failed")
             tail = self.server.log_tail()
@@ -125,17 +132,11 @@ class SpecperfHandle:
         backend, client = self.server.backend, self.server.client
         trace.parent.mkdir(parents=True, exist_ok=True)
         decoder = Decoder(self.server, lambda done, total, note: None)
+        case = CaseSpec(run.context_len, run.batch_size, PROFILE_STEPS, 0, run.kv_layout, "profile")
         try:
             backend.start_profile(client, trace)
             try:
-                decoder.decode(
-                    context_len=run.context_len,
-                    batch_size=run.batch_size,
-                    steps=PROFILE_STEPS,
-                    warmup_steps=0,
-                    layout=run.kv_layout,
-                    tag="profile",
-                )
+                decoder.decode(case)
             finally:
                 files = backend.stop_profile(client, trace)
         finally:
@@ -163,7 +164,7 @@ def model_server(
         else:
             server = start_server(
                 backend,
-                sess.backend_settings(),
+                s.backend_settings(),
                 work_dir=tmp_path_factory.mktemp("specperf"),
                 ready_timeout_s=s.ready_timeout_s,
                 progress=sess.progress.line,

@@ -5,17 +5,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.base import Backend, BackendSettings
+from pytest_specperf.engines.protocol import Backend, BackendSettings
+from pytest_specperf.probe.sink import RunDirError, make_run_dir
 from pytest_specperf.server import (
     ServerClient,
     ServerProcess,
     ServerStartError,
     free_port,
 )
+from pytest_specperf.server.client import attach_problem
 
 
 @dataclass
@@ -25,14 +27,17 @@ class ModelServer:
     backend: Backend
     url: str
     client: ServerClient
-    run_dir: Path | None
     server_info: dict[str, Any]
     fingerprint: dict[str, Any]
     process: ServerProcess | None = None
     log_path: Path | None = None
     startup_s: float = 0.0
     attached: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the server's probe writes step records (the backend's binding)."""
+        return self.backend.run_dir
 
     @property
     def speculative(self) -> bool:
@@ -67,8 +72,10 @@ def start_server(
 ) -> ModelServer:
     """Launch a server for ``backend`` on 127.0.0.1 and wait until it generates."""
     backend.check(settings)
-    run_dir = work_dir / "run"
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        run_dir = make_run_dir(work_dir / "run")
+    except RunDirError as e:
+        raise ServerStartError(str(e)) from None
     log_path = work_dir / "server.log"
     last_error: Exception | None = None
     for _attempt in range(2):  # a port taken between free_port() and bind: retry once
@@ -106,7 +113,6 @@ def start_server(
             backend=backend,
             url=client.base_url,
             client=client,
-            run_dir=run_dir,
             server_info=info,
             fingerprint=fp,
             process=proc,
@@ -117,12 +123,22 @@ def start_server(
     raise last_error
 
 
+#: Seconds an attached server may take to generate one token for /health_generate.
+ATTACH_HEALTH_TIMEOUT_S = 60.0
+
+
 def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServer:
     """Use a server someone else started; its step records must be readable here."""
-    client = ServerClient(url)
     t0 = time.monotonic()
-    if not client.health_generate(timeout=60.0):
-        raise ServerStartError(f"no healthy server at {url} (GET /health_generate failed)")
+    problem = attach_problem(url, required=backend.server_info_fields)
+    if problem is not None:
+        raise ServerStartError(f"cannot attach to {url}: {problem}")
+    client = ServerClient(url)
+    if not client.health_generate(timeout=ATTACH_HEALTH_TIMEOUT_S):
+        raise ServerStartError(
+            f"cannot attach to {url}: it answers /server_info but GET /health_generate "
+            f"failed within {ATTACH_HEALTH_TIMEOUT_S:.0f} s (is it still loading the model?)"
+        )
     info = client.server_info()
     if run_dir is None:
         rd = info.get("run_dir")
@@ -134,11 +150,12 @@ def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServ
             "(reference server: --run-dir; SGLang: SPECPERF_RUN_DIR with "
             "SPECPERF_SGLANG_PLUGIN=1 in the server's environment)"
         )
+    backend.bind(run_dir)
+    backend.check_attached(info)
     return ModelServer(
         backend=backend,
         url=client.base_url,
         client=client,
-        run_dir=run_dir,
         server_info=info,
         fingerprint=backend.fingerprint(info),
         attached=True,

@@ -15,18 +15,16 @@ from typing import TYPE_CHECKING
 from pytest_specperf.probe.phases import ALL_PHASES
 
 if TYPE_CHECKING:
-    from pytest_specperf.report import CaseOutcome
+    from pytest_specperf.judging.judge import CaseOutcome
 
-COLOURS = {
-    "schedule": "#8dd3c7",
-    "draft": "#80b1d3",
-    "build_verify_input": "#bebada",
-    "prepare_for_verify": "#fdb462",
-    "verify": "#fb8072",
-    "accept": "#b3de69",
-    "kv_commit": "#fccde5",
-    "unaccounted": "#9e9e9e",
-}
+#: One colour per phase, in the order of ``ALL_PHASES`` (unaccounted last, grey).
+COLOURS = dict(
+    zip(
+        ALL_PHASES,
+        ("#8dd3c7", "#80b1d3", "#bebada", "#fdb462", "#fb8072", "#b3de69", "#fccde5", "#9e9e9e"),
+        strict=True,
+    )
+)
 LABEL_W, BAR_W, ROW_H, BAR_H, TOP = 330, 560, 58, 18, 46
 
 
@@ -50,11 +48,8 @@ def render(outcomes: list[CaseOutcome], title: str) -> str:
     peak = 0.0
     for o in outcomes:
         now = {p: o.run.summaries[p].value for p in ALL_PHASES if p in o.run.summaries}
-        base = (
-            {p: o.baseline.metrics[p].value for p in ALL_PHASES if p in o.baseline.metrics}
-            if o.baseline
-            else None
-        )
+        bm = o.base_metrics
+        base = {p: bm[p].value for p in ALL_PHASES if p in bm} if bm is not None else None
         peak = max(peak, sum(now.values()), sum(base.values()) if base else 0.0)
         rows.append((o, base, now))
     scale = BAR_W / peak if peak else 1.0

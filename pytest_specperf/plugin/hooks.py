@@ -1,7 +1,8 @@
-"""pytest entry point (``pytest11: specperf``): hook wiring only.
+"""pytest hooks: wiring only.
 
-The work is done elsewhere: ``options`` (flags and ini), ``markers``, ``fixtures``,
-``session`` (state and verdicts), ``report`` (tables, JSON), ``baselines`` (YAML store).
+The work is done elsewhere in this wing: ``options`` (flags and ini), ``markers``,
+``fixtures``, ``cases`` (judging each test's runs), ``finish`` (baselines, reports,
+summary), ``session`` (state).
 """
 
 from __future__ import annotations
@@ -11,16 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf import options as _options
-from pytest_specperf.fixtures import (  # noqa: F401 - fixtures are registered by import
-    HANDLE_KEY,
-    fragmented_kv,
-    model_server,
-    specperf,
-    warmed_cuda_graphs,
-)
-from pytest_specperf.markers import MARKERS, case_context_len, parse_marker
-from pytest_specperf.session import SESSION_KEY, SpecperfSession, get_session
+from pytest_specperf.plugin import options as _options
+from pytest_specperf.plugin.cases import judge_item
+from pytest_specperf.plugin.finish import finish, summary_lines
+from pytest_specperf.plugin.fixtures import HANDLE_KEY
+from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
+from pytest_specperf.plugin.progress import Progress
+from pytest_specperf.plugin.session import SESSION_KEY, SpecperfSession, get_session
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.help or getattr(config.option, "version", False):
         return
     settings = _options.load_settings(config)
-    config.stash[SESSION_KEY] = SpecperfSession(config, settings)
+    config.stash[SESSION_KEY] = SpecperfSession(config, settings, Progress(config))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None:
-        from pytest_specperf.gpu import cuda_unavailable_reason
+        from pytest_specperf.telemetry.cuda import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason:
@@ -68,16 +66,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = yield  # a test that raised is not judged
     handle = item.stash.get(HANDLE_KEY, None)
     if handle is not None and handle.runs:
-        get_session(item.config).judge_item(item, handle)
+        judge_item(get_session(item.config), item, handle)
     return result
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if SESSION_KEY in session.config.stash:
-        get_session(session.config).finish(session, exitstatus)
+        finish(get_session(session.config), session, exitstatus)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if SESSION_KEY in config.stash:
-        for line in get_session(config).summary_lines():
+        for line in summary_lines(get_session(config)):
             terminalreporter.write_line(line)

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
+from pytest_specperf.judging.metrics import STEP, device_form
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bandwidth import kv_read_bytes
 from pytest_specperf.telemetry.bottleneck import Bottleneck, StepFigures, classify
 
-if TYPE_CHECKING:
-    from pytest_specperf.baselines import CaseBaseline
-    from pytest_specperf.measure import DecodeRun
-    from pytest_specperf.telemetry.device import DeviceInfo
 
-
-def diagnose(run: DecodeRun, server_info: dict[str, Any], device: DeviceInfo) -> Bottleneck:
+def diagnose(
+    run: DecodeRun,
+    *,
+    kv_bytes_per_token: float | None = None,
+    kv_traffic: Mapping[str, Any] | None = None,
+    peak_bandwidth_bytes_per_s: float | None = None,
+) -> Bottleneck:
     """Host-bound, memory-bound, compute-bound or latency-bound, with its numbers.
 
     On a GPU: device-busy share from the CUDA-event phase times, utilization from NVML/GPM,
@@ -24,50 +29,48 @@ def diagnose(run: DecodeRun, server_info: dict[str, Any], device: DeviceInfo) ->
     """
     s = run.summaries
     host = {p: s[p].value for p in PHASES if p in s}
-    dev = {p: s[f"device.{p}"].value for p in PHASES if f"device.{p}" in s}
-    kv_bytes = kv_read_bytes_per_step(run, server_info)
-    peak = None
-    if device.kind == "cuda":
-        from pytest_specperf.telemetry.bandwidth import peak_bandwidth
-
-        pb = peak_bandwidth(device.name, device.nvml_index)
-        peak = pb.bytes_per_s if pb is not None else None
+    dev = {p: s[device_form(p)].value for p in PHASES if device_form(p) in s}
+    kv_bytes = kv_read_bytes_per_step(run, kv_bytes_per_token, kv_traffic)
     figures = StepFigures(
-        step_ms=s["step"].value,
+        step_ms=s[STEP].value,
         host_ms=host,
         device_ms=dev,
         unaccounted_ms=s[UNACCOUNTED].value,
         kv_read_bytes_per_step=kv_bytes,
-        peak_bandwidth_bytes_per_s=peak,
+        peak_bandwidth_bytes_per_s=peak_bandwidth_bytes_per_s,
     ).with_telemetry(run.telemetry)
     return classify(figures)
 
 
-def kv_read_bytes_per_step(run: DecodeRun, server_info: dict[str, Any]) -> float | None:
-    """KV bytes one verify moves: the server's traffic model when it has one (the
-    reference engine's graph path gathers whole padded page buckets and reads the copy
-    again), else the context's KV bytes (read once)."""
-    traffic = server_info.get("kv_read")
-    if isinstance(traffic, dict):
+def kv_read_bytes_per_step(
+    run: DecodeRun,
+    kv_bytes_per_token: float | None,
+    kv_traffic: Mapping[str, Any] | None = None,
+) -> float | None:
+    """KV bytes one verify moves: from the server's traffic model when it has one (the
+    reference engine's ``/server_info["kv_read"]``: its graph path gathers whole padded
+    page buckets and reads the copy again), else the context's KV bytes, read once."""
+    if kv_traffic is not None:
         share = run.fragmentation if run.fragmentation is not None else 0.0
-        return kv_read_bytes(traffic, run.context_len, run.batch_size, share)
-    kv_per_token = server_info.get("kv_bytes_per_token")
-    if isinstance(kv_per_token, (int, float)) and kv_per_token > 0:
-        return float(kv_per_token) * run.context_len * run.batch_size
+        moved = kv_read_bytes(kv_traffic, run.context_len, run.batch_size, share)
+        if moved is not None:
+            return moved
+    if kv_bytes_per_token is not None and kv_bytes_per_token > 0:
+        return float(kv_bytes_per_token) * run.context_len * run.batch_size
     return None
 
 
-def time_went(run: DecodeRun, base: CaseBaseline | None) -> str | None:
+def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
     """One sentence: how much the step grew and which phase took the growth."""
-    if base is None or "step" not in base.metrics:
+    if base is None or STEP not in base:
         return None
-    grew = run.summaries["step"].value - base.metrics["step"].value
+    grew = run.summaries[STEP].value - base[STEP].value
     if grew <= 0:
         return None
     deltas = {
-        p: run.summaries[p].value - base.metrics[p].value
+        p: run.summaries[p].value - base[p].value
         for p in ALL_PHASES
-        if p in base.metrics and p in run.summaries
+        if p in base and p in run.summaries
     }
     if not deltas:
         return None

@@ -1,20 +1,27 @@
-"""What the plugin needs from a backend (reference engine or SGLang)."""
+"""What the plugin needs from a backend (reference engine or SGLang): the protocol only.
+
+Implementations live in ``engines/<name>/backend.py`` and are found through the registry in
+``engines/__init__.py``; nothing here imports them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_specperf.probe.record import StepRecord
-from pytest_specperf.server.client import ServerClient
+if TYPE_CHECKING:  # imported in every SGLang process (through sgl_plugin): keep it light
+    from pytest_specperf.probe.record import StepRecord
+    from pytest_specperf.server.client import ServerClient
 
-#: Environment variables read by code running inside server processes.
-ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
-ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entry point hooks
-ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
-ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
-ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
+__all__ = [
+    "Backend",
+    "BackendSettings",
+    "BackendUnavailable",
+    "LaunchSpec",
+    "RunDirBinding",
+]
 
 
 class BackendUnavailable(RuntimeError):
@@ -41,25 +48,41 @@ class LaunchSpec:
 
 
 class Backend(Protocol):
-    """One backend. Implementations live in ``engines/<name>/backend.py``."""
+    """One backend, bound to the run directory its server's probe writes step records to.
+
+    A backend object is created unbound by the registry; ``launch_spec`` (the plugin
+    launches the server) or ``bind`` (attach mode) binds it, and every later call uses
+    ``run_dir``.
+    """
 
     name: str
+    #: ``/server_info`` fields a server of this backend answers with (attach checks them)
+    server_info_fields: tuple[str, ...]
+
+    @property
+    def run_dir(self) -> Path:
+        """The bound run directory; ``BackendUnavailable`` before ``launch_spec``/``bind``."""
+
+    def bind(self, run_dir: Path) -> None:
+        """Bind to the run directory of a server someone else started (attach mode)."""
 
     def check(self, settings: BackendSettings) -> None:
         """Raise ``BackendUnavailable`` if the backend cannot start with these settings."""
 
+    def check_attached(self, server_info: dict[str, Any]) -> None:
+        """Raise ``BackendUnavailable`` if an attached server cannot be measured."""
+
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
-        """The command line and environment that start a server on 127.0.0.1:``port``."""
+        """Bind to ``run_dir``; the command line and environment that start a server on
+        127.0.0.1:``port`` whose probe writes there."""
 
     def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
         """``/generate`` body fields that give each request ``context_len`` prompt tokens."""
 
-    def set_kv_layout(
-        self, client: ServerClient, run_dir: Path | None, layout: str, level: float, seed: int
-    ) -> None:
+    def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
         """Put the server's KV allocator in ``layout`` for the next request."""
 
-    def kv_fragmentation(self, meta_info: dict[str, Any], run_dir: Path | None) -> float | None:
+    def kv_fragmentation(self, meta_info: dict[str, Any]) -> float | None:
         """Fragmentation measured on the live request, if the backend reports one."""
 
     def fingerprint(self, server_info: dict[str, Any]) -> dict[str, Any]:
@@ -67,9 +90,12 @@ class Backend(Protocol):
 
     def reference_ms(self, meta_info: dict[str, Any]) -> float | None:
         """The request's reference read time (ms) reported by the server, if any: step
-        times are judged relative to it (see verdict.judged_form)."""
+        times are judged relative to it (see ``judging.verdict.judged_form``)."""
 
-    def notes(self, run_dir: Path | None) -> list[str]:
+    def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
+        """KV bytes read per context token and request (for the KV-read bandwidth)."""
+
+    def notes(self) -> list[str]:
         """Lines about the server's instrumentation for the run's summary (e.g. hook
         targets missing in the installed SGLang). Empty when there is nothing to say."""
 
@@ -77,7 +103,7 @@ class Backend(Protocol):
         """A snapshot of the server's own metrics before a measured window (or None)."""
 
     def metrics_check(
-        self, client: ServerClient, before: Any, records: list[StepRecord], wall_s: float
+        self, client: ServerClient, before: Any, records: Sequence[StepRecord], wall_s: float
     ) -> list[str]:
         """Where the server's own metrics disagree with our records over the window."""
 
@@ -93,13 +119,18 @@ class Backend(Protocol):
         """Why the server cannot hold ``batch_size`` requests of ``context_len`` (or None)."""
 
 
-def get_backend(name: str) -> Backend:
-    if name == "reference":
-        from pytest_specperf.engines.reference.backend import ReferenceBackend
+class RunDirBinding:
+    """The run-directory binding every backend shares (mix-in)."""
 
-        return ReferenceBackend()
-    if name == "sglang":
-        from pytest_specperf.engines.sglang.backend import SGLangBackend
+    _bound: Path | None = None
 
-        return SGLangBackend()
-    raise ValueError(f"unknown backend {name!r}; choose reference or sglang")
+    @property
+    def run_dir(self) -> Path:
+        if self._bound is None:
+            raise BackendUnavailable(
+                "the backend is not bound to a run directory yet (launch or attach first)"
+            )
+        return self._bound
+
+    def bind(self, run_dir: Path) -> None:
+        self._bound = Path(run_dir)

@@ -55,6 +55,36 @@ class Summary:
     max: float
     blocks: tuple[float, ...] = ()
     center: str = "median"
+    #: False for a compact summary (one stored baseline run): only ``n``, the center and
+    #: the block centers are known; the other fields are NaN and never trusted
+    full: bool = True
+
+    @classmethod
+    def compact(
+        cls, value: float, blocks: Sequence[float], n: int, center: str = "median"
+    ) -> Summary:
+        """A summary known only by its center and block centers (a stored baseline run).
+
+        Its spread figures are unknown, so with fewer than three blocks its noise is
+        unknown too (``rel_se`` is infinite: UNSTABLE), never estimated from made-up data.
+        """
+        if center not in ("median", "mean"):
+            raise ValueError(f"center must be median or mean, got {center!r}")
+        nan = math.nan
+        return cls(
+            n=n,
+            median=value if center == "median" else nan,
+            mean=value if center == "mean" else nan,
+            stdev=nan,
+            mad=nan,
+            q10=nan,
+            q90=nan,
+            min=nan,
+            max=nan,
+            blocks=tuple(blocks),
+            center=center,
+            full=False,
+        )
 
     @property
     def value(self) -> float:
@@ -64,14 +94,18 @@ class Summary:
 
     @property
     def rel_spread(self) -> float:
-        """Robust coefficient of variation of single steps (MAD-based)."""
+        """Robust coefficient of variation of single steps (MAD-based); infinite when the
+        spread is unknown (a compact summary)."""
+        if not self.full:
+            return math.inf
         return _MAD_TO_SIGMA * self.mad / abs(self.median) if self.median else math.inf
 
     def rel_se(self) -> float:
         """Relative standard error of the median, from the spread of block medians.
 
         With fewer than three blocks it falls back to the step spread over the square
-        root of the number of steps, which ignores correlation and so is optimistic.
+        root of the number of steps, which ignores correlation and so is optimistic (and
+        is unknown, infinite, for a compact summary).
         """
         if not self.value:
             return math.inf
@@ -79,11 +113,18 @@ class Summary:
         if k >= 3:
             sd = statistics.stdev(self.blocks)
             return sd / math.sqrt(k) / abs(self.value)
-        if self.n >= 2:
+        if self.n >= 2 and self.full:
             return 1.2533 * self.rel_spread / math.sqrt(self.n)
         return math.inf
 
     def to_dict(self) -> dict[str, Any]:
+        if not self.full:
+            return {
+                "n": self.n,
+                self.center: stable(self.value),
+                "blocks": [stable(b) for b in self.blocks],
+                "center": self.center,
+            }
         return {
             "n": self.n,
             "median": stable(self.median),
@@ -109,12 +150,12 @@ class Summary:
             raise ValueError(f"{where}: missing {', '.join(missing)}")
         n = d["n"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{where}.n: expected a positive integer, got {n!r}")
+            raise ValueError(f"{where}.n: expected a positive integer, got {_shown(n)}")
         vals = {}
         for f in fields:
             v = d[f]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{where}.{f}: expected a finite number, got {v!r}")
+                raise ValueError(f"{where}.{f}: expected a finite number, got {_shown(v)}")
             vals[f] = float(v)
         blocks = d.get("blocks", [])
         if not isinstance(blocks, list) or not all(
@@ -123,8 +164,29 @@ class Summary:
             raise ValueError(f"{where}.blocks: expected a list of numbers")
         center = d.get("center", "median")
         if center not in ("median", "mean"):
-            raise ValueError(f"{where}.center: expected median or mean, got {center!r}")
-        return cls(n=n, blocks=tuple(float(b) for b in blocks), center=center, **vals)
+            raise ValueError(f"{where}.center: expected median or mean, got {_shown(center)}")
+        return cls(
+            n=n,
+            median=vals["median"],
+            mean=vals["mean"],
+            stdev=vals["stdev"],
+            mad=vals["mad"],
+            q10=vals["q10"],
+            q90=vals["q90"],
+            min=vals["min"],
+            max=vals["max"],
+            blocks=tuple(float(b) for b in blocks),
+            center=center,
+        )
+
+
+def _shown(v: Any) -> str:
+    """A number or short string as written; anything else by its type (no big reprs)."""
+    if isinstance(v, float) or (isinstance(v, int) and abs(v) < 10**40):
+        return repr(v)
+    if isinstance(v, str) and len(v) <= 40:
+        return repr(v)
+    return f"a {type(v).__name__}"
 
 
 def summarize(

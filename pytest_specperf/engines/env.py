@@ -1,0 +1,95 @@
+"""Environment variables read inside server processes, and the probe they configure.
+
+The plugin passes its settings to a server it launches through the environment (the
+reference server and every SGLang scheduler process read the same names). This module
+is the one place that turns that environment into a probe setup; it imports only the
+standard library at module level, so that SGLang's plugin entry point stays cheap to
+import in processes that never measure anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_specperf.probe import NullProbe, RunDirSink, StepProbe
+    from pytest_specperf.probe.spans import PhaseInjector
+
+ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
+ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entry point hooks
+ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
+ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
+ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
+
+#: Step-record label that names the injected slowdown (records of canary runs).
+INJECT_LABEL = "inject"
+
+
+class ProbeEnvError(ValueError):
+    """The environment holds a value the probe cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class ProbeSetup:
+    """What a server process's probe is configured with: labels, injector, NVTX."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    injector: PhaseInjector | None = None
+    nvtx: bool = False
+    #: The injected slowdown in ``--specperf-inject`` syntax ("" when none).
+    inject: str = ""
+
+    def build(
+        self, sink: RunDirSink | None, *, use_cuda: bool, rank: int = 0
+    ) -> StepProbe | NullProbe:
+        """A probe writing to ``sink``; a no-op probe when ``sink`` is None (probe off)."""
+        from pytest_specperf.probe import NullProbe, StepProbe
+
+        if sink is None:
+            return NullProbe()
+        return StepProbe(
+            sink,
+            rank=rank,
+            use_cuda=use_cuda,
+            labels=dict(self.labels),
+            injector=self.injector,
+            nvtx=self.nvtx,
+        )
+
+
+def probe_setup(
+    *,
+    device: str,
+    labels: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProbeSetup:
+    """Read ``SPECPERF_INJECT`` and ``SPECPERF_NVTX`` into a probe setup for ``device``.
+
+    ``labels`` are the process's own step-record labels; an injected slowdown adds the
+    ``inject`` label. Raises :class:`ProbeEnvError` naming the variable and its value
+    when the injection spec does not parse.
+    """
+    env = os.environ if environ is None else environ
+    out = dict(labels or {})
+    injector: PhaseInjector | None = None
+    text = env.get(ENV_INJECT, "").strip()
+    if text:
+        from pytest_specperf.probe.inject import Injector, parse_inject
+
+        try:
+            spec = parse_inject(text)
+        except ValueError as e:
+            raise ProbeEnvError(f"{ENV_INJECT}={text!r}: {e}") from None
+        injector = Injector(spec, device=device)
+        text = str(spec)
+        out[INJECT_LABEL] = text
+    return ProbeSetup(labels=out, injector=injector, nvtx=env.get(ENV_NVTX) == "1", inject=text)
+
+
+def run_dir_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The run directory named by ``SPECPERF_RUN_DIR`` (None when unset or empty)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_RUN_DIR) or None

@@ -1,0 +1,301 @@
+"""Validation of one baseline case: plain data in, typed runs or a named problem out.
+
+A small typed validator rather than a schema library: the rules that matter here are
+semantic (time medians > 0, a phase's judged form > 0 when the phase is, lists as long as
+the runs, the metrics every verdict needs), every problem must name its field in the
+file's own terms (``value.step``, or ``metrics.step.median`` in a v1 file), and the
+package keeps its dependencies few. Nothing here reads files or raises anything but
+``Invalid``, whose text is ``<field>: <problem>``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
+    DEVICE_BUSY,
+    STEP,
+    STEP_PER_REF,
+    TOKENS_PER_S,
+    center_of,
+    is_rest_form,
+    rest_form,
+)
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+
+#: Most runs kept per case (``keep_runs`` may not exceed it).
+MAX_RUNS = 64
+#: Most block centers per run and metric.
+MAX_BLOCKS = 4096
+#: Most metrics per case.
+MAX_METRICS = 256
+#: Most measured steps per run.
+MAX_STEPS = 10_000_000
+#: Metrics every measured case has and the verdicts need.
+REQUIRED_METRICS = (
+    STEP,
+    UNACCOUNTED,
+    ACCEPT_LEN,
+    TOKENS_PER_S,
+    *PHASES,
+    *(rest_form(p) for p in PHASES),
+)
+#: Metrics whose every value must be > 0 (a time that a ratio is taken against).
+POSITIVE_METRICS = frozenset({STEP, STEP_PER_REF})
+#: Metrics that may be negative (the step minus its named phases).
+SIGNED_METRICS = frozenset({UNACCOUNTED})
+#: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
+#: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
+#: accept length, tokens/s, the device-busy share).
+BLOCK_METRICS = frozenset(
+    {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
+)
+_CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
+
+
+def keeps_blocks(metric: str) -> bool:
+    """Whether a stored run keeps ``metric``'s block centers (the verdicts pair them)."""
+    return metric in BLOCK_METRICS or is_rest_form(metric)
+
+
+class Invalid(Exception):
+    """A case that fails validation; the text names the field."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One stored run of a case (one server process): per metric its center, and the
+    block centers of the forms the verdicts pair."""
+
+    at: str
+    pid: int | None
+    values: Mapping[str, float]
+    blocks: Mapping[str, tuple[float, ...]]
+
+    def summaries(self, steps: int) -> dict[str, Summary]:
+        """The run as compact summaries, one per metric."""
+        return {
+            m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m))
+            for m, v in self.values.items()
+        }
+
+
+def make_run(
+    at: str, pid: int | None, values: Mapping[str, float], blocks: Mapping[str, Any]
+) -> RunRecord:
+    return RunRecord(
+        at=at,
+        pid=pid,
+        values=MappingProxyType(dict(values)),
+        blocks=MappingProxyType({m: tuple(b) for m, b in blocks.items()}),
+    )
+
+
+def brief(v: Any) -> str:
+    """A short description of a value, without building the repr of a big one."""
+    if isinstance(v, (dict, list, tuple, set)):
+        return f"a {type(v).__name__} of {len(v)} item(s)"
+    if isinstance(v, str):
+        return repr(v[:60]) + ("..." if len(v) > 60 else "")
+    return repr(v)[:60]
+
+
+def number(v: Any, field: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Invalid(f"{field}: expected a number, got {brief(v)}")
+    x = float(v)
+    if not math.isfinite(x):
+        raise Invalid(f"{field}: expected a finite number, got {x!r}")
+    return x
+
+
+def _bound(metric: str, x: float, field: str) -> None:
+    if metric in POSITIVE_METRICS and x <= 0:
+        raise Invalid(f"{field}: must be > 0, got {x:g}")
+    if metric not in SIGNED_METRICS and x < 0:
+        raise Invalid(f"{field}: must be >= 0, got {x:g}")
+
+
+#: Names a field in the file's own terms: ``(kind, metric) -> field`` with kind "value"
+#: or "blocks" (metric "" for the mapping itself).
+Namer = Callable[[str, str], str]
+
+
+def check_run(run: RunRecord, name: Namer) -> None:
+    """The rules every stored run obeys; ``Invalid`` names the first broken one."""
+    missing = [m for m in REQUIRED_METRICS if m not in run.values]
+    if missing:
+        raise Invalid(f"{name('value', '')}: missing required metric(s) {', '.join(missing)}")
+    if len(run.values) > MAX_METRICS:
+        raise Invalid(f"{name('value', '')}: more than {MAX_METRICS} metrics")
+    for m, x in run.values.items():
+        field = name("value", m)
+        _bound(m, number(x, field), field)
+    for p in PHASES:
+        for phase in (p, f"device.{p}"):
+            form = rest_form(phase)
+            if run.values.get(phase, 0) > 0 and run.values.get(form, 1) <= 0:
+                raise Invalid(
+                    f"{name('value', form)}: is {run.values[form]:g} while {phase} takes "
+                    f"{run.values[phase]:g} ms: {phase} cannot be judged against the rest"
+                )
+    for m, blocks in run.blocks.items():
+        field = name("blocks", m)
+        if len(blocks) > MAX_BLOCKS:
+            raise Invalid(f"{field}: more than {MAX_BLOCKS} blocks")
+        for x in blocks:
+            _bound(m, number(x, field), field)
+
+
+# -- schema v2 ---------------------------------------------------------------------------
+
+
+def _mapping(v: Any, field: str) -> dict[Any, Any]:
+    if not isinstance(v, dict):
+        raise Invalid(f"{field}: expected a mapping, got {brief(v)}")
+    return v
+
+
+def _list(v: Any, field: str, length: int | None = None, most: int = MAX_BLOCKS) -> list[Any]:
+    if not isinstance(v, list):
+        raise Invalid(f"{field}: expected a list, got {brief(v)}")
+    if length is not None and len(v) != length:
+        raise Invalid(f"{field}: has {len(v)} entries, expected one per run ({length})")
+    if len(v) > most:
+        raise Invalid(f"{field}: more than {most} entries")
+    return v
+
+
+def _int(v: Any, field: str, low: int, high: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise Invalid(f"{field}: expected an integer from {low} to {high}, got {brief(v)}")
+    return v
+
+
+def _at(v: Any, field: str) -> str:
+    if isinstance(v, datetime.datetime):
+        return v.isoformat()
+    if not isinstance(v, str) or not v or len(v) > 64:
+        raise Invalid(f"{field}: expected a timestamp string, got {brief(v)}")
+    return v
+
+
+def _runs_v2(raw: Any) -> list[tuple[str, int | None]]:
+    out = []
+    for i, r in enumerate(_list(raw, "runs", most=MAX_RUNS)):
+        r = _mapping(r, f"runs[{i}]")
+        extra = sorted(str(k) for k in r if k not in ("at", "pid"))
+        if extra:
+            raise Invalid(f"runs[{i}]: unknown field(s) {', '.join(extra)[:120]}")
+        pid = r.get("pid")
+        out.append(
+            (
+                _at(r.get("at"), f"runs[{i}].at"),
+                None if pid is None else _int(pid, f"runs[{i}].pid", 0, 2**31),
+            )
+        )
+    if not out:
+        raise Invalid("runs: no runs")
+    return out
+
+
+def _columns(raw: Any, kind: str, n: int) -> dict[str, list[Any]]:
+    """``value`` or ``blocks``: metric -> one entry per run."""
+    cols = _mapping(raw, kind)
+    if len(cols) > MAX_METRICS:
+        raise Invalid(f"{kind}: more than {MAX_METRICS} metrics")
+    out = {}
+    for m, per_run in cols.items():
+        if not isinstance(m, str):
+            raise Invalid(f"{kind}: metric names must be strings, got {brief(m)}")
+        out[m] = _list(per_run, f"{kind}.{m}", length=n)
+    return out
+
+
+def parse_v2_case(raw: Any) -> tuple[str, int, tuple[RunRecord, ...]]:
+    """A v2 case entry: its fingerprint reference, steps per run and runs."""
+    d = _mapping(raw, "case")
+    extra = sorted(str(k) for k in d if k not in _CASE_FIELDS_V2)
+    if extra:
+        raise Invalid(f"unknown field(s) {', '.join(extra)[:120]}")
+    ref = d.get("fingerprint")
+    if not isinstance(ref, str) or not ref:
+        raise Invalid(f"fingerprint: expected a fingerprint hash, got {brief(ref)}")
+    steps = _int(d.get("steps"), "steps", 1, MAX_STEPS)
+    meta = _runs_v2(d.get("runs"))
+    n = len(meta)
+    values = _columns(d.get("value"), "value", n)
+    blocks = _columns(d.get("blocks", {}), "blocks", n)
+    runs = []
+    for i, (at, pid) in enumerate(meta):
+        suffix = f"[{i}]" if n > 1 else ""
+
+        def name(kind: str, metric: str, suffix: str = suffix) -> str:
+            return f"{kind}.{metric}{suffix}" if metric else kind
+
+        run = make_run(
+            at,
+            pid,
+            {m: number(v[i], name("value", m)) for m, v in values.items()},
+            {m: _list(b[i], name("blocks", m)) for m, b in blocks.items()},
+        )
+        check_run(run, name)
+        runs.append(run)
+    return ref, steps, tuple(runs)
+
+
+# -- schema v1 (read for migration) ------------------------------------------------------
+
+_V1_FIELDS = (
+    ("context_len", int),
+    ("batch_size", int),
+    ("steps", int),
+    ("kv_layout", str),
+    ("recorded_at", str),
+    ("fingerprint", dict),
+    ("metrics", dict),
+)
+
+
+def parse_v1_case(raw: Any) -> tuple[dict[str, Any], int, RunRecord]:
+    """A v1 case entry as one run: its fingerprint, steps and the run (each metric's
+    center, and the blocks of the forms a v2 run keeps)."""
+    d = _mapping(raw, "case")
+    for f, typ in _V1_FIELDS:
+        v = d.get(f)
+        if isinstance(v, bool) or not isinstance(v, typ):
+            raise Invalid(f"{f}: expected {typ.__name__}, got {brief(v)}")
+    steps = _int(d["steps"], "steps", 1, MAX_STEPS)
+    if len(d["metrics"]) > MAX_METRICS:
+        raise Invalid(f"metrics: more than {MAX_METRICS} metrics")
+    summaries: dict[str, Summary] = {}
+    for m, s in d["metrics"].items():
+        try:
+            summaries[str(m)] = Summary.from_dict(s, f"metrics.{m}")
+        except ValueError as e:
+            raise Invalid(str(e)[:300]) from None
+        if len(summaries[str(m)].blocks) > MAX_BLOCKS:
+            raise Invalid(f"metrics.{m}.blocks: more than {MAX_BLOCKS} blocks")
+        for b in summaries[str(m)].blocks:
+            number(b, f"metrics.{m}.blocks")
+    run = make_run(
+        d["recorded_at"],
+        None,
+        {m: s.value for m, s in summaries.items()},
+        {m: s.blocks for m, s in summaries.items() if keeps_blocks(m) and s.blocks},
+    )
+
+    def name(kind: str, metric: str) -> str:
+        if not metric:
+            return "metrics"
+        return f"metrics.{metric}.{'blocks' if kind == 'blocks' else center_of(metric)}"
+
+    check_run(run, name)
+    return d["fingerprint"], steps, run

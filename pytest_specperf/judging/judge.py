@@ -1,0 +1,234 @@
+"""Judge one measured case against its baseline: gates, verdicts, diagnosis, recording.
+
+``judge_case`` is the one place a case's verdict is decided. It takes what the plugin
+knows about a case (a frozen ``Case``) and its baseline, and returns a frozen
+``CaseOutcome`` that every report reads. Recording policy lives here too: which runs may
+become baselines (``recording_refusal``) and what is stored (``as_baseline``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.diagnosis import diagnose, time_went
+from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
+    DEFAULT_POINT_GATES,
+    MIN_PHASE_SHARE,
+    STEP,
+)
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import (
+    QUIET_SCATTER,
+    CaseVerdict,
+    MetricVerdict,
+    Tolerances,
+    Verdict,
+    case_disturbance,
+    combine,
+    downgrade_disturbed,
+    judge_gate,
+    noisiest_phase,
+)
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.telemetry.bottleneck import Bottleneck
+from pytest_specperf.telemetry.gates import invalid_reasons
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured case, as the plugin hands it to the judge."""
+
+    nodeid: str
+    test: str
+    key: str
+    run: DecodeRun
+    fingerprint: Mapping[str, Any]
+    tolerances: Tolerances
+    #: the marker's ``gate=`` list; None: the default gates
+    gates: tuple[str, ...] | None = None
+    speculative: bool = True
+    #: for the KV-read bandwidth of the bottleneck verdict (None where unknown); a
+    #: server's KV traffic model (``/server_info["kv_read"]``) wins over the per-token size
+    kv_bytes_per_token: float | None = None
+    kv_traffic: Mapping[str, Any] | None = None
+    peak_bandwidth_bytes_per_s: float | None = None
+    #: the server process that measured the case (recorded with a baseline run)
+    server_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """One judged case, as every report sees it."""
+
+    nodeid: str
+    test: str
+    key: str
+    run: DecodeRun
+    verdict: CaseVerdict
+    baseline: CaseBaseline | None
+    baseline_path: Path
+    fingerprint: Mapping[str, Any]
+    recorded: bool = False
+    notes: tuple[str, ...] = ()
+    bottleneck: Bottleneck | None = None
+    time_went: str | None = None
+
+    @property
+    def where(self) -> str:
+        r = self.run
+        s = f"ctx={r.context_len} kv={r.kv_layout.label}"
+        return s + (f" bs={r.batch_size}" if r.batch_size != 1 else "")
+
+    @property
+    def base_metrics(self) -> Mapping[str, Summary] | None:
+        return self.baseline.metrics if self.baseline is not None else None
+
+
+class RecordingRefused(Exception):
+    """A run that must not become a baseline; the message says why and what to do."""
+
+
+def default_gates(base: Mapping[str, Summary], run: DecodeRun, speculative: bool) -> list[str]:
+    """step, unaccounted, accept_len (speculative), every phase that takes at least
+    ``MIN_PHASE_SHARE`` of the baseline step, and on a GPU the device-busy share and
+    SM/DRAM utilization (when both runs have them)."""
+    gates = [STEP, UNACCOUNTED]
+    gates += [m for m in DEFAULT_POINT_GATES if m in base and run.judged(m) is not None]
+    if speculative:
+        gates.append(ACCEPT_LEN)
+    step = base[STEP].median if STEP in base else 0.0
+    for p in PHASES:
+        b = base.get(p)
+        if b is not None and step and b.median / step >= MIN_PHASE_SHARE:
+            gates.append(p)
+    return gates
+
+
+def compare(
+    base: Mapping[str, Summary], run: DecodeRun, gates: Sequence[str], tolerances: Tolerances
+) -> CaseVerdict:
+    """Judge every gate of a case; a disturbed case's time verdicts become UNSTABLE."""
+    judged: list[MetricVerdict] = []
+    missing = []
+    for m in gates:
+        mv = judge_gate(m, base, run.summaries, tolerances, now_util=run.utilizations)
+        if mv is None:
+            missing.append(m)
+        else:
+            judged.append(mv)
+    judged = downgrade_disturbed(judged, case_disturbance(base, run.summaries))
+    reasons = (f"gated metric(s) {', '.join(missing)} missing in the baseline",) if missing else ()
+    return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), reasons)
+
+
+def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) -> CaseVerdict:
+    if isinstance(base, CaseProblem):  # a stored case that fails validation: never compared
+        return CaseVerdict(Verdict.INVALID, reasons=(base.message,))
+    if base is None:
+        return CaseVerdict(Verdict.NO_BASELINE, reasons=(missing,))
+    mismatch = fingerprint_mismatch(base.fingerprint, dict(case.fingerprint))
+    if mismatch:
+        return CaseVerdict(
+            Verdict.INVALID,
+            reasons=(
+                "engine fingerprint differs from the baseline's: "
+                + "; ".join(mismatch)
+                + " (re-record with --specperf-update-baselines if the change is intended)",
+            ),
+        )
+    gates = case.gates or default_gates(base.metrics, case.run, case.speculative)
+    return compare(base.metrics, case.run, gates, case.tolerances)
+
+
+def judge_case(
+    case: Case,
+    found: CaseBaseline | CaseProblem | None,
+    baseline_path: Path,
+    *,
+    missing: str = "no baseline",
+    record: bool = False,
+) -> CaseOutcome:
+    """The verdict of ``case`` against its baseline as found (``missing`` says why there
+    is none; a stored case that fails validation is INVALID).
+
+    Throttled clocks or another process on the GPU make a compared case INVALID, never
+    SLOWER. With ``record``, the outcome is marked recorded; ``recording_refusal`` must
+    have been checked first.
+    """
+    verdict = _verdict(case, found, missing)
+    base = found if isinstance(found, CaseBaseline) else None
+    run = case.run
+    if run.telemetry is not None and verdict.verdict is not Verdict.NO_BASELINE:
+        bad = invalid_reasons(run.telemetry)
+        if bad:
+            verdict = CaseVerdict(Verdict.INVALID, verdict.metrics, (*verdict.reasons, *bad))
+    return CaseOutcome(
+        nodeid=case.nodeid,
+        test=case.test,
+        key=case.key,
+        run=run,
+        verdict=verdict,
+        baseline=base,
+        baseline_path=baseline_path,
+        fingerprint=case.fingerprint,
+        recorded=record,
+        notes=tuple(f"cross-check: {line}" for line in run.cross_check),
+        bottleneck=diagnose(
+            run,
+            kv_bytes_per_token=case.kv_bytes_per_token,
+            kv_traffic=case.kv_traffic,
+            peak_bandwidth_bytes_per_s=case.peak_bandwidth_bytes_per_s,
+        ),
+        time_went=time_went(run, base.metrics if base is not None else None),
+    )
+
+
+def recording_refusal(run: DecodeRun, key: str) -> str | None:
+    """Why ``run`` must not be recorded as a baseline, or None."""
+    if run.telemetry is not None:
+        bad = invalid_reasons(run.telemetry)
+        if bad:
+            return (
+                f"refusing to record {key} as a baseline: the measurement is not "
+                f"trustworthy: {'; '.join(bad)}"
+            )
+    if run.injected:
+        return (
+            f"refusing to record {key} as a baseline: the server injected a canary "
+            f"slowdown ({run.injected}); restart it without SPECPERF_INJECT"
+        )
+    return None
+
+
+def as_baseline(case: Case) -> CaseBaseline:
+    """What an update stores for ``case``: one run, with its utilization medians."""
+    run = case.run
+    metrics: dict[str, Summary] = dict(run.summaries)
+    for name, u in run.utilizations.items():
+        metrics[name] = Summary.compact(u.median, (), u.n)
+    return CaseBaseline.from_run(
+        test=case.test,
+        key=case.key,
+        fingerprint=case.fingerprint,
+        steps=run.steps,
+        metrics=metrics,
+        pid=case.server_pid,
+    )
+
+
+def noisy_baseline_note(case: Case) -> str | None:
+    """A warning when a run about to become a baseline scatters like a busy machine."""
+    noisy = noisiest_phase(case.run.summaries)
+    if noisy is None or noisy[1] <= QUIET_SCATTER:
+        return None
+    return (
+        f"noisy baseline: {case.test} {case.key}: {noisy[0]} blocks scatter "
+        f"{noisy[1]:.0%} (a quiet machine gives about 2%); re-record it when the "
+        "machine is quiet, or its comparisons will come out UNSTABLE"
+    )

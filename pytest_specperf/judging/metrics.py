@@ -1,0 +1,179 @@
+"""The metric registry: one frozen spec per metric, and the names of its derived forms.
+
+Every other module names metrics through this one: verdicts, ``gate=`` validation,
+reports and JSON. A metric is one of:
+
+* a **time** (the step): judged as a relative change, against the request's KV read time
+  when the backend reports it (``step/ref``), with the step tolerance;
+* a **phase** (``verify``, ...): judged as its time relative to the rest of its own step
+  (``verify/rest``), on device time where there is one (``device.verify/rest``);
+* a **share** of the step in percentage points (``unaccounted``: its baseline is often
+  near zero, so a relative change would mean nothing);
+* a **utilization** in percentage points (device-busy share, NVML/GPM SM, DRAM, tensor);
+* a **rate** (tokens/s) or a **count** (accepted tokens per step), judged on their mean.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
+
+Center = Literal["median", "mean"]
+ToleranceKind = Literal["phase", "step"]
+
+
+class MetricKind(str, enum.Enum):
+    TIME = "time"
+    PHASE = "phase"
+    SHARE = "share"
+    UTILIZATION = "utilization"
+    RATE = "rate"
+    COUNT = "count"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What a metric is: its unit, the center judged, its direction, how it is judged."""
+
+    name: str
+    unit: str
+    kind: MetricKind
+    higher_is_better: bool = False
+    center: Center = "median"
+    #: which of the run's two tolerances applies (``--specperf-tolerance`` or
+    #: ``--specperf-step-tolerance``)
+    tolerance: ToleranceKind = "phase"
+    #: for utilizations: factor from the stored value to percent (a share 0.42 -> 42%)
+    to_percent: float = 1.0
+    description: str = ""
+
+    @property
+    def in_points(self) -> bool:
+        """Judged as a change in percentage points, not as a relative change."""
+        return self.kind in (MetricKind.SHARE, MetricKind.UTILIZATION)
+
+
+STEP: Final = "step"
+ACCEPT_LEN: Final = "accept_len"
+TOKENS_PER_S: Final = "tokens_per_s"
+DEVICE_BUSY: Final = "device_busy"
+UTIL_SM: Final = "util.sm"
+UTIL_DRAM: Final = "util.dram"
+UTIL_TENSOR: Final = "util.tensor"
+UTIL_GPU: Final = "util.gpu"
+#: the step relative to the request's KV read time (see ``judged_form``)
+STEP_PER_REF: Final = "step/ref"
+#: the step's device time (first event to last event on the stream)
+DEVICE_STEP: Final = "device.step"
+
+_REST_SUFFIX: Final = "/rest"
+_DEVICE_PREFIX: Final = "device."
+
+#: A phase is gated by default, counted in a case's disturbance, and named as noisy in a
+#: baseline when it takes at least this share of the baseline's step.
+MIN_PHASE_SHARE: Final = 0.05
+
+
+def _phase(name: str) -> MetricSpec:
+    return MetricSpec(name, "ms", MetricKind.PHASE, description=f"{name} phase time")
+
+
+_SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec(STEP, "ms", MetricKind.TIME, tolerance="step", description="decode step time"),
+    MetricSpec(
+        ACCEPT_LEN,
+        "tok/step",
+        MetricKind.COUNT,
+        higher_is_better=True,
+        center="mean",
+        description="accepted tokens per step and request",
+    ),
+    MetricSpec(
+        TOKENS_PER_S,
+        "tok/s",
+        MetricKind.RATE,
+        higher_is_better=True,
+        center="mean",
+        tolerance="step",
+        description="accepted tokens per second of step time",
+    ),
+    *(_phase(p) for p in PHASES),
+    MetricSpec(
+        UNACCOUNTED, "ms", MetricKind.SHARE, description="step time outside every named phase"
+    ),
+    MetricSpec(
+        DEVICE_BUSY,
+        "share",
+        MetricKind.UTILIZATION,
+        higher_is_better=True,
+        to_percent=100.0,
+        description="device phase time over wall step time",
+    ),
+    MetricSpec(UTIL_SM, "%", MetricKind.UTILIZATION, True, description="GPM SM utilization"),
+    MetricSpec(UTIL_DRAM, "%", MetricKind.UTILIZATION, True, description="GPM DRAM bandwidth"),
+    MetricSpec(UTIL_TENSOR, "%", MetricKind.UTILIZATION, True, description="GPM tensor pipes"),
+    MetricSpec(UTIL_GPU, "%", MetricKind.UTILIZATION, True, description="NVML GPU utilization"),
+)
+
+#: Every metric a case can gate (``@pytest.mark.specperf(gate=[...])``), by name.
+REGISTRY: Final[dict[str, MetricSpec]] = {s.name: s for s in _SPECS}
+GATEABLE: Final[tuple[str, ...]] = tuple(REGISTRY)
+#: Utilizations read from NVML/GPM telemetry (one median per run, no blocks).
+TELEMETRY_UTILIZATIONS: Final[tuple[str, ...]] = (UTIL_SM, UTIL_DRAM, UTIL_TENSOR, UTIL_GPU)
+#: Utilizations gated by default when the baseline and the run both have them.
+DEFAULT_POINT_GATES: Final[tuple[str, ...]] = (DEVICE_BUSY, UTIL_SM, UTIL_DRAM)
+#: Metrics that add up the phases: when the phases show a disturbed run, so do these.
+COMPOSITE_METRICS: Final = frozenset({STEP, TOKENS_PER_S})
+#: Metrics a disturbed case cannot judge: the phases (each judged against the rest of its
+#: step, so a disturbance of one moves the others' ratios too) and the composites.
+DISTURBABLE_METRICS: Final = COMPOSITE_METRICS | frozenset(PHASES)
+#: What a phase table shows, in order.
+TABLE_ROWS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec of ``name`` or of the metric it is a derived form of (``verify/rest``,
+    ``device.verify``, ``step/ref``); ``KeyError`` for an unknown name."""
+    return REGISTRY[base_metric(name)]
+
+
+def base_metric(name: str) -> str:
+    """``device.verify/rest`` -> ``verify``; ``step/ref`` and ``device.step`` -> ``step``."""
+    if name == STEP_PER_REF:
+        return STEP
+    return name.removeprefix(_DEVICE_PREFIX).removesuffix(_REST_SUFFIX)
+
+
+def center_of(name: str) -> Center:
+    """The center a metric or derived form is summarized and judged on."""
+    try:
+        return spec(name).center
+    except KeyError:
+        return "median"
+
+
+def rest_form(name: str) -> str:
+    """Name of ``name``'s time relative to the rest of its step: ``verify/rest``."""
+    return f"{name}{_REST_SUFFIX}"
+
+
+def is_rest_form(name: str) -> bool:
+    """Whether ``name`` is a phase's time relative to the rest of its step."""
+    return name.endswith(_REST_SUFFIX)
+
+
+def device_form(name: str) -> str:
+    """Name of ``name``'s device time: ``device.verify``."""
+    return f"{_DEVICE_PREFIX}{name}"
+
+
+def is_phase(name: str) -> bool:
+    return name in PHASES
+
+
+def unknown_gates(names: list[str] | tuple[str, ...]) -> list[str]:
+    """The names that are not gateable metrics."""
+    return [n for n in names if n not in REGISTRY]

@@ -1,0 +1,186 @@
+"""Judge the runs of a test when it ends, and tell pytest: a failure, a warning, a section.
+
+The verdict itself is ``judging.judge.judge_case``; this module gathers what it needs from
+the test item, the session and the server, and turns the outcome into pytest's terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+
+import pytest
+
+from pytest_specperf.judging.baselines import (
+    BaselineError,
+    CaseBaseline,
+    CaseProblem,
+    identity_of,
+)
+from pytest_specperf.judging.judge import (
+    Case,
+    CaseOutcome,
+    as_baseline,
+    judge_case,
+    noisy_baseline_note,
+    recording_refusal,
+)
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.verdict import Tolerances, Verdict
+from pytest_specperf.plugin.fixtures import SpecperfHandle
+from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
+from pytest_specperf.reporting.terminal import failure_message, phase_table
+
+#: Parameters that are already part of the case key (or are the layout fixture).
+_KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
+
+
+def test_id(item: pytest.Item) -> str:
+    """The node id without its parametrization: the baseline's test key."""
+    return re.sub(r"\[.*\]$", "", item.nodeid)
+
+
+def case_key(item: pytest.Item, run: DecodeRun) -> str:
+    """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
+    key = f"ctx={run.context_len} kv={run.kv_layout.label} bs={run.batch_size}"
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
+        key += "".join(f" {k}={v}" for k, v in extra)
+    return key
+
+
+def _peak_bandwidth(sess: SpecperfSession) -> float | None:
+    dev = sess.device()
+    if dev.kind != "cuda":
+        return None
+    from pytest_specperf.telemetry.bandwidth import peak_bandwidth
+
+    pb = peak_bandwidth(dev.name, dev.nvml_index)
+    return pb.bytes_per_s if pb is not None else None
+
+
+def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run: DecodeRun,
+          key: str) -> Case:  # fmt: skip
+    srv = handle.server
+    opts, s = handle.options, sess.settings
+    return Case(
+        nodeid=item.nodeid,
+        test=test_id(item),
+        key=key,
+        run=run,
+        fingerprint=srv.fingerprint,
+        tolerances=Tolerances(
+            phase=opts.tolerance or s.tolerance, step=opts.step_tolerance or s.step_tolerance
+        ),
+        gates=opts.gate,
+        speculative=srv.speculative,
+        kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
+        peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
+        server_pid=_pid(srv.server_info.get("pid")),
+    )
+
+
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _baseline(
+    sess: SpecperfSession, case: Case
+) -> tuple[CaseBaseline | CaseProblem | None, str]:
+    """The case's baseline (or the problem with it) and, when there is none, why."""
+    try:
+        bf = sess.baselines()
+    except BaselineError as e:
+        raise pytest.fail(str(e), pytrace=False) from None
+    where = sess.display_path(sess.baseline_path)
+    if bf is None:
+        return None, f"no baseline file {where}"
+    identity = identity_of(case.fingerprint)
+    found = bf.lookup(identity, case.test, case.key)
+    if found is not None:
+        return found, ""
+    return None, f"no baseline for {case.key} ({identity.key}) in {where}"
+
+
+def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
+    """Judge one case; with --specperf-update-baselines, queue it for recording."""
+    base, missing = _baseline(sess, case)
+    record = sess.settings.update_baselines
+    if record:
+        refusal = recording_refusal(case.run, case.key)
+        if refusal:
+            raise pytest.fail(refusal, pytrace=False)
+    outcome = judge_case(case, base, sess.baseline_path, missing=missing, record=record)
+    if record:
+        sess.to_record.append(as_baseline(case))
+        note = noisy_baseline_note(case)
+        if note:
+            sess.notes.append(note)
+    if outcome.run.telemetry is not None and not outcome.run.telemetry.available:
+        sess.telemetry_note = outcome.run.telemetry.reason
+    return outcome
+
+
+def _profile(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
+             outcome: CaseOutcome) -> str:  # fmt: skip
+    """Profile a re-run of a regressed case; the note names the trace."""
+    json_path = sess.settings.json_path
+    where = json_path.parent if json_path else sess.config.rootpath / "specperf-profiles"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{item.name}-{outcome.key}")[:150]
+    trace = where / f"{name}-{stamp}.json"
+    try:
+        files = handle.profile(outcome.run, trace)
+    except Exception as e:  # the regression is the news; a failed profile is a footnote
+        return f"profile of a re-run failed: {type(e).__name__}: {e}"
+    shown = ", ".join(sess.display_path(f) for f in files) or "(no trace written)"
+    return f"profile of a re-run of this case: {shown}"
+
+
+def _keys(item: pytest.Item, runs: list[DecodeRun]) -> list[str]:
+    """Case keys of a test's runs; a repeated case gets ``#2``, ``#3``."""
+    seen: dict[str, int] = {}
+    keys = []
+    for run in runs:
+        key = case_key(item, run)
+        seen[key] = seen.get(key, 0) + 1
+        keys.append(key if seen[key] == 1 else f"{key} #{seen[key]}")
+    return keys
+
+
+def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
+            outcome: CaseOutcome) -> tuple[CaseOutcome, list[str]]:  # fmt: skip
+    """The outcome (with a profile note when asked) and the failure lines it gives."""
+    failures = []
+    run, v = outcome.run, outcome.verdict.verdict
+    if handle.expect_graphs and run.eager_forwards:
+        failures.append(
+            f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
+            f"eagerly at {outcome.where}: {dict(run.graphs)}"
+        )
+    if v is Verdict.SLOWER and not sess.settings.update_baselines:
+        if sess.settings.profile_on_regression:
+            note = _profile(sess, item, handle, outcome)
+            outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
+        failures.append(failure_message(outcome, sess.display_path(outcome.baseline_path)))
+        return outcome, failures
+    if v is Verdict.INVALID:
+        reasons = "; ".join(outcome.verdict.reasons)
+        item.warn(SpecperfWarning(f"{outcome.key}: INVALID: {reasons}"))
+    section = "\n".join([f"{outcome.key}: {v.value}", *phase_table(outcome)])
+    item.add_report_section("call", "specperf", section)
+    return outcome, failures
+
+
+def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle) -> None:
+    """Judge every run of a test that completed; fail it on a regression."""
+    failures = []
+    for run, key in zip(handle.runs, _keys(item, handle.runs)):
+        outcome = judge(sess, _case(sess, item, handle, run, key))
+        outcome, lines = _report(sess, item, handle, outcome)
+        sess.outcomes.append(outcome)
+        failures += lines
+    if failures:
+        pytest.fail("\n\n".join(failures), pytrace=False)

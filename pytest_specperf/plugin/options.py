@@ -1,0 +1,425 @@
+"""Command-line options, their ini twins, and validation into one ``Settings`` object.
+
+Every option ``--specperf-X`` has an ini twin ``specperf_X``; the command line wins. Each
+option is parsed by its own small function, defined next to it, which raises
+``pytest.UsageError`` naming the flag (or ini name), the value and what is valid.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_specperf.engines.protocol import BackendSettings
+from pytest_specperf.judging.verdict import (
+    DEFAULT_STEP_TOLERANCE,
+    DEFAULT_TOLERANCE,
+    parse_fraction,
+)
+from pytest_specperf.probe.inject import InjectSpec, parse_inject
+
+DEFAULT_STEPS = 32
+DEFAULT_WARMUP_STEPS = 8
+DEFAULT_LONG_CONTEXT_MIN = 32768
+DEFAULT_READY_TIMEOUT_S = 600.0
+
+#: ``parse(raw, source, config)``: ``raw`` is None when neither flag nor ini gave a value.
+Parse = Callable[[Any, str, pytest.Config], Any]
+
+
+def _usage(source: str, value: Any, expected: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{source}: invalid value {value!r}; expected {expected}")
+
+
+def _int_in(lo: int, hi: int, default: int) -> Parse:
+    def parse(raw: Any, source: str, config: pytest.Config) -> int:
+        if raw is None:
+            return default
+        try:
+            v = int(str(raw).strip())
+        except ValueError:
+            raise _usage(source, raw, f"an integer in [{lo}, {hi}]") from None
+        if not lo <= v <= hi:
+            raise _usage(source, raw, f"an integer in [{lo}, {hi}]")
+        return v
+
+    return parse
+
+
+def _fraction(default: float) -> Parse:
+    def parse(raw: Any, source: str, config: pytest.Config) -> float:
+        if raw is None:
+            return default
+        try:
+            return parse_fraction(str(raw))
+        except ValueError:
+            raise _usage(
+                source, raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%"
+            ) from None
+
+    return parse
+
+
+def _flag(raw: Any, source: str, config: pytest.Config) -> bool:
+    return bool(raw)
+
+
+def _text(raw: Any, source: str, config: pytest.Config) -> str | None:
+    return str(raw) if raw else None
+
+
+def _backend(raw: Any, source: str, config: pytest.Config) -> str:
+    from pytest_specperf.engines import backend_names
+
+    name = raw or "reference"
+    if name not in backend_names():
+        raise _usage(source, name, f"one of: {', '.join(backend_names())}")
+    return str(name)
+
+
+def _baselines_dir(raw: Any, source: str, config: pytest.Config) -> Path:
+    path = Path(raw) if raw else Path("baselines")
+    if not path.is_absolute():
+        path = config.rootpath / path
+    if path.exists() and not path.is_dir():
+        raise _usage(source, str(raw), "a directory (this path is a file)")
+    return path
+
+
+def _update(raw: Any, source: str, config: pytest.Config) -> bool:
+    if raw and os.environ.get("PYTEST_XDIST_WORKER"):
+        raise pytest.UsageError(
+            f"{source} cannot run in pytest-xdist workers: parallel writers would lose "
+            "each other's cases, and parallel cases would slow each other down; run without -n"
+        )
+    return bool(raw)
+
+
+def _device_slug(raw: Any, source: str, config: pytest.Config) -> str | None:
+    from pytest_specperf.telemetry.device import validate_slug
+
+    if raw is None:
+        return None
+    try:
+        return validate_slug(str(raw))
+    except ValueError:
+        raise _usage(
+            source,
+            raw,
+            "a lowercase slug like nvidia-h200 or cpu-amd-epyc-7b13-2c "
+            "([a-z0-9][a-z0-9._-]*, at most 80 characters)",
+        ) from None
+
+
+def _json_path(raw: Any, source: str, config: pytest.Config) -> Path | None:
+    if not raw:
+        return None
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(config.invocation_params.dir) / path
+    if path.is_dir():
+        raise _usage(source, raw, "a file path (this path is a directory)")
+    return path
+
+
+def _server_url(raw: Any, source: str, config: pytest.Config) -> str | None:
+    if not raw:
+        return None
+    from pytest_specperf.server.client import check_url
+
+    try:
+        return check_url(str(raw))
+    except ValueError as e:
+        raise pytest.UsageError(f"{source}: {e}") from None
+
+
+def _path(raw: Any, source: str, config: pytest.Config) -> Path | None:
+    return Path(raw) if raw else None
+
+
+def _server_args(raw: Any, source: str, config: pytest.Config) -> tuple[str, ...]:
+    args = tuple(str(a) for a in (raw or ()))
+    for a in args:
+        if not a.strip():
+            raise _usage(source, a, "a server argument such as --page-size=16 (not empty)")
+    return args
+
+
+def _inject(raw: Any, source: str, config: pytest.Config) -> InjectSpec | None:
+    if not raw:
+        return None
+    try:
+        return parse_inject(str(raw))
+    except ValueError as e:
+        raise pytest.UsageError(f"{source}: invalid value {raw!r}: {e}") from None
+
+
+def _seconds(raw: Any, source: str, config: pytest.Config) -> float:
+    if raw is None:
+        return DEFAULT_READY_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 86400:
+        raise _usage(source, raw, "seconds in [1, 86400]")
+    return value
+
+
+@dataclass(frozen=True)
+class _Opt:
+    flag: str
+    help: str
+    parse: Parse
+    kind: str = "string"  # string | bool | args | ini (ini-only)
+    metavar: str | None = None
+    ini_default: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def ini(self) -> str:
+        return self.dest.removesuffix("_arg") + "_args" if self.kind == "args" else self.dest
+
+
+OPTIONS: tuple[_Opt, ...] = (
+    _Opt(
+        "--specperf-backend",
+        "server backend: reference (embedded engine, default) or sglang",
+        _backend,
+        metavar="NAME",
+    ),
+    _Opt(
+        "--specperf-baselines",
+        "baseline directory (default: baselines/ at the rootdir)",
+        _baselines_dir,
+        metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-update-baselines",
+        "record the cases measured in this run as the new baselines (other cases are kept)",
+        _update,
+        kind="bool",
+    ),
+    _Opt(
+        "--specperf-device",
+        "device slug naming the baseline file (default: detected, e.g. nvidia-h200)",
+        _device_slug,
+        metavar="SLUG",
+    ),
+    _Opt(
+        "--specperf-tolerance",
+        "relative change a phase (judged against the rest of its step), the accept length "
+        f"or the unaccounted share may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
+        "0.05 or 5%",
+        _fraction(DEFAULT_TOLERANCE),
+        metavar="FRACTION",
+    ),
+    _Opt(
+        "--specperf-step-tolerance",
+        "relative change the step time (judged against the request's KV read time) and "
+        f"tokens/s may show before they count (default {DEFAULT_STEP_TOLERANCE:.0%}; wider: "
+        "they carry the machine's drift)",
+        _fraction(DEFAULT_STEP_TOLERANCE),
+        metavar="FRACTION",
+    ),
+    _Opt(
+        "--specperf-steps",
+        f"measured decode steps per case (default {DEFAULT_STEPS})",
+        _int_in(4, 100000, DEFAULT_STEPS),
+        metavar="N",
+    ),
+    _Opt(
+        "--specperf-warmup-steps",
+        f"warm-up decode steps per case, not measured (default {DEFAULT_WARMUP_STEPS})",
+        _int_in(0, 100000, DEFAULT_WARMUP_STEPS),
+        metavar="N",
+    ),
+    _Opt(
+        "--specperf-json",
+        "write a JSON report of every measured case to PATH",
+        _json_path,
+        metavar="PATH",
+    ),
+    _Opt(
+        "--specperf-server-url",
+        "attach to a running server at URL instead of launching one",
+        _server_url,
+        metavar="URL",
+    ),
+    _Opt(
+        "--specperf-run-dir",
+        "step-record directory of an attached server (default: from its /server_info)",
+        _path,
+        metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-model",
+        "model: an SGLang model path or id, or a reference-engine config (tiny, medium)",
+        _text,
+        metavar="MODEL",
+    ),
+    _Opt("--specperf-draft-model", "SGLang draft model path or id", _text, metavar="MODEL"),
+    _Opt(
+        "--specperf-inject",
+        "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
+        "unaccounted); injected runs are labelled and never recorded as baselines",
+        _inject,
+        metavar="PHASE=FACTOR[,...]",
+    ),
+    _Opt(
+        "--specperf-nvtx",
+        "emit an NVTX range per phase and per step in the server (for Nsight Systems: "
+        "nsys profile ... pytest perf_tests --specperf-nvtx)",
+        _flag,
+        kind="bool",
+    ),
+    _Opt(
+        "--specperf-profile-on-regression",
+        "re-run a regressed case under the PyTorch profiler and save the trace beside the "
+        "reports (the failure message names the file)",
+        _flag,
+        kind="bool",
+    ),
+    _Opt(
+        "--specperf-server-arg",
+        "extra server argument, passed through as is (repeatable), e.g. "
+        "--specperf-server-arg=--speculative-num-draft-tokens=16",
+        _server_args,
+        kind="args",
+        metavar="ARG",
+    ),
+    _Opt(
+        "--specperf-long-context-min",
+        "cases with a context length at or above this get the long_context marker",
+        _int_in(1, 10**9, DEFAULT_LONG_CONTEXT_MIN),
+        kind="ini",
+        ini_default=str(DEFAULT_LONG_CONTEXT_MIN),
+    ),
+    _Opt(
+        "--specperf-ready-timeout",
+        "seconds a launched server may take to answer /health_generate (default "
+        f"{DEFAULT_READY_TIMEOUT_S:.0f})",
+        _seconds,
+        metavar="SECONDS",
+    ),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("specperf", "speculative-decoding performance (pytest-specperf)")
+    for o in OPTIONS:
+        cli_help = o.help.replace("%", "%%")  # argparse formats help with %
+        if o.kind == "ini":
+            parser.addini(o.ini, o.help, default=o.ini_default)
+        elif o.kind == "bool":
+            group.addoption(o.flag, action="store_true", default=None, dest=o.dest, help=cli_help)
+            parser.addini(o.ini, o.help, type="bool", default=False)
+        elif o.kind == "args":
+            group.addoption(
+                o.flag, action="append", default=None, dest=o.dest, metavar=o.metavar, help=cli_help
+            )
+            parser.addini(o.ini, o.help + " (ini: one per line)", type="linelist", default=[])
+        else:
+            group.addoption(
+                o.flag, action="store", default=None, dest=o.dest, metavar=o.metavar, help=cli_help
+            )
+            parser.addini(o.ini, o.help, default=None)
+
+
+def _raw(config: pytest.Config, o: _Opt) -> tuple[Any, str]:
+    """The option's value and where it came from (the flag or the ini name)."""
+    if o.kind != "ini":
+        cli = config.getoption(o.dest)
+        if cli is not None:
+            return cli, o.flag
+    return config.getini(o.ini), f"ini option {o.ini}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str
+    baselines_dir: Path
+    update_baselines: bool
+    device_slug: str | None
+    tolerance: float
+    step_tolerance: float
+    steps: int
+    warmup_steps: int
+    json_path: Path | None
+    server_url: str | None
+    run_dir: Path | None
+    model: str | None
+    draft_model: str | None
+    server_args: tuple[str, ...]
+    inject: InjectSpec | None
+    nvtx: bool
+    profile_on_regression: bool
+    long_context_min: int
+    ready_timeout_s: float
+
+    def backend_settings(self) -> BackendSettings:
+        return BackendSettings(
+            model=self.model,
+            draft_model=self.draft_model,
+            server_args=self.server_args,
+            inject=str(self.inject) if self.inject else None,
+            nvtx=self.nvtx,
+        )
+
+
+#: Option dest -> ``Settings`` field, where the two names differ.
+_FIELD = {
+    "specperf_baselines": "baselines_dir",
+    "specperf_device": "device_slug",
+    "specperf_json": "json_path",
+    "specperf_server_arg": "server_args",
+    "specperf_ready_timeout": "ready_timeout_s",
+}
+
+
+def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
+    """Options that are valid alone but not together."""
+    if s.run_dir is not None and not s.server_url:
+        raise pytest.UsageError(
+            f"{sources['run_dir']} applies only with --specperf-server-url (attach mode)"
+        )
+    if s.server_url and (s.server_args or s.model or s.draft_model or s.nvtx):
+        raise pytest.UsageError(
+            "--specperf-server-url attaches to a running server; --specperf-model, "
+            "--specperf-draft-model, --specperf-server-arg and --specperf-nvtx only apply "
+            "when the plugin launches the server: drop them or drop --specperf-server-url "
+            "(for NVTX ranges in your own server, set SPECPERF_NVTX=1 in its environment)"
+        )
+    if s.inject is not None and s.update_baselines:
+        raise pytest.UsageError(
+            f"{sources['inject']} cannot be combined with --specperf-update-baselines: an "
+            "injected slowdown must never become a baseline; drop one of the two"
+        )
+    if s.inject is not None and s.server_url:
+        raise pytest.UsageError(
+            f"{sources['inject']} needs a server launched by the plugin; with "
+            "--specperf-server-url, start the server with SPECPERF_INJECT set in its "
+            "environment instead"
+        )
+
+
+def load_settings(config: pytest.Config) -> Settings:
+    """Validate every option; raise ``pytest.UsageError`` on the first bad one."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for o in OPTIONS:
+        raw, source = _raw(config, o)
+        name = _FIELD.get(o.dest, o.dest.removeprefix("specperf_"))
+        values[name] = o.parse(raw, source, config)
+        sources[name] = source
+    settings = Settings(**values)
+    _check_combinations(settings, sources)
+    return settings

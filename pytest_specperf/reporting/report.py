@@ -1,0 +1,222 @@
+"""The JSON report: written once per run (``--specperf-json``), read back through one reader.
+
+``write_report`` writes strict JSON (non-finite numbers as ``null``) atomically;
+``read_report`` is the one reader every consumer uses (``specperf calibrate`` today):
+it checks ``schema_version`` before anything else and refuses an unknown one, naming the
+file and the version. Judged metrics are (de)serialized by ``MetricVerdict`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S, device_form
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict
+from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
+
+#: Version of the report's layout; bumped when a field changes meaning.
+JSON_SCHEMA_VERSION = 1
+#: Versions ``read_report`` understands.
+READABLE_VERSIONS = (1,)
+
+
+class ReportError(ValueError):
+    """A report file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON has no Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def _summary_json(s: Summary) -> dict[str, Any]:
+    d = s.to_dict()
+    d["median_ms"] = d["median"]
+    return d
+
+
+def _samples_json(run: DecodeRun) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "block": list(run.blocks),
+        "step_ms": list(run.samples[STEP]),
+        "unaccounted_ms": list(run.samples[UNACCOUNTED]),
+        ACCEPT_LEN: list(run.samples[ACCEPT_LEN]),
+        "phases_ms": {p: list(run.samples[p]) for p in PHASES},
+        "reference_ms": list(run.reference_ms),
+    }
+    if run.has_device_times:
+        out["device_phases_ms"] = {p: list(run.samples[device_form(p)]) for p in PHASES}
+    return out
+
+
+def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
+    if o.baseline is None:
+        return None
+    step = o.baseline.metrics.get(STEP)
+    return {
+        "file": str(o.baseline_path),
+        "recorded_at": o.baseline.recorded_at,
+        "step_ms": step.to_dict() if step is not None else None,
+    }
+
+
+def _bottleneck_json(o: CaseOutcome) -> dict[str, Any] | None:
+    b = o.bottleneck
+    if b is None:
+        return None
+    return {"kind": b.kind, "describe": b.describe(), "reasons": b.reasons, "figures": b.figures}
+
+
+def case_json(o: CaseOutcome) -> dict[str, Any]:
+    """One case of the report."""
+    run = o.run
+    out: dict[str, Any] = {
+        "test": o.test,
+        "nodeid": o.nodeid,
+        "key": o.key,
+        "context_len": run.context_len,
+        "kv_layout": run.kv_layout.name,
+        "kv_level": run.kv_layout.level,
+        "kv_fragmentation": run.fragmentation,
+        "batch_size": run.batch_size,
+        "verdict": o.verdict.verdict.value,
+        "culprit": o.verdict.culprit,
+        "reasons": [*o.verdict.reasons, *o.notes],
+        "recorded": o.recorded,
+        "labels": dict(run.labels),
+        "steps": run.steps,
+        "warmup_steps": run.warmup_steps,
+        "wall_s": round(run.wall_s, 3),
+        "step_ms": run.summaries[STEP].to_dict(),
+        "phases": {p: _summary_json(run.summaries[p]) for p in ALL_PHASES},
+        ACCEPT_LEN: run.summaries[ACCEPT_LEN].to_dict(),
+        TOKENS_PER_S: run.summaries[TOKENS_PER_S].to_dict(),
+        "graphs": {k: dict(v) for k, v in run.graphs.items()},
+        "fingerprint": dict(o.fingerprint),
+        "bottleneck": _bottleneck_json(o),
+        "time_went": o.time_went,
+        "cross_check": list(run.cross_check),
+        "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,
+        "baseline": _baseline_json(o),
+        "metrics": [m.to_json() for m in o.verdict.metrics],
+        "samples": _samples_json(run),
+    }
+    if run.has_device_times:
+        out["device_phases"] = {p: _summary_json(run.summaries[device_form(p)]) for p in PHASES}
+        out["device_step_ms"] = run.summaries[device_form(STEP)].to_dict()
+    return out
+
+
+def write_report(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write ``payload`` as strict JSON, atomically (temp file in the same directory)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(strict(payload), fh, indent=1, sort_keys=True, allow_nan=False, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class CaseReport:
+    """One case as read back from a report."""
+
+    test: str
+    key: str
+    verdict: Verdict
+    metrics: tuple[MetricVerdict, ...]
+    step_median_ms: float
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Report:
+    """A report file as read back: its settings and cases (``data`` holds the rest)."""
+
+    path: Path
+    schema_version: int
+    tolerance: float | None
+    step_tolerance: float | None
+    cases: tuple[CaseReport, ...]
+    data: Mapping[str, Any]
+
+
+def _case(path: Path, i: int, c: Any) -> CaseReport:
+    where = f"cases[{i}]"
+    if not isinstance(c, Mapping):
+        raise ReportError(path, f"{where}: expected an object")
+    try:
+        verdict = Verdict(c.get("verdict"))
+        metrics = tuple(MetricVerdict.from_json(m) for m in c.get("metrics") or ())
+        step = float((c.get("step_ms") or {})["median"])
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise ReportError(path, f"{where}: {e}") from None
+    return CaseReport(str(c.get("test")), str(c.get("key")), verdict, metrics, step, c)
+
+
+def _number_or_none(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def read_report(path: Path) -> Report:
+    """Read a report; ``ReportError`` naming the file for anything unusable."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportError(path, f"cannot read: {e}") from None
+    except ValueError as e:
+        raise ReportError(path, f"not JSON (truncated or corrupt?): {e}") from None
+    if not isinstance(data, dict):
+        raise ReportError(path, "not a pytest-specperf report (top level is not an object)")
+    version = data.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise ReportError(
+            path,
+            f"schema_version {version!r} is not one this pytest-specperf reads "
+            f"({', '.join(map(str, READABLE_VERSIONS))}); upgrade pytest-specperf if the "
+            "report is newer",
+        )
+    cases = data.get("cases")
+    if not isinstance(cases, list):
+        raise ReportError(path, "cases: expected a list")
+    return Report(
+        path=Path(path),
+        schema_version=int(version),
+        tolerance=_number_or_none(data.get("tolerance")),
+        step_tolerance=_number_or_none(data.get("step_tolerance")),
+        cases=tuple(_case(path, i, c) for i, c in enumerate(cases)),
+        data=data,
+    )
+
+
+def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, server) and the cases."""
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        **header,
+        "cases": [case_json(o) for o in outcomes],
+    }

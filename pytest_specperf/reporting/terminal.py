@@ -1,0 +1,221 @@
+"""Reports for people: the phase table of a case, its failure message, the run's summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TABLE_ROWS, TOKENS_PER_S, device_form
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
+from pytest_specperf.probe.phases import ALL_PHASES
+from pytest_specperf.reporting.table import render_table
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _change_cell(base: float, now: float, step: float) -> str:
+    """Relative change, or the difference in ms where the base is under 1% of the step
+    (``unaccounted`` growing from 0.03 ms to 9.2 ms is "+9.20 ms", not "+35241%")."""
+    if base <= 0 or (step and base < 0.01 * step and abs(now - base) > base):
+        return f"{now - base:+.2f} ms"
+    return _pct(now / base - 1)
+
+
+def _phase_row(run: DecodeRun, name: str, b: Summary | None, step: float) -> list[str]:
+    now = run.summaries[name].median
+    row = [
+        name,
+        f"{b.median:.3f}" if b else "-",
+        f"{now:.3f}",
+        _change_cell(b.median, now, step) if b else "-",
+        f"{now / step * 100:.1f}%" if step else "-",
+    ]
+    if run.has_device_times:
+        dev = run.summaries.get(device_form(name))
+        row.append(f"{dev.median:.3f}" if dev else "-")
+    return row
+
+
+def _run_line(run: DecodeRun) -> str:
+    acc = run.summaries.get(ACCEPT_LEN)
+    extra = [
+        f"accept_len {acc.value:.2f} tok/step" if acc else "",
+        f"tokens/s {run.summaries[TOKENS_PER_S].value:.1f}",
+        f"steps {run.steps}",
+        f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else "",
+    ]
+    if run.graphs:
+        extra.append(
+            "graphs "
+            + ", ".join(
+                f"{k} {v['replay']} replay/{v['eager']} eager"
+                for k, v in sorted(run.graphs.items())
+            )
+        )
+    return "  ".join(e for e in extra if e)
+
+
+def phase_table(outcome: CaseOutcome) -> list[str]:
+    """Per-phase medians now (and at baseline), with change and share of the step."""
+    run, base = outcome.run, outcome.base_metrics
+    step = run.summaries[STEP].median
+    headers = ["phase", "base ms", "now ms", "change", "share"]
+    if run.has_device_times:
+        headers.append("device ms")
+    rows = [_phase_row(run, n, base.get(n) if base else None, step) for n in TABLE_ROWS]
+    return [*render_table(headers, rows, right={1, 2, 3, 4, 5}), _run_line(run)]
+
+
+def most_changed(outcome: CaseOutcome) -> MetricVerdict | None:
+    """The phase to show in the summary: the most grown SLOWER phase if any (phases are
+    judged against the rest of their step, so when verify grows, draft's share shrinks and
+    can show a larger absolute change), else the phase with the largest change."""
+    phases = [m for m in outcome.verdict.metrics if m.metric in ALL_PHASES]
+    slower = [m for m in phases if m.verdict is Verdict.SLOWER]
+    return max(slower or phases, key=lambda m: abs(m.change), default=None)
+
+
+def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
+    """The failed test's message: the regression, where the time went, the phase table."""
+    slower = outcome.verdict.worst(Verdict.SLOWER)
+    lines = [f"{slower[0].describe()} at {outcome.where} [{baseline_display}]"]
+    if outcome.run.injected:
+        lines[0] += f" [injected: {outcome.run.injected}]"
+    lines += [f"  also {m.describe()}" for m in slower[1:]]
+    if outcome.time_went:
+        lines.append(outcome.time_went)
+    if outcome.bottleneck is not None:
+        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
+    lines += outcome.notes
+    return "\n".join([*lines, "", *phase_table(outcome)])
+
+
+def _change_text(m: MetricVerdict) -> str:
+    change = f"{m.change * 100:+.1f}pp" if m.share_based else _pct(m.change)
+    return f"{m.metric} {change}"
+
+
+def _summary_row(o: CaseOutcome) -> list[str]:
+    step = o.run.summaries[STEP].median
+    b = o.base_metrics.get(STEP) if o.base_metrics else None
+    mc = most_changed(o)
+    verdict = o.verdict.verdict.value + (" (recorded)" if o.recorded else "")
+    if o.run.injected:
+        verdict += " [injected]"
+    return [
+        f"{o.test.rsplit('::', 1)[-1]} {o.key}",
+        f"{b.median:.2f} -> {step:.2f}" if b else f"- -> {step:.2f}",
+        _pct(step / b.median - 1) if b and b.median else "-",
+        _change_text(mc) if mc else "-",
+        f"{o.run.accept_len:.2f}",
+        verdict,
+    ]
+
+
+def summary_table(outcomes: Sequence[CaseOutcome]) -> list[str]:
+    headers = ["case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict"]
+    return render_table(headers, [_summary_row(o) for o in outcomes], right={1, 2, 4})
+
+
+def unstable_advice(m: MetricVerdict) -> str:
+    """Why a metric could not be decided, and what would decide it."""
+    unit = "pp" if m.in_points else "%"
+    text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
+    if m.disturbed and m.scatter_ratio is not None:
+        if m.scatter_ratio < 1:
+            return text + (
+                f", but the baseline's blocks scatter {1 / m.scatter_ratio:.1f}x more than "
+                "this run's: the baseline was recorded on a busy machine; re-record it on a "
+                "quiet one"
+            )
+        return text + (
+            f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
+            "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
+        )
+    text += (
+        f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
+        f"tol {m.tolerance * 100:.0f}{unit})"
+    )
+    if m.steps_to_decide:
+        text += (
+            f"; about {m.steps_to_decide} steps would decide: record the baseline and run "
+            f"with --specperf-steps {m.steps_to_decide} (or the marker's steps=)"
+        )
+    return text
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the end-of-run summary says, besides the cases."""
+
+    backend: str
+    device_slug: str
+    baselines: str
+    tolerance: float
+    step_tolerance: float
+    update: bool
+    inject: str | None = None
+    telemetry_note: str | None = None
+    backend_notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    #: "baselines written: ..." and what moved, after an update
+    written: tuple[str, ...] = ()
+    json_path: str | None = None
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _case_notes(outcomes: Sequence[CaseOutcome]) -> list[str]:
+    lines = []
+    for o in outcomes:
+        if o.verdict.verdict is Verdict.INVALID:
+            lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
+        for m in o.verdict.metrics:
+            if m.verdict is Verdict.UNSTABLE:
+                lines.append(f"UNSTABLE {o.test} {o.key}: {unstable_advice(m)}")
+    return lines
+
+
+def _head(s: RunSummary) -> list[str]:
+    lines = [
+        f"specperf: {s.backend} backend, device {s.device_slug}, baselines {s.baselines}, "
+        f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time)"
+    ]
+    if s.inject:
+        lines.append(
+            f"canary injection active: {s.inject} (runs are labelled [injected] and never "
+            "recorded as baselines)"
+        )
+    return lines
+
+
+def run_summary(s: RunSummary, outcomes: Sequence[CaseOutcome]) -> list[str]:
+    """The lines printed after pytest's own: the table, hints, notes, files, errors."""
+    if not outcomes and not s.errors:
+        return []
+    lines = [*_head(s), *summary_table(outcomes)] if outcomes else []
+    missing = [o for o in outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
+    if missing and not s.update:
+        lines.append(
+            f"hint: {len(missing)} case(s) have no baseline in {s.baselines}; record them "
+            "with: pytest perf_tests --specperf-update-baselines"
+        )
+    lines += _case_notes(outcomes)
+    if outcomes:
+        lines += [s.telemetry_note] if s.telemetry_note else []
+        lines += s.backend_notes
+    lines += s.notes
+    lines += s.written
+    if s.json_path and outcomes:
+        lines.append(f"JSON report: {s.json_path} (picture: {_svg_name(s.json_path)})")
+    return lines + [f"ERROR: {e}" for e in s.errors]
+
+
+def _svg_name(json_path: str) -> str:
+    from pathlib import Path
+
+    return Path(json_path).with_suffix(".svg").name

@@ -1,0 +1,249 @@
+"""Drive the decode steps of one case on the session's server and collect its records.
+
+A case is measured as blocks: one warm-up request (graphs captured, caches warm; not
+measured), then requests of about ``block_steps`` decode steps each, every one starting
+from a fresh prefill of ``context_len`` tokens in the requested KV layout, until
+``steps`` measured steps are collected. The first step after each prefill is dropped
+(transient). Blocks are the unit of evidence for the noise estimate
+(``judging.stats``); ``judging.samples`` turns the records into a frozen ``DecodeRun``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
+from pytest_specperf.probe.record import StepRecord
+from pytest_specperf.probe.sink import RecordTail
+from pytest_specperf.server.model_server import ModelServer
+
+if TYPE_CHECKING:
+    from pytest_specperf.telemetry.device import DeviceInfo
+    from pytest_specperf.telemetry.nvml import TelemetrySampler
+
+#: Measured steps per block (request): 4, fewer for short runs so that there are always at
+#: least 3 blocks to estimate the noise from. More steps mean more blocks, so the noise of
+#: the median shrinks as 1/sqrt(steps), which the UNSTABLE advice relies on.
+BLOCK_STEPS = 4
+#: Steps dropped at the start of every measured request (post-prefill transient).
+DISCARD_PER_BLOCK = 1
+#: Seconds to wait for the records of a finished request to reach the sink.
+RECORD_WAIT_S = 15.0
+#: Seed of the warm-up request (measured blocks use seeds 0, 1, 2, ...).
+WARMUP_SEED = 10_000
+
+Progress = Callable[[int, int, str], None]
+
+
+class MeasurementError(RuntimeError):
+    """The server or its probe did not deliver what the measurement needs."""
+
+
+def block_steps(steps: int) -> int:
+    return max(1, min(BLOCK_STEPS, steps // 3))
+
+
+def sampler_for(device: DeviceInfo, server: ModelServer) -> tuple[TelemetrySampler | None, str]:
+    """An NVML sampler for the server's GPU, or None and the line saying why not."""
+    if device.kind != "cuda":
+        return None, "telemetry unavailable: no CUDA device (CPU run); host-side view"
+    if device.nvml_index is None:
+        why = "; ".join(device.notes) or "NVML did not match the CUDA device"
+        return None, f"telemetry unavailable: {why}"
+    from pytest_specperf.telemetry.nvml import TelemetrySampler
+
+    pids = set()
+    if server.process is not None and server.process.pid:
+        pids.add(server.process.pid)
+    if isinstance(server.server_info.get("pid"), int):
+        pids.add(server.server_info["pid"])
+    return TelemetrySampler(device.nvml_index, uuid=device.uuid, own_pids=tuple(pids)), ""
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """What one case decodes."""
+
+    context_len: int
+    batch_size: int
+    steps: int
+    warmup_steps: int
+    layout: KVLayout
+    tag: str
+
+
+@dataclass
+class _Blocks:
+    """Records and per-block figures collected so far (internal, mutable while measuring)."""
+
+    records: list[StepRecord] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    frags: list[float] = field(default_factory=list)
+    reference: dict[int, float] = field(default_factory=dict)
+
+
+def _accept_estimate(records: list[StepRecord], fallback: float) -> float:
+    toks = sum(r.accepted_tokens / max(r.batch_size, 1) for r in records)
+    return max(1.0, toks / len(records)) if records else fallback
+
+
+class Decoder:
+    """Runs the requests of one case against the session's server."""
+
+    def __init__(
+        self, server: ModelServer, progress: Progress, sampler: TelemetrySampler | None = None
+    ) -> None:
+        self.server = server
+        self.progress = progress
+        self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
+        self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def _poll(self, rids: set[str]) -> list[StepRecord]:
+        try:
+            records = self.tail.poll()
+        except ValueError as e:
+            raise MeasurementError(str(e)) from None
+        return [r for r in records if r.mode == "decode" and rids & set(r.rids)]
+
+    def _body(self, case: CaseSpec, max_new_tokens: int, seed: int, rids: list[str]) -> Any:
+        srv = self.server
+        body: dict[str, Any] = dict(srv.backend.prompt_fields(case.context_len, len(rids), seed))
+        body["sampling_params"] = {
+            "max_new_tokens": max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        body["rid"] = rids[0] if len(rids) == 1 else rids
+        return body
+
+    def _expected_steps(self, metas: list[dict[str, Any]]) -> int:
+        if self.server.speculative:
+            return max(int(m.get("spec_verify_ct") or 0) for m in metas)
+        return max(int(m.get("completion_tokens", 1)) - 1 for m in metas)
+
+    def _request(
+        self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int
+    ) -> tuple[list[StepRecord], list[dict[str, Any]]]:
+        """One request; its decode records (rank 0) and the responses' ``meta_info``."""
+        srv = self.server
+        srv.backend.set_kv_layout(srv.client, case.layout.name, case.layout.level, seed)
+        rids = [f"specperf-{tag}-{uuid.uuid4().hex[:10]}" for _ in range(case.batch_size)]
+        fut = self._pool.submit(srv.client.generate, self._body(case, max_new_tokens, seed, rids))
+        mine: list[StepRecord] = []
+        while True:
+            done = fut.done()
+            mine += self._poll(set(rids))
+            self.progress(counted + len(mine), case.steps, "")
+            if done:
+                break
+            time.sleep(0.2)
+        resp = fut.result()
+        metas = resp if isinstance(resp, list) else [resp]
+        if not all(isinstance(m, dict) and isinstance(m.get("meta_info"), dict) for m in metas):
+            raise MeasurementError(f"unexpected /generate response: {str(resp)[:200]}")
+        infos = [m["meta_info"] for m in metas]
+        mine += self._wait_records(set(rids), len(mine), self._expected_steps(infos))
+        mine.sort(key=lambda r: (r.rank, r.step))
+        rank0 = min(r.rank for r in mine) if mine else 0
+        return [r for r in mine if r.rank == rank0], infos
+
+    def _wait_records(self, rids: set[str], have: int, expected: int) -> list[StepRecord]:
+        """Records of a finished request still on their way to the sink."""
+        more: list[StepRecord] = []
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while have + len(more) < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+            more += self._poll(rids)
+        if have + len(more) < expected:
+            raise MeasurementError(
+                f"the server ran {expected} decode steps for request {sorted(rids)[0]} but the "
+                f"probe recorded {have + len(more)} in {self.server.run_dir}: is the specperf "
+                "probe active in the server? (SGLang: SPECPERF_SGLANG_PLUGIN=1 and "
+                "SPECPERF_RUN_DIR in its environment; reference: its --run-dir)"
+            )
+        return more
+
+    def _warm_up(self, case: CaseSpec, block: int) -> float:
+        """The unmeasured warm-up request; returns the accept length it showed."""
+        if case.warmup_steps <= 0:
+            return 1.0
+        self.progress(0, case.steps, "warm-up")
+        recs, _ = self._request(
+            case,
+            max_new_tokens=1 + case.warmup_steps * block,
+            seed=WARMUP_SEED,
+            tag=f"{case.tag}-warmup",
+            counted=0,
+        )
+        return _accept_estimate(recs, 1.0)
+
+    def _measure_blocks(self, case: CaseSpec, accept: float) -> _Blocks:
+        per_block = block_steps(case.steps)
+        got = _Blocks()
+        b = 0
+        while len(got.records) < case.steps:
+            want = min(per_block, case.steps - len(got.records))
+            max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
+            recs, metas = self._request(
+                case, max_new_tokens=max_new, seed=b, tag=f"{case.tag}-b{b}",
+                counted=len(got.records),
+            )  # fmt: skip
+            accept = _accept_estimate(recs, accept)
+            backend = self.server.backend
+            got.frags += [f for f in map(backend.kv_fragmentation, metas) if f is not None]
+            refs = [x for x in map(backend.reference_ms, metas) if x]
+            if refs:
+                got.reference[b] = statistics.median(refs)
+            kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
+            got.records += kept
+            got.blocks += [b] * len(kept)
+            b += 1
+            if b > 4 * case.steps:
+                raise MeasurementError(f"collected only {len(got.records)} of {case.steps} steps")
+        return got
+
+    def decode(self, case: CaseSpec) -> DecodeRun:
+        """Warm up, measure the blocks of ``case`` and build its frozen run."""
+        t0 = time.monotonic()
+        srv = self.server
+        info = srv.server_info
+        block = int(info.get("speculative_num_draft_tokens") or 8) if srv.speculative else 1
+        accept = self._warm_up(case, block)
+        metrics_before = srv.backend.metrics_before(srv.client)
+        window_t0 = time.monotonic()
+        if self.sampler is not None:
+            self.sampler.start()
+        try:
+            got = self._measure_blocks(case, accept)
+        finally:
+            telemetry = self.sampler.stop() if self.sampler is not None else None
+        cross = srv.backend.metrics_check(
+            srv.client, metrics_before, got.records, time.monotonic() - window_t0
+        )
+        window = Window(
+            fragmentation=sum(got.frags) / len(got.frags) if got.frags else None,
+            wall_s=time.monotonic() - t0,
+            warmup_steps=case.warmup_steps,
+            reference=got.reference,
+            telemetry=telemetry,
+            cross_check=tuple(cross),
+        )
+        return build_run(
+            got.records,
+            got.blocks,
+            context_len=case.context_len,
+            batch_size=case.batch_size,
+            layout=case.layout,
+            window=window,
+        )

@@ -1,0 +1,139 @@
+"""The wings hold: what each part of the package may import, read from the source by ``ast``.
+
+- Only ``plugin/`` imports pytest (the pytest11 entry point is ``pytest_specperf.plugin``).
+- ``judging/`` is pure: no pytest, no HTTP or socket library, no torch, no server code.
+- ``engines/protocol.py`` imports no backend implementation (the registry picks them).
+- No function is longer than 60 lines, except the ones the README's architecture note
+  names with their reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pytest_specperf"
+MAX_FUNCTION_LINES = 60
+#: Functions allowed over the limit, with the reason (the README repeats them).
+LONG_FUNCTION_EXCEPTIONS: dict[str, str] = {}
+
+
+def _modules(sub: str = "") -> list[Path]:
+    return sorted((PACKAGE / sub).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module name imported anywhere in ``path`` (top level or inside functions)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _offenders(paths: list[Path], banned: tuple[str, ...]) -> list[str]:
+    bad = []
+    for path in paths:
+        for name in _imports(path):
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    return bad
+
+
+def test_only_the_plugin_wing_imports_pytest() -> None:
+    outside = [p for p in _modules() if "plugin" not in p.relative_to(PACKAGE).parts]
+    assert _offenders(outside, ("pytest", "_pytest")) == []
+
+
+def test_the_plugin_wing_is_the_entry_point() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["pytest11"] == {
+        "specperf": "pytest_specperf.plugin"
+    }
+
+
+@pytest.mark.parametrize(
+    "banned",
+    [
+        ("pytest", "_pytest"),
+        ("torch", "pynvml", "sglang"),
+        ("http", "urllib", "socket", "requests", "httpx"),
+        ("pytest_specperf.server", "pytest_specperf.plugin", "pytest_specperf.engines"),
+    ],
+)
+def test_judging_is_pure(banned: tuple[str, ...]) -> None:
+    assert _offenders(_modules("judging"), banned) == []
+
+
+def test_reporting_does_not_talk_to_servers_or_pytest() -> None:
+    banned = ("pytest", "_pytest", "torch", "pytest_specperf.server", "pytest_specperf.plugin")
+    assert _offenders(_modules("reporting"), banned) == []
+
+
+def test_the_backend_protocol_imports_no_implementation() -> None:
+    protocol = PACKAGE / "engines" / "protocol.py"
+    assert _offenders([protocol], ("pytest_specperf.engines.reference",
+                                   "pytest_specperf.engines.sglang")) == []  # fmt: skip
+
+
+def test_no_function_over_the_limit() -> None:
+    long = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                where = f"{path.relative_to(PACKAGE.parent)}:{node.name}"
+                if lines > MAX_FUNCTION_LINES and where not in LONG_FUNCTION_EXCEPTIONS:
+                    long.append(f"{where} ({lines} lines)")
+    assert long == []
+
+
+def _metric_literals(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` spells a metric name: a literal of an unambiguous name (outside list
+    literals such as table headers), and ``"step"`` where it is used as a key
+    (``x["step"]``, ``x.get("step")``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    in_lists = {
+        id(e) for n in ast.walk(tree) if isinstance(n, (ast.List, ast.Tuple)) for e in n.elts
+    }
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in in_lists:
+            key = node
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice if node.slice.value == "step" else None
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "step"
+        ):
+            key = node.args[0]
+        if key is not None:
+            found.append(f"{path.relative_to(PACKAGE.parent)}:{key.lineno} {key.value!r}")
+    return found
+
+
+def test_metric_names_come_from_the_registry() -> None:
+    """No module but the registry (and the phase vocabulary) spells a metric name."""
+    from pytest_specperf.judging.metrics import REGISTRY, STEP, STEP_PER_REF
+
+    names = (set(REGISTRY) - {STEP}) | {STEP_PER_REF}
+    found = []
+    for path in _modules():
+        parts = path.relative_to(PACKAGE).parts
+        if path == PACKAGE / "judging" / "metrics.py" or parts[0] in ("engines", "probe"):
+            continue  # the probe defines the phase vocabulary and the record format; the
+            # engines speak their servers' vocabularies
+
+        found += _metric_literals(path, names)
+    assert found == []

@@ -1,0 +1,556 @@
+"""Fault suite of the baseline store: every corruption of issue 12, hostile YAML, links
+and FIFOs, concurrent updates from separate processes, kill -9 inside an update.
+
+Run alone with ``pytest tests -m faults``. The counts measured are printed at the end as
+rows of the README table "test | tries | outcome | nothing lost".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import select
+import signal
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_specperf.judging import baseline_io, baselines
+from pytest_specperf.judging.baselines import (
+    BaselineError,
+    CaseBaseline,
+    CaseProblem,
+    Identity,
+    load_baselines,
+    write_baselines,
+)
+from pytest_specperf.judging.verdict import Tolerances, judge_gate
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+FORK = multiprocessing.get_context("fork")
+REF = Identity("reference", "tiny", None, "DFLASH")
+TEST = "perf_tests/t.py::test_d"
+KEY = "ctx=8192 kv=contiguous bs=1"
+ENGINE = "reference tiny DFLASH"
+#: A refusal of a hostile file must take well under a second and little memory.
+FAST_S = 0.5
+SMALL_BYTES = 32 * 1024 * 1024
+GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *PHASES)
+ROWS: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_table(request):
+    yield
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if ROWS and tr is not None:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            tr.write_line("")
+            tr.write_line("fault suite (baselines): test | tries | outcome | nothing lost")
+            for row in ROWS:
+                tr.write_line(row)
+
+
+def _row(test: str, tries: int, outcome: str, nothing_lost: bool) -> None:
+    ROWS.append(f"{test} | {tries} | {outcome} | {'yes' if nothing_lost else 'NO'}")
+
+
+def _refused(path: Path, action=None) -> tuple[str, float, int]:
+    """Run ``action`` (default: load ``path``), which must raise BaselineError naming
+    the file; its message, seconds and peak traced memory."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(BaselineError) as e:
+            (action or (lambda: load_baselines(path)))()
+    finally:
+        dt = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert str(path) in str(e.value)
+    return str(e.value), dt, peak
+
+
+# -- corrupt and hostile files ---------------------------------------------------------
+
+
+def _alias_bomb(levels: int = 8, width: int = 9) -> str:
+    lines = ["schema_version: 2", "lol:", "  a0: &a0 [" + ", ".join(["lol"] * width) + "]"]
+    for i in range(1, levels + 1):
+        lines.append(f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]")
+    return "\n".join(lines) + "\n"
+
+
+HOSTILE = {
+    "5000-deep nesting": (
+        "schema_version: 2\nengines: " + "[" * 5000 + "]" * 5000 + "\n",
+        "nesting deeper than 32 levels",
+    ),
+    "5001-digit integer": (
+        "schema_version: 2\nengines: {e: " + "9" * 5001 + "}\n",
+        "an integer of 5001 characters",
+    ),
+    "alias bomb, 8 levels": (_alias_bomb(), "YAML aliases that expand to more than 10000 nodes"),
+    "150 aliases": (
+        "schema_version: 2\nx: &x 1\nl: [" + ", ".join(["*x"] * 150) + "]\n",
+        "more than 100 YAML aliases",
+    ),
+    "python tag": (
+        "schema_version: 2\nengines: !!python/object/apply:os.system ['true']\n",
+        "YAML tag",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_yaml_is_refused_fast_in_little_memory(tmp_path, name):
+    text, fragment = HOSTILE[name]
+    path = tmp_path / "cpu.yaml"
+    path.write_text(text)
+    msg, dt, peak = _refused(path)
+    assert fragment in msg and "re-record" in msg
+    assert dt < FAST_S and peak < SMALL_BYTES, (dt, peak)
+    _row(
+        f"hostile YAML: {name} ({len(text.encode()) / 1024:.1f} KB)",
+        1,
+        f"refused in {dt * 1000:.0f} ms, peak {peak / 2**20:.1f} MiB",
+        True,
+    )
+
+
+def test_an_update_never_expands_an_alias_bomb(tmp_path, make_case):
+    path = tmp_path / "cpu.yaml"
+    write_baselines(path, {}, [make_case(), make_case(key="k2")])
+    bomb = _alias_bomb().split("\n", 2)[2].replace("  a", "    a")  # the anchors, indented
+    path.write_text(path.read_text().replace("device: {}\n", "device:\n  lol:\n" + bomb))
+    before = path.read_bytes()
+    msg, dt, peak = _refused(path, lambda: write_baselines(path, {}, [make_case(pid=2)]))
+    assert "expand to more than" in msg and path.read_bytes() == before
+    assert dt < FAST_S and peak < SMALL_BYTES
+    _row(
+        f"update of a {len(before) / 1024:.1f} KB file holding an 8-level alias bomb",
+        1,
+        f"refused in {dt * 1000:.0f} ms, file unchanged",
+        True,
+    )
+
+
+def test_aliases_within_limits_stay_small_on_update(tmp_path, make_case):
+    path = tmp_path / "cpu.yaml"
+    write_baselines(path, {}, [make_case()])
+    data = path.read_text()
+    anchored = data.replace("  reference tiny DFLASH:\n", "  reference tiny DFLASH: &entry\n", 1)
+    path.write_text(anchored + "".join(f"x{i}: *entry\n" for i in range(3)))
+    with pytest.raises(BaselineError, match="top level: unknown field"):
+        load_baselines(path)  # extra top-level keys are refused, aliases or not
+    path.write_text(anchored.replace("device: {}", "device: {a: &d [1, 2, 3], b: *d, c: *d}"))
+    write_baselines(path, {"a": [1, 2, 3]}, [make_case(pid=2)])
+    assert path.stat().st_size < 3 * len(data)
+
+
+def test_huge_file_is_refused_by_size_before_reading(tmp_path, monkeypatch):
+    path = tmp_path / "cpu.yaml"
+    with open(path, "wb") as fh:
+        fh.truncate(int(47.6 * 2**20))
+    msg, dt, peak = _refused(path)
+    assert "is 47.6 MiB, over the 8 MiB limit" in msg and "SPECPERF_BASELINE_MAX_MB" in msg
+    assert dt < FAST_S and peak < SMALL_BYTES
+    _row("47.6 MiB baseline file", 1, f"refused by size in {dt * 1000:.1f} ms", True)
+    small = tmp_path / "small.yaml"
+    small.write_text("schema_version: 2\ndevice: {name: " + "x" * 2000 + "}\n")
+    monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "0.001")
+    assert "over the 0.000999451 MiB limit" in _refused(small)[0]
+    monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "1")
+    assert load_baselines(small) is not None
+    monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "lots")
+    assert "SPECPERF_BASELINE_MAX_MB='lots' is not a positive number" in _refused(small)[0]
+
+
+def _v1_case_edit(case: dict, what: str) -> None:
+    m = case["metrics"]
+    if what == "metrics {}":
+        case["metrics"] = {}
+    elif what == "step.median -1":
+        m["step"]["median"] = -1
+    elif what == "zero verify/rest median":
+        m["verify/rest"]["median"] = 0
+    elif what == "NaN in blocks":
+        m["verify/rest"]["blocks"][2] = float("nan")
+    elif what == "case without step":
+        del m["step"]
+
+
+V1_CORRUPTIONS = {
+    "metrics {}": "metrics: missing required metric(s) step",
+    "step.median -1": "metrics.step.median: must be > 0, got -1",
+    "zero verify/rest median": "metrics.verify/rest.median: is 0 while verify takes",
+    "NaN in blocks": "metrics.verify/rest.blocks: expected a finite number, got nan",
+    "case without step": "metrics: missing required metric(s) step",
+}
+
+
+@pytest.mark.parametrize("what", list(V1_CORRUPTIONS))
+def test_each_corrupt_case_of_issue_12_is_a_case_problem(tmp_path, what):
+    v1 = Path(__file__).resolve().parent.parent / "baselines" / "cpu-amd-epyc-2c.yaml"
+    data = yaml.safe_load(v1.read_text())
+    per = data["cases"]["perf_tests/test_decode.py::test_decode"]
+    _v1_case_edit(per["ctx=32768 kv=contiguous bs=1"], what)
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(data))
+    bf = load_baselines(path)
+    got = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=32768 kv=contiguous bs=1")
+    assert isinstance(got, CaseProblem)
+    assert str(path) in got.message and "ctx=32768 kv=contiguous bs=1" in got.message
+    assert V1_CORRUPTIONS[what] in got.message
+    assert len(list(bf.all_cases())) == 9  # the others judge as before
+    _row(f"v1 case corrupted: {what}", 1, "INVALID naming file, case and field", True)
+
+
+#: What the random corruptions insert: YAML syntax, hostile and out-of-range values.
+TOKENS = (
+    *[
+        ":",
+        "-",
+        "[",
+        "]",
+        "{",
+        "}",
+        ",",
+        "?",
+        "|",
+        ">",
+        "#",
+        "'",
+        '"',
+        "0",
+        "-1",
+        ".nan",
+        ".inf",
+        "1e400",
+        "null",
+    ],
+    "&a ",
+    "*a",
+    "!!str ",
+    "\n",
+    "  ",
+    "9" * 30,
+)
+
+
+def _mutated(good: str, rnd: random.Random) -> str:
+    text = list(good)
+    for _ in range(rnd.randint(1, 4)):
+        i = rnd.randrange(len(text))
+        op = rnd.random()
+        if op < 0.4:
+            text[i] = rnd.choice(TOKENS)
+        elif op < 0.7:
+            del text[i]
+        else:
+            text.insert(i, rnd.choice(TOKENS))
+    return "".join(text)
+
+
+def test_random_corruptions_never_raise_anything_but_baseline_error(tmp_path, make_case, make_run):
+    path = tmp_path / "cpu.yaml"
+    write_baselines(path, {"name": "x"}, [make_case(), make_case(key="k2", pid=3)])
+    write_baselines(path, {"name": "x"}, [make_case(pid=4)])
+    good = path.read_text()
+    now = make_run().summaries
+    tol = Tolerances(phase=0.07, step=0.25)
+    rnd = random.Random(20261201)
+    counts = {"refused": 0, "case problem": 0, "valid": 0, "not found": 0}
+    for _ in range(300):
+        path.write_text(_mutated(good, rnd))
+        try:
+            bf = load_baselines(path)
+        except BaselineError as e:
+            assert str(e).startswith(str(path))
+            counts["refused"] += 1
+            continue
+        for key in (KEY, "k2"):
+            got = bf.lookup(REF, TEST, key) if bf else None
+            if isinstance(got, CaseBaseline):
+                counts["valid"] += 1
+                for gate in GATES:  # a case that passed validation judges without error
+                    judge_gate(gate, got.metrics, now, tol)
+            else:
+                counts["case problem" if isinstance(got, CaseProblem) else "not found"] += 1
+    assert counts["refused"] and counts["case problem"] and counts["valid"]
+    outcome = ", ".join(f"{k} {v}" for k, v in counts.items()) + ", 0 tracebacks"
+    _row("random byte corruptions of a v2 file", 300, outcome, True)
+
+
+# -- links and special files -----------------------------------------------------------
+
+
+def test_symlinked_file_is_read_and_written_through(tmp_path, make_case):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    real = shared / "gpu.yaml"
+    write_baselines(real, {}, [make_case(pid=1)])
+    link = tmp_path / "repo" / "nvidia-h200.yaml"
+    link.parent.mkdir()
+    link.symlink_to(Path("..") / "shared" / "gpu.yaml")
+    result = write_baselines(link, {}, [make_case(pid=2)])
+    assert link.is_symlink() and result.target == real.resolve()
+    assert [r.pid for r in load_baselines(real).lookup(REF, TEST, KEY).runs] == [1, 2]
+    assert not list(link.parent.iterdir())[1:]  # nothing but the link in the link's directory
+    _row("update through a symbolic link", 1, "written to the link's target, link kept", True)
+
+
+def test_dangling_and_looping_links_are_clear_errors(tmp_path, make_case):
+    dangling = tmp_path / "a.yaml"
+    dangling.symlink_to(tmp_path / "missing" / "x.yaml")
+    for action in (
+        lambda: load_baselines(dangling),
+        lambda: write_baselines(dangling, {}, [make_case()]),
+    ):
+        msg = _refused(dangling, action)[0]
+        assert "is a symbolic link to" in msg and "which does not exist" in msg
+    assert not (tmp_path / "missing").exists()
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(loop)
+    assert "a loop of symbolic links" in _refused(loop)[0]
+    _row("dangling / looping link", 2, "clear error naming the link, nothing created", True)
+
+
+@pytest.mark.timeout(20)
+def test_fifo_and_other_special_files_never_hang(tmp_path, make_case):
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(fifo)
+    directory = tmp_path / "dir.yaml"
+    directory.mkdir()
+    device = tmp_path / "zero.yaml"
+    device.symlink_to("/dev/zero")
+    cases = [
+        (fifo, "a FIFO"),
+        (link, "a FIFO (named pipe) (the link's target"),
+        (directory, "a directory"),
+        (device, "a character device"),
+    ]
+    for path, fragment in cases:
+        for action in (
+            lambda p=path: load_baselines(p),
+            lambda p=path: write_baselines(p, {}, [make_case()]),
+        ):
+            msg, dt, _ = _refused(path, action)
+            assert fragment in msg and "not a regular file" in msg and dt < FAST_S
+    _row(
+        "FIFO, link to a FIFO, directory, /dev/zero",
+        8,
+        "refused at once (load and update), no hang",
+        True,
+    )
+
+
+# -- concurrency and kills -------------------------------------------------------------
+
+
+def _slow_merge(delay: float) -> None:
+    """In a child: widen the read-merge-write window (the race it must survive)."""
+    merge = baselines._merge
+
+    def slow(*a, **k):
+        time.sleep(delay)
+        return merge(*a, **k)
+
+    baselines._merge = slow
+
+
+def _writer(path: Path, case: CaseBaseline, barrier, delay: float, lock: bool) -> None:
+    _slow_merge(delay)
+    if not lock:
+        baselines.locked = lambda *a, **k: contextlib.nullcontext()
+    barrier.wait(10)
+    write_baselines(path, {}, [case])
+
+
+def _pairs(path: Path, make_case, pairs: int, delay: float, lock: bool) -> int:
+    """Cases lost by ``pairs`` pairs of concurrent writers (separate processes)."""
+    write_baselines(path, {}, [make_case(test=f"seed::t{i}") for i in range(10)])
+    expected = []
+    for p in range(pairs):
+        barrier = FORK.Barrier(2)
+        cases = [make_case(test=f"pair{p}::w{w}", pid=w) for w in (0, 1)]
+        procs = [FORK.Process(target=_writer, args=(path, c, barrier, delay, lock)) for c in cases]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(30)
+            assert proc.exitcode == 0
+        expected += [(c.test, c.key) for c in cases]
+    bf = load_baselines(path)
+    assert bf.case_count() <= 10 + 2 * pairs
+    return sum(bf.lookup(REF, t, k) is None for t, k in expected)
+
+
+def test_twenty_concurrent_writer_pairs_lose_nothing(tmp_path, make_case):
+    lost = _pairs(tmp_path / "cpu.yaml", make_case, 20, 0.02, lock=True)
+    assert lost == 0
+    _row("concurrent updates (process pairs, one file)", 20, f"{lost} of 40 cases lost", lost == 0)
+
+
+def test_without_the_lock_the_same_race_loses_cases(tmp_path, make_case):
+    """The control: the test above can fail (a lost update is what the lock prevents)."""
+    lost = _pairs(tmp_path / "cpu.yaml", make_case, 5, 0.3, lock=False)
+    assert lost >= 1
+    _row("control: the same race with the lock disabled", 5, f"{lost} of 10 cases lost", False)
+
+
+def _pause_at(point: str, signal_fd: int) -> None:
+    """In a child: stop (forever) at ``point`` of an update, after telling the parent."""
+
+    def pause() -> None:
+        os.write(signal_fd, b"x")
+        time.sleep(600)
+
+    if point == "holding the lock":
+        load = baselines.load_baselines
+
+        def paused_load(*a, **k):
+            pause()
+            return load(*a, **k)
+
+        baselines.load_baselines = paused_load
+    elif point == "temp file half written":
+
+        def half(fh, data):
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+            pause()
+
+        baseline_io.write_all = half
+    elif point == "temp file complete, before rename":
+        replace = os.replace
+
+        def paused_replace(*a, **k):
+            pause()
+            return replace(*a, **k)
+
+        baseline_io.os.replace = paused_replace
+    elif point == "after rename":
+        baseline_io.fsync_dir = lambda d: pause()
+
+
+def _update_child(
+    path: Path, case: CaseBaseline, point: str | None, signal_fd: int, loops: int
+) -> None:
+    if point is not None:
+        _pause_at(point, signal_fd)
+    for i in range(loops):
+        write_baselines(path, {}, [case], keep_runs=3)
+        if i == 0:
+            os.write(signal_fd, b"x")
+
+
+def _kill_during(path: Path, case: CaseBaseline, point: str | None, delay: float = 0.0) -> None:
+    r, w = os.pipe()
+    proc = FORK.Process(target=_update_child, args=(path, case, point, w, 1 if point else 1000))
+    proc.start()
+    if point is not None:
+        assert select.select([r], [], [], 20)[0], f"the child never reached {point!r}"
+    else:
+        assert select.select([r], [], [], 20)[0]  # the first update is done
+        time.sleep(delay)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    os.close(r)
+    os.close(w)
+    assert proc.exitcode == -signal.SIGKILL
+
+
+AIMED = {
+    "holding the lock": "old",
+    "temp file half written": "old",
+    "temp file complete, before rename": "old",
+    "after rename": "new",
+}
+
+
+def test_kill_9_at_aimed_and_random_points_never_leaves_a_partial_file(tmp_path, make_case):
+    path = tmp_path / "cpu.yaml"
+    write_baselines(path, {}, [make_case(pid=0), make_case(key="other")])
+    outcomes: dict[str, int] = {
+        "old": 0,
+        "new": 0,
+        "temp files left by the kill": 0,
+        "removed by the next update": 0,
+    }
+    tries = 0
+    rnd = random.Random(7)
+    plan = [(point, 0.0) for point in AIMED for _ in range(2)]
+    plan += [(None, rnd.uniform(0.0, 0.25)) for _ in range(12)]
+    for n, (point, delay) in enumerate(plan, start=1):
+        old = path.read_bytes()
+        old_runs = [r.pid for r in load_baselines(path).lookup(REF, TEST, KEY).runs]
+        _kill_during(path, make_case(pid=n), point, delay)
+        tries += 1
+        bf = load_baselines(path)  # never partial: it loads
+        runs = [r.pid for r in bf.lookup(REF, TEST, KEY).runs]
+        assert isinstance(bf.lookup(REF, TEST, "other"), CaseBaseline)
+        state = "old" if path.read_bytes() == old else "new"
+        if point is not None:
+            assert state == AIMED[point], point
+        if state == "new" and point is not None:
+            assert runs == [*old_runs, n][-3:]
+        assert set(runs) <= {*old_runs, n}
+        outcomes[state] += 1
+        temps = list(tmp_path.glob(".cpu.yaml.*.tmp"))
+        outcomes["temp files left by the kill"] += len(temps)
+        if temps:
+            result = write_baselines(path, {}, [make_case(key="other")], keep_runs=3)
+            assert result.notes and result.notes[0].startswith(
+                f"removed {len(temps)} temporary file(s)"
+            )
+            outcomes["removed by the next update"] += len(temps)
+            assert not list(tmp_path.glob(".cpu.yaml.*.tmp"))
+    assert tries == 20 and outcomes["temp files left by the kill"] >= 2
+    assert outcomes["removed by the next update"] == outcomes["temp files left by the kill"]
+    _row(
+        "kill -9 during an update (8 aimed, 12 random)",
+        tries,
+        ", ".join(f"{k} {v}" for k, v in outcomes.items()),
+        True,
+    )
+
+
+def test_lock_timeout_names_the_holder(tmp_path, make_case):
+    path = tmp_path / "cpu.yaml"
+    write_baselines(path, {}, [make_case()])
+    r, w = os.pipe()
+    holder = FORK.Process(
+        target=_update_child, args=(path, make_case(pid=2), "holding the lock", w, 1)
+    )
+    holder.start()
+    try:
+        assert select.select([r], [], [], 20)[0]
+        msg, _, _ = _refused(
+            path, lambda: write_baselines(path, {}, [make_case(pid=3)], lock_timeout=0.3)
+        )
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        os.close(r)
+        os.close(w)
+    assert f"held by pid {holder.pid} on host {os.uname().nodename}" in msg
+    assert "waited 0.3 s" in msg and ".cpu.yaml.lock" in msg
+    # the killed holder's lock is gone with it: the next update goes through
+    assert write_baselines(path, {}, [make_case(pid=4)], lock_timeout=5).recorded == 1
+    _row(
+        "update while another holds the lock",
+        1,
+        f"timed out after 0.3 s naming pid {holder.pid}, then succeeded",
+        True,
+    )

@@ -1,0 +1,161 @@
+"""Migration of schema v1 files (the committed CPU baseline) to v2 on read: every case
+judges exactly as it did, and only an update rewrites the file, as v2."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_specperf.judging.baseline_schema import keeps_blocks
+from pytest_specperf.judging.baselines import (
+    CaseBaseline,
+    CaseProblem,
+    Identity,
+    dump_baselines,
+    load_baselines,
+    write_baselines,
+)
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_gate, noisiest_phase
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+
+V1 = Path(__file__).resolve().parent.parent / "baselines" / "cpu-amd-epyc-2c.yaml"
+REF = Identity("reference", "tiny", None, "DFLASH")
+#: Every gate a default or marker-chosen verdict can use on a CPU case.
+GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *PHASES)
+
+
+def _v1_cases() -> list[tuple[str, str, dict[str, Summary]]]:
+    data = yaml.safe_load(V1.read_text())
+    assert data["schema_version"] == 1
+    return [
+        (test, key, {m: Summary.from_dict(s, m) for m, s in case["metrics"].items()})
+        for test, per in data["cases"].items()
+        for key, case in per.items()
+    ]
+
+
+def _scaled(s: Summary, f: float) -> Summary:
+    return dataclasses.replace(
+        s, median=s.median * f, mean=s.mean * f, blocks=tuple(b * f for b in s.blocks)
+    )
+
+
+def _now(v1: dict[str, Summary]) -> dict[str, Summary]:
+    """A run that moved: verify 30% slower and scattered, draft 10% faster."""
+    now = dict(v1)
+    for name in ("verify", "verify/rest", "step", "step/ref"):
+        now[name] = _scaled(v1[name], 1.3)
+    for name in ("draft", "draft/rest"):
+        now[name] = _scaled(v1[name], 0.9)
+    wobble = [1.0, 1.2, 0.8, 1.1, 0.9, 1.15, 0.85, 1.05, 0.95]
+    vr = now["verify/rest"]
+    now["verify/rest"] = dataclasses.replace(
+        vr, blocks=tuple(b * w for b, w in zip(vr.blocks, wobble))
+    )
+    return now
+
+
+def test_the_v1_file_loads_as_one_identity_with_one_run_per_case():
+    before = V1.read_bytes()
+    bf = load_baselines(V1)
+    assert bf is not None and bf.version == 1 and bf.case_count() == 10
+    assert bf.identities() == [REF] and bf.problems() == []
+    case = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=46000 kv=fragmented bs=1")
+    assert isinstance(case, CaseBaseline) and len(case.runs) == 1 and case.steps == 32
+    assert (
+        case.recorded_at.startswith("2026-11-29T")
+        and case.fingerprint["config_hash"] == "1a92d7839362"
+    )
+    assert V1.read_bytes() == before  # reading never rewrites
+
+
+def test_migrated_cases_keep_every_value_and_judged_block():
+    bf = load_baselines(V1)
+    checked = 0
+    for test, key, v1 in _v1_cases():
+        migrated = bf.lookup(REF, test, key).metrics
+        assert set(migrated) == set(v1)
+        for m, s in v1.items():
+            assert migrated[m].value == s.value and migrated[m].center == s.center, (key, m)
+            if keeps_blocks(m):
+                assert migrated[m].blocks == s.blocks, (key, m)
+                checked += 1
+            else:
+                assert migrated[m].blocks == ()
+    assert checked == 10 * 12  # step, step/ref, unaccounted, accept_len, tokens/s, 7 x <phase>/rest
+
+
+@pytest.mark.parametrize(
+    "tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)]
+)
+def test_migrated_cases_judge_identically(tol):
+    bf = load_baselines(V1)
+    verdicts = set()
+    for test, key, v1 in _v1_cases():
+        migrated = bf.lookup(REF, test, key).metrics
+        now = _now(v1)
+        for gate in GATES:
+            a, b = judge_gate(gate, v1, now, tol), judge_gate(gate, migrated, now, tol)
+            assert dataclasses.asdict(a) == dataclasses.asdict(b), (key, gate)
+            verdicts.add(a.verdict)
+        assert case_disturbance(migrated, now) == case_disturbance(v1, now)
+        assert noisiest_phase(migrated) == noisiest_phase(v1)
+    assert len(verdicts) >= 2  # the comparison saw more than one outcome
+
+
+def test_migrated_file_dumps_as_compact_v2(tmp_path):
+    text = dump_baselines(load_baselines(V1))
+    assert text.startswith("schema_version: 2\n")
+    lines = len(text.splitlines())
+    print(
+        f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v2: {lines} lines (10 cases, 1 run each)"
+    )
+    assert lines < 450
+    path = tmp_path / "v2.yaml"
+    path.write_text(text)
+    again = load_baselines(path)
+    for case in load_baselines(V1).all_cases():
+        assert again.lookup(REF, case.test, case.key).metrics == case.metrics
+
+
+def test_only_an_update_rewrites_v1_as_v2_keeping_every_case(tmp_path, make_case):
+    path = tmp_path / "cpu-amd-epyc-2c.yaml"
+    shutil.copy(V1, path)
+    old = load_baselines(path)
+    result = write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
+    assert result.case_count() == 11 and result.notes == ()
+    new = load_baselines(path)
+    assert new.version == 2
+    for case in old.all_cases():
+        kept = new.lookup(REF, case.test, case.key)
+        assert kept.metrics == case.metrics and kept.runs == case.runs
+
+
+def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_update(tmp_path, make_case):
+    data = yaml.safe_load(V1.read_text())
+    per = data["cases"]["perf_tests/test_decode.py::test_decode"]
+    per["ctx=8192 kv=contiguous bs=1"]["metrics"]["step"]["median"] = -1
+    per["ctx=8192 kv=fragmented bs=1"]["metrics"] = {}
+    path = tmp_path / "v1.yaml"
+    path.write_text(yaml.safe_dump(data))
+    bf = load_baselines(path)
+    neg = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=contiguous bs=1")
+    empty = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=fragmented bs=1")
+    assert (
+        isinstance(neg, CaseProblem) and "metrics.step.median: must be > 0, got -1" in neg.message
+    )
+    assert (
+        isinstance(empty, CaseProblem)
+        and "metrics: missing required metric(s) step" in empty.message
+    )
+    result = write_baselines(path, {}, [make_case()])
+    assert result.case_count() == 9
+    assert [n.split("]")[0] + "]" for n in result.notes] == [
+        "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=contiguous bs=1]",
+        "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=fragmented bs=1]",
+    ]
