@@ -460,3 +460,104 @@ def test_unit_attach_mode_learns_the_vocabulary_from_server_info(model_dir: Path
     b = SGLangBackend()
     b.fingerprint({**INFO, "model_path": str(model_dir), "speculative_draft_model_path": None})
     assert b._vocab_size == 128256
+
+
+# -- algorithms without a phase map ------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "FROZEN_KV_MTP",
+                                       "DFLASH", "eagle3"])
+def test_unit_check_accepts_mapped_algorithms(fake_sglang: Path, model_dir: Path,
+                                              algorithm: str) -> None:
+    SGLangBackend().check(settings(str(model_dir), f"--speculative-algorithm={algorithm}"))
+
+
+@pytest.mark.parametrize(("algorithm", "worker"), [
+    ("NGRAM", "sglang.srt.speculative.ngram_worker.NGRAMWorker"),
+    ("UNO", "sglang.srt.speculative.uno_worker_v2.UnoWorkerV2"),
+    ("DSPARK", "sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2"),
+])
+def test_unit_check_refuses_algorithms_without_a_phase_map(
+    fake_sglang: Path, model_dir: Path, algorithm: str, worker: str
+) -> None:
+    with pytest.raises(BackendUnavailable) as exc:
+        SGLangBackend().check(settings(str(model_dir), "--speculative-algorithm", algorithm))
+    msg = str(exc.value)
+    assert f"--speculative-algorithm {algorithm}: pytest-specperf has no phase map" in msg
+    assert f"{worker}.forward_batch_generation" in msg
+    assert "specperf sglang-check --step" in msg and "SPECPERF_PHASE_MAP" in msg
+    assert "Extending the phase map" in msg
+
+
+def test_unit_check_accepts_ngram_and_a_forks_algorithm_with_the_users_map(
+    fake_sglang: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with pytest.raises(BackendUnavailable, match=r"MY_DDTREE: not an algorithm of SGLang 0\.5\.23"):
+        SGLangBackend().check(settings(str(model_dir), "--speculative-algorithm=MY_DDTREE"))
+    user = tmp_path / "map.yaml"
+    user.write_text("schema: 1\nentries:\n"
+                    " - {target: sglang.srt.speculative.ngram_worker.NGRAMWorker."
+                    "forward_batch_generation, role: step}\n"
+                    " - {target: sglang.srt.speculative.ddtree.DDTreeWorker."
+                    "forward_batch_generation, role: step}\n")
+    monkeypatch.setenv(base.ENV_PHASE_MAP, str(user))
+    for algorithm in ("NGRAM", "MY_DDTREE"):
+        SGLangBackend().check(settings(str(model_dir), f"--speculative-algorithm={algorithm}"))
+
+
+def test_unit_check_reads_the_algorithm_from_a_config_file(
+    fake_sglang: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("speculative-algorithm: UNO\npage-size: 16\n")
+    with pytest.raises(BackendUnavailable, match="--speculative-algorithm UNO"):
+        SGLangBackend().check(settings(str(model_dir), "--config", str(cfg)))
+    cfg.write_text("speculative_algorithm: EAGLE3\n")
+    SGLangBackend().check(settings(str(model_dir), f"--config={cfg}"))
+    # an unreadable config: SGLang says so itself; the attach-time check still applies
+    SGLangBackend().check(settings(str(model_dir), "--config", str(tmp_path / "nope.yaml")))
+
+
+def test_unit_attach_refuses_an_unmapped_algorithm_and_a_bad_map(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(base.ENV_PHASE_MAP, raising=False)
+    with pytest.raises(BackendUnavailable, match="--speculative-algorithm DSPARK"):
+        SGLangBackend().fingerprint({**INFO, "speculative_algorithm": "DSPARK"})
+    SGLangBackend().fingerprint({**INFO, "speculative_algorithm": None})  # not speculative
+    bad = tmp_path / "map.yaml"
+    bad.write_text("schema: 1\nentries:\n - {target: json.dumps, role: step}\n")
+    monkeypatch.setenv(base.ENV_PHASE_MAP, str(bad))
+    with pytest.raises(BackendUnavailable) as exc:
+        SGLangBackend().check_attached(dict(INFO))
+    assert f"SPECPERF_PHASE_MAP: phase map {bad}:3: entry 0 (json.dumps)" in str(exc.value)
+    assert "outside SGLang" in str(exc.value)
+
+
+def test_unit_hook_report_of_a_refused_scheduler(tmp_path: Path) -> None:
+    (tmp_path / "hooks-pid1-rank0.json").write_text(json.dumps({
+        "sglang_version": "0.5.23", "phase_map": ["phase_map_0_5_23.yaml"], "installed": [],
+        "missing": [{"target": "a.B.c", "role": "phase", "phase": "draft", "optional": False,
+                     "kind": "import_failed",
+                     "reason": "import failed: module a exists but importing it raised X"}],
+        "signature_changed": [], "refused": "--speculative-algorithm NGRAM: no map",
+        "phase_map_error": None,
+    }))
+    b = SGLangBackend()
+    b.bind(tmp_path)
+    lines = b.describe_hooks()
+    assert lines[1] == "  REFUSED, nothing installed: --speculative-algorithm NGRAM: no map"
+    assert lines[2].startswith("  IMPORT FAILED for target a.B.c (draft): import failed: module")
+
+
+def test_unit_flag_and_config_values(tmp_path: Path) -> None:
+    tokens = ["--speculative-algorithm", "EAGLE3", "--page-size=16",
+              "--speculative-algorithm=DFLASH", "--flag"]
+    assert launcher.flag_value(tokens, "--speculative-algorithm") == "DFLASH"
+    assert launcher.flag_value(tokens, "--page-size") == "16"
+    assert launcher.flag_value(tokens, "--flag") is None
+    assert launcher.flag_value(["--a", "--b"], "--a") is None
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("- not a mapping\n")
+    assert launcher.config_value(["--config", str(cfg)], "speculative_algorithm") is None
+    cfg.write_text("speculative_algorithm: 3\n")
+    assert launcher.config_value(["--config", str(cfg)], "speculative_algorithm") is None
+    assert launcher.config_value([], "speculative_algorithm") is None

@@ -9,10 +9,13 @@ tests name the target, the file and the difference.
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 import pytest
 
 from pytest_specperf.engines.sglang import launcher, metrics
+from pytest_specperf.engines.sglang.algorithms import ALGORITHMS, refusal
+from pytest_specperf.engines.sglang.callgraph import CallGraph
 from pytest_specperf.engines.sglang.kv_fragment import SUPPORTED_ALLOCATORS
 from pytest_specperf.engines.sglang.phase_map import HookEntry, load_builtin
 from pytest_specperf.engines.sglang.source import (
@@ -22,6 +25,8 @@ from pytest_specperf.engines.sglang.source import (
     installed_version,
     sglang_root,
 )
+from pytest_specperf.engines.sglang.spec_workers import worker_choices
+from pytest_specperf.probe.phases import PHASES
 
 ROOT = sglang_root()
 #: One parse per file for the whole module (the source does not change during a run).
@@ -236,3 +241,209 @@ def test_launch_flags_we_use_exist_and_removed_ones_are_gone() -> None:
     assert "--cuda-graph-max-bs" not in flags  # gone in 0.5.23 (SGLANG.md)
     for flag in launcher.MODEL_FLAGS:
         assert flag in flags, flag
+
+
+# -- call graph: each step reaches its phase targets -------------------------------------------
+GRAPH = CallGraph(SRC) if SRC is not None else None
+STEPS = [e for e in MAP.active() if e.role == "step" and not e.optional]
+#: Phases each step covers (DFlash upstream verifies a chain: no tree to build).
+STEP_PHASES = {
+    "EAGLEWorkerV2": set(PHASES) - {"schedule"},
+    "MultiLayerEagleWorkerV2": set(PHASES) - {"schedule"},
+    "FrozenKVMTPWorkerV2": set(PHASES) - {"schedule"},
+    "DFlashWorkerV2": set(PHASES) - {"schedule", "build_verify_input"},
+}
+
+
+def _algorithm_families(step: str) -> frozenset[str]:
+    return frozenset().union(*(a.families for a in ALGORITHMS.values()
+                               if any(w.step == step for w in a.workers)))
+
+
+def _goals(families: frozenset[str]) -> dict[str, HookEntry]:
+    return {e.target: e for e in MAP.active() if e.role in ("phase", "graph")
+            and e.phase != "schedule" and (e.family is None or e.family in families)}
+
+
+@pytest.mark.parametrize("step", STEPS, ids=_id)
+def test_each_step_reaches_the_targets_of_its_family(step: HookEntry) -> None:
+    """Through the methods it calls (AST call graph), the step method reaches every phase
+    and graph entry of its own family, and every phase it is meant to cover."""
+    assert GRAPH is not None and step.family is not None
+    goals = _goals(_algorithm_families(step.target))
+    reached = GRAPH.reach(step.target, goals)
+    own = {t for t, e in goals.items() if e.family == step.family}
+    assert own - set(reached) == set(), f"{step.target} no longer reaches these map entries"
+    phases = {goals[t].phase for t in reached if goals[t].role == "phase"}
+    assert STEP_PHASES[step.target.rsplit(".", 2)[-2]] <= phases
+
+
+def test_every_shared_eagle_entry_is_reached_by_some_eagle_step() -> None:
+    assert GRAPH is not None
+    shared = {e.target for e in MAP.active() if e.family == "eagle" and e.phase != "schedule"}
+    reached: set[str] = set()
+    for step in STEPS:
+        if "eagle" in _algorithm_families(step.target):
+            reached |= set(GRAPH.reach(step.target, _goals(_algorithm_families(step.target))))
+    assert shared - reached == set()
+
+
+def test_the_scheduler_reaches_every_schedule_entry() -> None:
+    """schedule entries run in ScheduleBatch.prepare_for_decode, before the step."""
+    assert GRAPH is not None
+    sched = {e.target for e in MAP.active() if e.phase == "schedule"}
+    top = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
+    assert sched - {top} - set(GRAPH.reach(top, sched)) == set()
+
+
+def test_multi_layer_eagle_drafts_in_its_draft_extend() -> None:
+    """The review's finding (a): MultiLayerEagleDraftWorker.draft_forward is bookkeeping; the
+    draft model runs in _draft_extend_for_decode through the graph runner's replay(step), or
+    eagerly through the draft runners' forward."""
+    assert GRAPH is not None
+    mod = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker."
+    forward = GRAPH.definition(mod + "draft_forward")
+    assert forward is not None
+    assert not [c for c in GRAPH.calls(forward) if c.name in ("forward", "replay", "execute")]
+    extend = GRAPH.definition(mod + "_draft_extend_for_decode")
+    assert extend is not None
+    names = {c.name for c in GRAPH.calls(extend)}
+    assert {"replay", "forward", "prepare_for_draft_extend"} <= names
+    by = MAP.by_target()
+    assert by[mod + "_draft_extend_for_decode"].phase == "draft"
+    assert mod + "draft_forward" not in by  # not an eager-forward counter any more
+
+
+# -- spec_info: every algorithm goes to the worker the table says ------------------------------
+def test_spec_info_create_worker_matches_the_algorithm_table() -> None:
+    assert GRAPH is not None
+    found: dict[str, set[tuple[str | None, str | None]]] = {}
+    for c in worker_choices(GRAPH):
+        found.setdefault(c.algorithm, set()).add((c.worker, c.step))
+    expected = {name: {(w.cls, w.step) for w in a.workers} for name, a in ALGORITHMS.items()}
+    assert found == expected
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_each_algorithm_is_mapped_or_refused(algorithm: str) -> None:
+    """An accepted algorithm's worker has a step entry (and phases, tested above); the others
+    are refused with the algorithm, the worker and how to add a map named."""
+    reason = refusal(algorithm, MAP, "0.5.23")
+    if ALGORITHMS[algorithm].families:
+        assert reason is None
+        for w in ALGORITHMS[algorithm].workers:
+            assert w.step in {e.target for e in STEPS}
+    else:
+        assert reason is not None
+        assert algorithm in reason and ALGORITHMS[algorithm].workers[0].step in reason
+        assert "SPECPERF_PHASE_MAP" in reason and "specperf sglang-check" in reason
+
+
+# -- the allocators hand out the free list from its head, in order ----------------------------
+ALLOCATORS = {"TokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.token",
+              "PagedTokenToKVPoolAllocator": "sglang.srt.mem_cache.allocator.paged"}
+
+
+def _assignments_to_free_pages(fn: ast.AST) -> list[ast.expr]:
+    return [n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Attribute) and t.attr == "free_pages" for t in n.targets)]
+
+
+def _is_head_cut(expr: ast.expr) -> bool:
+    """``self.free_pages[n:]``."""
+    return (isinstance(expr, ast.Subscript) and ast.unparse(expr.value) == "self.free_pages"
+            and isinstance(expr.slice, ast.Slice) and expr.slice.lower is not None
+            and expr.slice.upper is None and expr.slice.step is None)
+
+
+@pytest.mark.parametrize("cls", sorted(ALLOCATORS))
+def test_allocators_take_from_the_head_of_the_free_list(cls: str) -> None:
+    """kv_fragment permutes free_pages and relies on the next request getting its pages in
+    that order: every alloc* method only cuts the head off free_pages (what it hands out
+    is free_pages[:n], or indexed from the head by the alloc kernels)."""
+    assert SRC is not None
+    tree = SRC.module(ALLOCATORS[cls])
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    allocs = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name.startswith("alloc")]
+    assert allocs, cls
+    for fn in allocs:
+        cuts = _assignments_to_free_pages(fn)
+        assert cuts and all(_is_head_cut(c) for c in cuts), (cls, fn.name, [ast.unparse(c) for c in cuts])
+        sorts = [c for c in ast.walk(fn) if isinstance(c, ast.Call)
+                 and ast.unparse(c.func) == "self.merge_and_sort_free"]
+        for call in sorts:  # only when the free list runs short (never right after clear())
+            guard = next(n for n in ast.walk(fn) if isinstance(n, ast.If)
+                         and call in ast.walk(n))
+            assert "len(self.free_pages)" in ast.unparse(guard.test), (cls, fn.name)
+    picks = [ast.unparse(n) for fn in allocs for n in ast.walk(fn)
+             if isinstance(n, ast.Subscript) and ast.unparse(n.value) == "self.free_pages"
+             and isinstance(n.slice, ast.Slice) and n.slice.lower is None]
+    if cls == "TokenToKVPoolAllocator":
+        assert picks == ["self.free_pages[:need_size]"]
+
+
+def _paged_function(name: str) -> Any:
+    """``name`` from the installed paged.py, compiled on its own (the module needs CUDA)."""
+    import torch
+
+    assert SRC is not None
+    tree = SRC.module(ALLOCATORS["PagedTokenToKVPoolAllocator"])
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), f"<paged.{name}>", "exec"), namespace)
+    return namespace[name]
+
+
+def test_paged_allocation_follows_the_fragmented_free_list() -> None:
+    """The allocator's reference (non-Triton) kernels, run on a free list permuted by the
+    fragmenter: a new request's pages are the free list's head in order, so it gets the
+    fragmentation the fragmenter laid out."""
+    import torch
+
+    from pytest_specperf.engines.sglang.kv_fragment import fragment_order, fragmentation
+
+    page, n_pages = 4, 64
+    free = torch.tensor(fragment_order(n_pages, 0.5, seed=3), dtype=torch.int64)
+    extend = _paged_function("alloc_extend_naive")
+    out = torch.empty(10 * page + 2, dtype=torch.int64)  # two requests, 5.5 pages each
+    seq = torch.tensor([5 * page + 1, 5 * page + 1])
+    extend(torch.zeros(2, dtype=torch.int64), seq, torch.full((2,), -1), free, out, page, "cpu")
+    pages = [int(x) for x in torch.unique_consecutive(out // page)]
+    assert pages == free[:12].tolist()
+    first = pages[:6]
+    assert fragmentation(first) == fragmentation(free[:6].tolist())
+    decode = _paged_function("alloc_decode_naive")
+    out2 = torch.empty(2, dtype=torch.int64)
+    decode(torch.tensor([6 * page + 1, 6 * page + 1]), torch.tensor([99, 199]), free[12:], out2,
+           page, 2)
+    assert (out2 // page).tolist() == free[12:14].tolist()
+
+
+# -- how SGLang starts schedulers and loads plugins ----------------------------------------------
+def test_schedulers_are_spawned_so_only_entry_points_reach_them() -> None:
+    """A monkeypatch in the pytest process never reaches a scheduler: SGLang forces the
+    spawn start method before starting them, so our code must come in through the entry
+    point (tests/test_sglang_loader.py runs that path)."""
+    assert SRC is not None
+    engine = SRC.module("sglang.srt.entrypoints.engine")
+    calls = [ast.unparse(n) for n in ast.walk(engine) if isinstance(n, ast.Call)
+             and ast.unparse(n.func).endswith("set_start_method")]
+    assert "mp.set_start_method('spawn', force=True)" in calls
+    targets = [ast.unparse(k.value) for n in ast.walk(engine) if isinstance(n, ast.Call)
+               for k in n.keywords if k.arg == "run_scheduler_process_func"]
+    assert targets, "the engine no longer passes run_scheduler_process_func to its launcher"
+
+
+def test_load_plugins_runs_once_per_process() -> None:
+    """load_plugins() returns at once when called again in the same process (our own load()
+    guards the same way: hooks are process-wide monkeypatches)."""
+    fn = _function("sglang.srt.plugins", "load_plugins")
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr)
+                                       and isinstance(s.value, ast.Constant))]
+    assert isinstance(body[0], ast.Global) and body[0].names == ["_plugins_loaded"]
+    guard = body[1]
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "_plugins_loaded"
+    assert isinstance(guard.body[0], ast.Return)
+    assert ast.unparse(body[2]) == "_plugins_loaded = True"
+    calls = _calls(fn)
+    assert calls.index("load_plugins_by_group") < calls.index("apply_hooks")

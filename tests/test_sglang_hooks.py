@@ -437,12 +437,36 @@ def test_unit_schedule_time_is_carried_into_the_next_decode_step(rt: ProbeRuntim
     assert r.step_ns >= carried
 
 
-def test_unit_extend_step_keeps_the_carry_for_decode(rt: ProbeRuntime) -> None:
+def test_unit_mixed_batch_consumes_the_carry_of_its_prepare_for_decode(
+    rt: ProbeRuntime, tmp_path: Path
+) -> None:
+    """Mixed chunked prefill: prepare_for_decode ran for the decode rows that were merged
+    into a prefill batch; its time belongs to that (extend) step, not to the next decode
+    step, which ran no prepare_for_decode of its own."""
+    sched = make_hook(entry("managers.schedule_batch.ScheduleBatch.prepare_for_decode"), rt)
+    step = make_hook(entry("speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
+                     rt)
+    sched(lambda b: busy(300), None)
+    carried = rt.carry_ns
+    assert carried >= 300_000
+    mixed = FakeScheduleBatch([FakeReq("m", 30), FakeReq("new", 500)], "extend")
+    mixed.is_extend_in_batch = True
+    step(lambda self, b: FakeResult([1, 1]), None, mixed)
+    assert rt.carry_ns == 0
+    step(lambda self, b: FakeResult([2]), None, FakeScheduleBatch([FakeReq("m", 31)]))
+    rt.flush(None)
+    (ext,) = read_records(tmp_path, rids={"m"}, mode="extend")
+    (dec,) = read_records(tmp_path, rids={"m"}, mode="decode")
+    assert ext.host_ns["schedule"] == carried and ext.step_ns >= carried
+    assert dec.host_ns["schedule"] == 0 and dec.step_ns < carried
+
+
+def test_unit_idle_batch_drops_the_carry(rt: ProbeRuntime) -> None:
     step = make_hook(entry("speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
                      rt)
     rt.carry_ns = 1234
-    step(lambda self, b: FakeResult([1]), None, FakeScheduleBatch([FakeReq("e", 3)], "extend"))
-    assert rt.carry_ns == 1234
+    step(lambda self, b: None, None, FakeScheduleBatch([], "idle"))
+    assert rt.carry_ns == 0
 
 
 def test_unit_nested_step_hooks_make_one_record(rt: ProbeRuntime, tmp_path: Path) -> None:
@@ -612,3 +636,151 @@ def test_unit_untaggable_results_are_tracked_by_id(rt: ProbeRuntime, tmp_path: P
     assert rt.on_result(res) == 0
     rt.flush(None)
     assert read_records(tmp_path, rids={"t"})[0].accepted_tokens == 4
+
+
+# -- multi-layer EAGLE ----------------------------------------------------------------------------
+ML = "speculative.multi_layer_eagle_worker_v2."
+ML_RUNNERS = "speculative.multi_layer_eagle_draft_extend_cuda_graph_runner."
+
+
+class FakeMultiStepRunner:
+    """MultiLayerEagleMultiStepDraftExtendCudaGraphRunner: one graph per MTP layer."""
+
+    def replay(self, step: int) -> str:
+        busy(100)
+        return "topk"
+
+
+class FakeOneGraphRunner(FakeMultiStepRunner):
+    """The single-graph variant: one replay at step 0, the other steps from its cache."""
+
+    def replay(self, step: int) -> str:
+        if step == 0:
+            busy(300)
+        return "cached"
+
+
+class FakeMultiLayerEagleWorker:
+    """MultiLayerEagleWorkerV2-shaped: draft() organises what the previous draft extend
+    proposed; the draft model runs in _draft_extend_for_decode (graphs or eager)."""
+
+    steps = 3
+
+    def __init__(self, runner: FakeMultiStepRunner | None) -> None:
+        self.runner = runner
+        self.draft_runners = [FakeEagerRunner(FakeModelRunner(True)) for _ in range(self.steps)]
+        self.target_runner = FakeGraphRunner(FakeModelRunner(False))
+
+    def forward_batch_generation(self, batch: Any) -> Any:
+        self.draft(batch)
+        self._draft_extend_plan_for_decode(batch)
+        self.verify(batch)
+        self._draft_extend_for_decode(batch, None)
+        return FakeResult([2] * len(batch.reqs))
+
+    def draft(self, batch: Any) -> None:
+        self.draft_forward(None)  # bookkeeping on every path
+        build_eagle_verify_input(batch)
+
+    def draft_forward(self, forward_batch: Any) -> None:
+        busy(5)
+
+    def _draft_extend_plan_for_decode(self, batch: Any) -> None:
+        busy(10)
+
+    def verify(self, batch: Any) -> None:
+        eagle_prepare_for_verify(batch)
+        self.target_runner.execute(None)
+        eagle_sample(batch)
+
+    def _draft_extend_for_decode(self, batch: Any, batch_result: Any) -> None:
+        prepare_for_draft_extend(batch)
+        for step in range(self.steps):
+            if self.runner is not None:
+                self.runner.replay(step)
+            else:
+                self.draft_runners[step].execute(None)
+
+
+def prepare_for_draft_extend(batch: Any) -> None:
+    busy(30)
+
+
+@pytest.fixture
+def multi_layer_hooked(rt: ProbeRuntime, monkeypatch: pytest.MonkeyPatch) -> ProbeRuntime:
+    g = globals()
+    for name, suffix in (
+        ("build_eagle_verify_input", "speculative.eagle_worker_common.build_eagle_verify_input"),
+        ("eagle_prepare_for_verify", "speculative.eagle_utils.eagle_prepare_for_verify"),
+        ("eagle_sample", "speculative.eagle_utils.eagle_sample"),
+        ("prepare_for_draft_extend", "speculative.eagle_worker_common.prepare_for_draft_extend"),
+    ):
+        monkeypatch.setitem(g, name, around(g[name], make_hook(entry(suffix), rt)))
+    W = FakeMultiLayerEagleWorker
+    for cls, name, suffix in (
+        (W, "forward_batch_generation", ML + "MultiLayerEagleWorkerV2.forward_batch_generation"),
+        (W, "draft", ML + "MultiLayerEagleDraftWorker.draft"),
+        (W, "verify", ML + "MultiLayerEagleWorkerV2.verify"),
+        (W, "_draft_extend_plan_for_decode",
+         ML + "MultiLayerEagleDraftWorker._draft_extend_plan_for_decode"),
+        (W, "_draft_extend_for_decode", ML + "MultiLayerEagleDraftWorker._draft_extend_for_decode"),
+        (FakeMultiStepRunner, "replay",
+         ML_RUNNERS + "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner.replay"),
+        (FakeOneGraphRunner, "replay",
+         ML_RUNNERS + "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner.replay"),
+        (FakeGraphRunner, "execute",
+         "model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.execute"),
+        (FakeEagerRunner, "execute", "model_executor.runner.eager_runner.EagerRunner.execute"),
+    ):
+        monkeypatch.setattr(cls, name, around(getattr(cls, name), make_hook(entry(suffix), rt)))
+    # MultiLayerEagleDraftWorker.draft_forward has no entry any more: bookkeeping, not a forward
+    assert S + ML + "MultiLayerEagleDraftWorker.draft_forward" not in MAP
+    return rt
+
+
+def _one_step(rt: ProbeRuntime, tmp_path: Path, worker: FakeMultiLayerEagleWorker) -> StepRecord:
+    worker.forward_batch_generation(FakeScheduleBatch([FakeReq("m", 40)]))
+    rt.flush(None)
+    (rec,) = read_records(tmp_path, rids={"m"})
+    return rec
+
+
+@pytest.mark.parametrize(("runner", "label", "replays"), [
+    (FakeMultiStepRunner, "MultiLayerEagleMultiStepDraftExtendCudaGraphRunner[draft]", 3),
+    (FakeOneGraphRunner, "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner[draft]", 1),
+], ids=["graph-per-layer", "one-graph"])
+def test_unit_multi_layer_eagle_drafts_in_the_graph_replays(
+    multi_layer_hooked: ProbeRuntime, tmp_path: Path, runner: type[FakeMultiStepRunner],
+    label: str, replays: int,
+) -> None:
+    rec = _one_step(multi_layer_hooked, tmp_path, FakeMultiLayerEagleWorker(runner()))
+    assert rec.graphs == {label: GraphCount(replay=replays, eager=0),
+                          "FakeGraphRunner": GraphCount(replay=1, eager=0)}
+    host = rec.host_ns
+    # the replays (300 us) are draft; kv_commit holds the planning and the KV-location prep
+    assert host["draft"] > 300_000 and host["kv_commit"] > 40_000, host
+    assert host["build_verify_input"] > 0 and host["verify"] > 0 and host["accept"] > 0
+    assert multi_layer_hooked.errors == {}
+
+
+def test_unit_multi_layer_eagle_eager_draft_is_counted_per_forward(
+    multi_layer_hooked: ProbeRuntime, tmp_path: Path
+) -> None:
+    rec = _one_step(multi_layer_hooked, tmp_path, FakeMultiLayerEagleWorker(None))
+    assert rec.graphs["FakeEagerRunner[draft]"] == GraphCount(replay=0, eager=3)
+    assert sum(g.eager for g in rec.graphs.values()) == 3  # draft_forward is not one of them
+    assert rec.host_ns["draft"] > 60_000 and rec.host_ns["kv_commit"] > 40_000
+
+
+def test_unit_when_not_arg_and_arg_conditions() -> None:
+    from pytest_specperf.engines.sglang.hooks import condition
+
+    replay = entry(ML_RUNNERS + "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner.replay")
+    test = condition(replay)
+    assert test is not None
+    assert test((None, 0), {}) and not test((None, 2), {})
+    assert test((None,), {"step": 0}) and not test((None,), {"step": 1})
+    verify = condition(entry("managers.tp_worker.TpModelWorker.forward_batch_generation"))
+    assert verify is not None
+    assert verify((None, "b"), {"is_verify": True}) and not verify((None, "b"), {})
+    assert condition(entry("speculative.eagle_utils.eagle_sample")) is None

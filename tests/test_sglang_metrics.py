@@ -11,6 +11,7 @@ from pytest_specperf.engines.sglang.metrics import (
     GRAPH_PASSES,
     MetricsParseError,
     cross_check,
+    forward_time_mismatch,
     parse_prometheus,
     scrape,
     summarize,
@@ -37,17 +38,20 @@ sglang:num_running_reqs{{{LABELS}}} 0.0
 
 
 def rec(step: int, *, graph: bool = True, verify_ms: float = 8.0, step_ms: float = 10.0,
-        rank: int = 0, device: bool = True) -> StepRecord:
-    dev = {"draft": 1_000_000, "verify": int(verify_ms * 1e6), "kv_commit": 500_000}
+        rank: int = 0, device: bool = True, draft: dict[str, GraphCount] | None = None,
+        algorithm: str = "EAGLE3", kv_commit_ms: float = 0.5) -> StepRecord:
+    dev = {"draft": 1_000_000, "verify": int(verify_ms * 1e6),
+           "kv_commit": int(kv_commit_ms * 1e6)}
     runner = "DecodeCudaGraphRunner" if graph else "EagerRunner"
+    graphs = {runner: GraphCount(1, 0) if graph else GraphCount(0, 1)}
+    graphs.update(draft if draft is not None else
+                  {"EAGLEDraftCudaGraphRunner[draft]": GraphCount(1, 0)})
     return StepRecord(
         step=step, wall_ns=step, mode="decode", rids=["r"], context_len=100, batch_size=1,
         accepted_tokens=3, step_ns=int(step_ms * 1e6), host_ns={"verify": 1000},
         unaccounted_ns=0, device_ns=dev if device else None,
         device_step_ns=int(step_ms * 1e6) if device else None,
-        graphs={runner: GraphCount(1, 0) if graph else GraphCount(0, 1),
-                "EAGLEDraftCudaGraphRunner[draft]": GraphCount(1, 0)},
-        rank=rank,
+        graphs=graphs, rank=rank, labels={"speculative_algorithm": algorithm},
     )
 
 
@@ -128,3 +132,62 @@ def test_unit_scrape() -> None:
     assert snap.total(GRAPH_PASSES) == 1
     with pytest.raises(MetricsParseError, match="--enable-metrics"):
         scrape(FakeServerClient({"detail": "Not Found"}))  # type: ignore[arg-type]
+
+
+EAGER_DRAFT_PATHS = {
+    # EAGLEWorkerV2 whose draft graph could not run: draft_forward, counted once
+    "eagle-draft": {"EagleDraftWorker.draft_forward[draft]": GraphCount(0, 1),
+                    "EAGLEDraftExtendCudaGraphRunner[draft]": GraphCount(1, 0)},
+    # draft extend run eagerly: SGLang files it under 'extend'
+    "eagle-draft-extend": {"EAGLEDraftCudaGraphRunner[draft]": GraphCount(1, 0),
+                           "EagerRunner[draft]": GraphCount(0, 1)},
+    # multi-layer EAGLE without draft-extend graphs: one eager forward per MTP layer
+    "multi-layer": {"EagerRunner[draft]": GraphCount(0, 3)},
+}
+
+
+@pytest.mark.parametrize("path", sorted(EAGER_DRAFT_PATHS))
+def test_unit_cross_check_eager_draft_paths_are_not_false_disagreements(path: str) -> None:
+    """SGLang times an eager draft extend as 'extend' (a prefill category) and the eager
+    EAGLE draft's sampling not at all: our draft+kv_commit device time is then larger than
+    its decode-category total by construction. That is said once, not reported as a
+    disagreement (nor as an occupancy one)."""
+    before = parse_prometheus(text(0, 0, 0.0, 0.0, 0.0))
+    records = [rec(i, draft=EAGER_DRAFT_PATHS[path]) for i in range(10)]
+    # target verify 80 ms; the eager draft work (15 ms) landed in 'extend' with the prefill
+    after = parse_prometheus(text(10, 0, 0.080, 0.2 + 0.015, 40.0))
+    lines = cross_check(before, after, records, wall_s=0.1)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("forward GPU time and occupancy not compared: 10 of 10 decode "
+                               "steps ran draft forwards eagerly")
+    assert "'extend' (a prefill category)" in lines[0]
+    assert not any("SGLang measured" in x or "occupancy: SGLang's gauge" in x for x in lines)
+
+
+def test_unit_cross_check_graph_steps_still_disagree_when_they_do() -> None:
+    """The same numbers with every forward replayed from graphs: a real disagreement."""
+    before = parse_prometheus(text(0, 0, 0.0, 0.0, 0.0))
+    after = parse_prometheus(text(10, 0, 0.080, 0.215, 95.0))
+    lines = cross_check(before, after, [rec(i) for i in range(10)], wall_s=0.1)
+    assert any(x.startswith("forward GPU time: SGLang measured 80.0 ms") for x in lines), lines
+
+
+def test_unit_cross_check_dflash_compares_draft_and_verify_only() -> None:
+    """DFlash drafts in TARGET_VERIFY mode (timed as target_verify graph or eager), and its
+    kv_commit projects hidden states outside any timed forward: compared without it."""
+    before = parse_prometheus(text(0, 0, 0.0, 0.0, 0.0))
+    records = [rec(i, algorithm="DFLASH", kv_commit_ms=3.0,
+                   draft={"EagerRunner[draft]": GraphCount(0, 1)}) for i in range(10)]
+    after = parse_prometheus(text(10, 0, 0.090, 0.2, 90.0))  # draft 1 ms + verify 8 ms
+    assert cross_check(before, after, records, wall_s=0.1) == []
+    with_kv = [rec(i, algorithm="EAGLE3", kv_commit_ms=3.0) for i in range(10)]
+    assert any("draft+verify+kv_commit device time is 120.0 ms" in x
+               for x in cross_check(before, after, with_kv, wall_s=0.1))
+
+
+def test_unit_forward_time_mismatch_names_the_eager_counters() -> None:
+    assert forward_time_mismatch(rec(0)) is None
+    why = forward_time_mismatch(rec(0, draft=EAGER_DRAFT_PATHS["eagle-draft"]))
+    assert why is not None and "EagleDraftWorker.draft_forward[draft]" in why
+    assert forward_time_mismatch(rec(0, algorithm="DFLASH",
+                                     draft=EAGER_DRAFT_PATHS["multi-layer"])) is None

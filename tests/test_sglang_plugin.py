@@ -18,8 +18,9 @@ import pytest
 
 from pytest_specperf.engines import env as base
 from pytest_specperf.engines.sglang import sgl_plugin
+from pytest_specperf.engines.sglang.algorithms import ALGORITHMS, KNOWN_FAMILIES
 from pytest_specperf.engines.sglang.hooks import ProbeRuntime
-from pytest_specperf.engines.sglang.phase_map import PhaseMap, load_builtin, parse_map
+from pytest_specperf.engines.sglang.phase_map import HookEntry, PhaseMap, load_builtin, parse_map
 
 
 def test_unit_env_names_match_the_backend_protocol() -> None:
@@ -164,18 +165,30 @@ def test_unit_load_in_a_scheduler_registers_hooks_and_reports(
     assert len(fake_registry.registered) == 2
 
 
-def test_unit_load_reports_a_bad_user_phase_map(
-    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize("text", [
+    "schema: 1\nentries: [7]\n",
+    "schema: 1\nentries:\n - {target: sglang.a.B.c, role: phase, phase: drafting}\n",
+    "schema: 1\nentries:\n - {target: myfork.B.c, role: step}\n",
+    "schema: 1\nentries:\n - {target: sglang.a.B.c, role: step}\n - {target: sglang.a.B.c, role: idle}\n",
+    "schema: 1\nentries:\n - !!python/object/apply:os.system [echo]\n",
+], ids=["not-a-mapping", "unknown-phase", "outside-sglang", "duplicate", "yaml-tag"])
+def test_unit_bad_user_phase_map_patches_nothing(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    text: str,
 ) -> None:
+    """A map that does not validate registers no hook at all, not even the built-in ones
+    (half a map would measure something else than asked), and the report says where."""
     bad = tmp_path / "fork.yaml"
-    bad.write_text("schema: 1\nentries: [7]\n")
+    bad.write_text(text)
     run = tmp_path / "run"
     monkeypatch.setenv("SPECPERF_RUN_DIR", str(run))
     monkeypatch.setenv("SPECPERF_PHASE_MAP", str(bad))
     _in_scheduler(sgl_plugin.load)
+    assert fake_registry.registered == []
     report = json.loads(next(run.glob("hooks-*.json")).read_text())
-    assert str(bad) in report["phase_map_error"] and "entry 0" in report["phase_map_error"]
-    assert len(report["installed"]) == 2  # the built-in map still applies
+    assert report["installed"] == [] and report["refused"] == report["phase_map_error"]
+    assert f"phase map {bad}:" in report["phase_map_error"]
+    assert isinstance(sgl_plugin._runtime, ProbeRuntime)  # loaded once, inert
 
 
 def test_unit_load_with_a_user_phase_map(
@@ -226,15 +239,24 @@ def test_unit_load_never_raises(
 
 def test_unit_install_on_a_small_map(tmp_path: Path) -> None:
     pm: PhaseMap = parse_map({"schema": 1, "entries": [
-        {"target": "json.dumps", "role": "phase", "phase": "accept"},
-        {"target": "json.nothing_here", "role": "phase", "phase": "accept", "optional": True},
-        {"target": "json.loads", "role": "disabled"},
+        {"target": "sglang.srt.x.f", "role": "phase", "phase": "accept"},
+        {"target": "sglang.srt.x.nothing_here", "role": "phase", "phase": "accept",
+         "optional": True},
+        {"target": "sglang.srt.x.g", "role": "disabled"},
     ]}, "inline")
     got: list[str] = []
     rt = ProbeRuntime(tmp_path, use_cuda=False)
-    report = sgl_plugin.install(rt, pm, lambda t, h: got.append(t), sgl_plugin.resolve_target)
-    assert got == ["json.dumps"]
-    assert [m["target"] for m in report["missing"]] == ["json.nothing_here"]
+
+    def resolve(target: str) -> Any:
+        if target == "sglang.srt.x.f":
+            return def_b
+        raise AttributeError(f"sglang.srt.x has no attribute {target.rsplit('.', 1)[1]!r}")
+
+    report = sgl_plugin.install(rt, pm, lambda t, h: got.append(t), resolve)
+    assert got == ["sglang.srt.x.f"]
+    (missing,) = report["missing"]
+    assert missing["target"] == "sglang.srt.x.nothing_here" and missing["kind"] == "not_found"
+    assert report["refused"] is None
 
 
 def test_unit_resolve_target_and_runtime_params() -> None:
@@ -257,13 +279,9 @@ def test_unit_resolve_target_and_runtime_params() -> None:
     assert sgl_plugin.runtime_params(object()) is None  # not introspectable: not compared
 
 
-@pytest.mark.parametrize(("algorithm", "skipped_family", "kept_family"), [
-    ("EAGLE3", "dflash", "eagle"),
-    ("DFLASH", "eagle", "dflash"),
-    ("NEXTN", "dflash-fork", "eagle-multi-layer"),
-])
+@pytest.mark.parametrize("algorithm", [a for a, spec in ALGORITHMS.items() if spec.families])
 def test_unit_install_skips_families_the_algorithm_cannot_use(
-    tmp_path: Path, algorithm: str, skipped_family: str, kept_family: str
+    tmp_path: Path, algorithm: str
 ) -> None:
     pm = load_builtin()
     resolved: list[str] = []
@@ -275,13 +293,25 @@ def test_unit_install_skips_families_the_algorithm_cannot_use(
     report = sgl_plugin.install(ProbeRuntime(tmp_path, use_cuda=False), pm,
                                 lambda t, h: None, resolve, algorithm)
     family = {e.target: e.family for e in pm.entries}
+    usable = ALGORITHMS[algorithm].families
     assert report["speculative_algorithm"] == algorithm
-    assert {family[t] for t in report["not_for_this_algorithm"]} == (
-        {"dflash", "dflash-fork"} if algorithm != "DFLASH"
-        else {"eagle", "eagle-multi-layer", "frozen-kv-mtp"})
-    assert not any(family[t] == skipped_family for t in resolved)  # never imported
-    assert any(family[t] == kept_family for t in resolved)
+    assert {family[t] for t in report["not_for_this_algorithm"]} == KNOWN_FAMILIES - usable
+    assert {family[t] for t in resolved} == usable | {None}  # never imported: the others
     assert any(family[t] is None for t in resolved)  # scheduler plumbing, graph runners
+
+
+def test_unit_frozen_kv_mtp_gets_its_own_families_only(tmp_path: Path) -> None:
+    """FROZEN_KV_MTP runs EAGLEWorkerV2's verify but none of EAGLE's draft workers, and
+    nothing of DFlash: before it was in the table, every family was installed for it."""
+    pm = load_builtin()
+    report = sgl_plugin.install(ProbeRuntime(tmp_path, use_cuda=False), pm,
+                                lambda t, h: None, lambda t: def_a, "FROZEN_KV_MTP")
+    installed = {i["target"].rsplit(".", 2)[-2] + "." + i["target"].rsplit(".", 1)[1]
+                 for i in report["installed"]}
+    assert {"FrozenKVMTPWorkerV2.forward_batch_generation", "EAGLEWorkerV2.verify",
+            "FrozenKVMTPDraftWorker.draft"} <= installed
+    assert not any(t.startswith(("EagleDraftWorker.", "MultiLayer", "DFlash", "ModelRunner.",
+                                 "TpModelWorker.")) for t in installed)
 
 
 def test_unit_install_with_unknown_algorithm_keeps_everything(tmp_path: Path) -> None:
@@ -305,3 +335,75 @@ def test_unit_load_reads_the_algorithm_from_server_args(
     assert sgl_plugin._runtime.labels["speculative_algorithm"] == "DFLASH"
     assert report["installed"] == []  # the fake resolver only knows two EAGLE targets
     assert not any("eagle_worker_v2" in m["target"] for m in report["missing"])
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "UNO", "DSPARK", "MY_DDTREE"])
+def test_unit_load_refuses_an_algorithm_without_a_step_entry(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    algorithm: str,
+) -> None:
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
+    _in_scheduler(sgl_plugin.load, server_args=types.SimpleNamespace(
+        speculative_algorithm=algorithm))
+    assert fake_registry.registered == []
+    report = json.loads(next(tmp_path.glob("hooks-*.json")).read_text())
+    assert report["installed"] == [] and report["phase_map_error"] is None
+    assert f"--speculative-algorithm {algorithm}" in report["refused"]
+    assert "SPECPERF_PHASE_MAP" in report["refused"] and "sglang-check" in report["refused"]
+
+
+def test_unit_load_accepts_ngram_with_the_users_step_entry(
+    fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fork = tmp_path / "ngram.yaml"
+    fork.write_text("schema: 1\nentries:\n"
+                    " - {target: sglang.srt.speculative.ngram_worker.NGRAMWorker."
+                    "forward_batch_generation, role: step}\n")
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("SPECPERF_PHASE_MAP", str(fork))
+    _in_scheduler(sgl_plugin.load, server_args=types.SimpleNamespace(
+        speculative_algorithm="NGRAM"))
+    report = json.loads(next((tmp_path / "run").glob("hooks-*.json")).read_text())
+    assert report["refused"] is None
+    missing = {m["target"] for m in report["missing"]}  # the fake resolver knows 2 targets
+    assert "sglang.srt.speculative.ngram_worker.NGRAMWorker.forward_batch_generation" in missing
+    family = {e.target: e.family for e in load_builtin().entries}
+    # NGRAM uses none of the built-in families: only plumbing and the user's entries
+    assert {family[t] for t in report["not_for_this_algorithm"]} == KNOWN_FAMILIES
+
+
+def test_unit_resolve_target_reports_a_module_that_fails_to_import(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A module that exists but raises on import is an import failure naming the module and
+    its error, where pkgutil.resolve_name reports an AttributeError of the parent package."""
+    import pkgutil
+
+    pkg = tmp_path / "sglang_stub_for_import_test"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "srt" / "__init__.py").write_text("")
+    (pkg / "srt" / "worker.py").write_text("import flashinfer_missing_dependency\n"
+                                           "class W:\n    def step(self): ...\n")
+    (pkg / "srt" / "fine.py").write_text("class W:\n    def step(self): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = "sglang_stub_for_import_test.srt.worker.W.step"
+    with pytest.raises(AttributeError):  # what the old resolution reported
+        pkgutil.resolve_name(target.rsplit(".", 1)[0])
+    with pytest.raises(sgl_plugin.TargetImportError) as exc:
+        sgl_plugin.resolve_target(target)
+    msg = str(exc.value)
+    assert "sglang_stub_for_import_test.srt.worker exists but importing it raised" in msg
+    assert "flashinfer_missing_dependency" in msg
+    assert sgl_plugin.resolve_target("sglang_stub_for_import_test.srt.fine.W.step")
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        sgl_plugin.resolve_target("sglang_stub_for_import_test.srt.fine.W.nope")
+    with pytest.raises(AttributeError, match="srt has no attribute 'absent'"):
+        sgl_plugin.resolve_target("sglang_stub_for_import_test.srt.absent.W.step")
+    with pytest.raises(ModuleNotFoundError):
+        sgl_plugin.resolve_target("no_such_top_level_package_xyz.m.W.step")
+    pm = PhaseMap(entries=(HookEntry(target=target, role="step"),))  # a stand-in package
+    report = sgl_plugin.install(ProbeRuntime(tmp_path, use_cuda=False), pm, lambda t, h: None,
+                                sgl_plugin.resolve_target)
+    (m,) = report["missing"]
+    assert m["kind"] == "import_failed" and m["reason"].startswith("import failed: module ")

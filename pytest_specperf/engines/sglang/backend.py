@@ -42,7 +42,7 @@ from pytest_specperf.engines.protocol import (
     LaunchSpec,
     RunDirBinding,
 )
-from pytest_specperf.engines.sglang import kv_fragment, launcher, metrics, source
+from pytest_specperf.engines.sglang import algorithms, kv_fragment, launcher, metrics, source
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
 
@@ -185,7 +185,7 @@ class SGLangBackend(RunDirBinding):
             raise BackendUnavailable(
                 "the sglang backend measures speculative decoding: pass the algorithm, e.g. "
                 "--specperf-server-arg=--speculative-algorithm=EAGLE3 (or DFLASH, NEXTN, "
-                "EAGLE, STANDALONE)"
+                "EAGLE, STANDALONE, FROZEN_KV_MTP)"
             )
         if not _entry_point_installed():
             raise BackendUnavailable(
@@ -194,14 +194,10 @@ class SGLangBackend(RunDirBinding):
                 "which is missing: install the plugin with pip (pip install -e . from a "
                 "checkout), not only on PYTHONPATH"
             )
-        user_map = os.environ.get(ENV_PHASE_MAP)
-        if user_map:
-            from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_file
-
-            try:
-                load_file(user_map)
-            except PhaseMapError as e:
-                raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
+        algo = launcher.flag_value(tokens, "--speculative-algorithm") or launcher.config_value(
+            tokens, "speculative_algorithm"
+        )
+        self._check_algorithm(algo, self._version)  # None (set in a config file): at attach
         sizes = [
             v
             for v in (
@@ -211,6 +207,28 @@ class SGLangBackend(RunDirBinding):
             if v
         ]
         self._vocab_size = min(sizes) if sizes else None
+
+    def _check_algorithm(self, algorithm: str | None, version: str | None) -> None:
+        """Refuse a bad ``SPECPERF_PHASE_MAP`` and an algorithm without a step entry."""
+        from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_effective
+
+        try:
+            pm = load_effective(version, os.environ.get(ENV_PHASE_MAP) or None)
+        except PhaseMapError as e:
+            raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
+        if algorithm and algorithm.upper() != "NONE":
+            reason = algorithms.refusal(algorithm, pm, version)
+            if reason is not None:
+                raise BackendUnavailable(reason)
+
+    def check_attached(self, server_info: dict[str, Any]) -> None:
+        """At attach (and once a launched server answers): its algorithm must be mapped."""
+        algo = server_info.get("speculative_algorithm")
+        version = server_info.get("version")
+        self._check_algorithm(
+            algo if isinstance(algo, str) else None,
+            version if isinstance(version, str) else self._version,
+        )
 
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
         if not settings.model:
@@ -304,6 +322,7 @@ class SGLangBackend(RunDirBinding):
             raise BackendUnavailable(
                 "/server_info has no model_path: the server is not an SGLang server"
             )
+        self.check_attached(server_info)
         from pytest_specperf.engines.sglang.phase_map import builtin_name_for
 
         if self._vocab_size is None:  # attach mode: check() was not called
@@ -329,8 +348,6 @@ class SGLangBackend(RunDirBinding):
     def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
         return None
 
-    def check_attached(self, server_info: dict[str, Any]) -> None:
-        return None
 
     def notes(self) -> list[str]:
         return self.describe_hooks()
@@ -426,8 +443,12 @@ class SGLangBackend(RunDirBinding):
             f"sglang {r.get('sglang_version')}: {len(r.get('installed', []))} hooks "
             f"installed from {', '.join(r.get('phase_map', []))}"
         ]
+        if r.get("refused"):
+            lines.append(f"  REFUSED, nothing installed: {r['refused']}")
         for m in r.get("missing", []):
             kind = "optional target" if m.get("optional") else "MISSING target"
+            if m.get("kind") == "import_failed":
+                kind = "IMPORT FAILED for target"
             lines.append(
                 f"  {kind} {m['target']} ({m.get('phase') or m['role']}): {m.get('reason', '')}"
             )
@@ -435,7 +456,7 @@ class SGLangBackend(RunDirBinding):
             lines.append(
                 f"  signature changed: {c['target']}: expected {c['expected']}, found {c['actual']}"
             )
-        if r.get("phase_map_error"):
+        if r.get("phase_map_error") and not r.get("refused"):
             lines.append(f"  {r['phase_map_error']}")
         for path in sorted(self.run_dir.glob("errors-*.json")):
             try:

@@ -10,8 +10,11 @@ A decode step is one call of the speculative worker's ``forward_batch_generation
 ``step``). Its record is completed from two places SGLang reaches later:
 
 - ``schedule``: ``ScheduleBatch.prepare_for_decode`` runs in the scheduler loop *before*
-  the worker call; its host time is carried into the next decode step's ``schedule``
-  phase and ``step_ns`` (device time is not: it runs on the schedule stream);
+  the worker call; its host time is carried into the next step's ``schedule`` phase and
+  ``step_ns`` (device time is not: it runs on the schedule stream). That next step is a
+  decode step, or an extend step when mixed chunked prefill merged the decode batch into
+  a prefill batch; either way the carry is consumed by the step it preceded, never by a
+  later one;
 - accepted tokens: known on the host only when the scheduler processes the step's result
   (``process_batch_result_decode``, after the next step was launched under the overlap
   scheduler). Decode records are held until then, and written (and flushed to the OS)
@@ -243,8 +246,9 @@ class ProbeRuntime:
             return False
         fm = batch.forward_mode
         if fm.is_extend() or getattr(batch, "is_extend_in_batch", False):
-            mode = "extend"
+            mode = "extend"  # a mixed batch (decode merged into a prefill) too
         elif fm.is_idle():
+            self.carry_ns = 0  # belongs to no recorded step
             return False
         else:
             mode = "decode"
@@ -255,10 +259,8 @@ class ProbeRuntime:
         )
         self.step_depth = 1
         self.cur_mode = mode
-        if mode == "decode":
-            self.cur_carry, self.carry_ns = self.carry_ns, 0
-        else:
-            self.cur_carry = 0
+        # prepare_for_decode ran for this batch (mixed into a prefill batch when extend)
+        self.cur_carry, self.carry_ns = self.carry_ns, 0
         return True
 
     def end(self, result: Any) -> None:
@@ -459,12 +461,34 @@ def _step_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     return step_hook
 
 
+Condition = Callable[[tuple[Any, ...], dict[str, Any]], bool]
+
+
+def condition(entry: HookEntry) -> Condition | None:
+    """The entry's ``when`` as a test of the call's arguments (None: always)."""
+    attr = entry.when_self_attr
+    if attr is not None:
+        return lambda args, kwargs: bool(args and getattr(args[0], attr, False))
+    name = entry.when_arg or entry.when_not_arg
+    if name is None:
+        return None
+    idx = entry.arg_index(name)
+    want = entry.when_arg is not None
+
+    def test(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if name in kwargs:
+            value = kwargs[name]
+        else:
+            value = args[idx] if idx is not None and len(args) > idx else None
+        return bool(value) is want
+
+    return test
+
+
 def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     phase = entry.phase or ""
     carry = phase == "schedule"
-    self_attr = entry.when_self_attr
-    arg = entry.when_arg
-    arg_idx = entry.arg_index(arg) if arg is not None else None
+    when = condition(entry)
     outermost = entry.outermost
 
     def phase_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
@@ -480,16 +504,8 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
                 rt.carry_depth = 0
         if outermost and rt.phase_depth:
             return original(*args, **kwargs)
-        if self_attr is not None and not (args and getattr(args[0], self_attr, False)):
+        if when is not None and not when(args, kwargs):
             return original(*args, **kwargs)
-        if arg is not None:
-            value = (
-                kwargs[arg]
-                if arg in kwargs
-                else (args[arg_idx] if arg_idx is not None and len(args) > arg_idx else None)
-            )
-            if not value:
-                return original(*args, **kwargs)
         span = rt.probe.phase(phase)
         rt.phase_depth += 1
         span.__enter__()
@@ -506,9 +522,12 @@ def _graph_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     fixed = entry.label
     replay = bool(entry.replay)
     where = f"graph:{entry.target}"
+    when = condition(entry)
 
     def graph_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
         if not rt.step_depth or rt.graph_depth:
+            return original(*args, **kwargs)
+        if when is not None and not when(args, kwargs):
             return original(*args, **kwargs)
         try:
             label = fixed or rt.runner_label(args[0])

@@ -78,6 +78,36 @@ def has_flag(tokens: Sequence[str], *flags: str) -> bool:
     return any(flag_of(t) in flags for t in tokens)
 
 
+def flag_value(tokens: Sequence[str], flag: str) -> str | None:
+    """The value given to ``flag`` (``--f=v`` or ``--f v``; the last one wins), if any."""
+    value = None
+    for i, token in enumerate(tokens):
+        if flag_of(token) != flag:
+            continue
+        if "=" in token:
+            value = token.split("=", 1)[1]
+        elif i + 1 < len(tokens) and flag_of(tokens[i + 1]) is None:
+            value = tokens[i + 1]
+    return value
+
+
+def config_value(tokens: Sequence[str], key: str) -> str | None:
+    """``key`` (``a_b`` or ``a-b``) from the YAML file of ``--config``, if readable."""
+    path = flag_value(tokens, "--config")
+    if not path:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # SGLang reports an unreadable config itself
+    if not isinstance(data, dict):
+        return None
+    value = data.get(key, data.get(key.replace("_", "-")))
+    return value if isinstance(value, str) else None
+
+
 def known_flags(sglang_root: Path | None) -> frozenset[str] | None:
     """Every ``--flag`` SGLang's launch_server accepts, read from its source with ``ast``.
 

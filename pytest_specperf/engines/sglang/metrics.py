@@ -38,9 +38,18 @@ PREFILL_CATEGORIES = frozenset(
 )
 #: Phases whose device time is model forward passes (what SGLang's device timer covers).
 FORWARD_PHASES = ("draft", "verify", "kv_commit")
+#: Per algorithm where that differs: DFlash's kv_commit projects target hidden states into
+#: the draft KV layer by layer, outside any model forward SGLang times.
+FORWARD_PHASES_BY_ALGORITHM = {"DFLASH": ("draft", "verify")}
 #: Runner counters that mean "the target forward replayed a graph" / "ran eagerly".
 TARGET_GRAPH_RUNNERS = ("DecodeCudaGraphRunner",)
 TARGET_EAGER_RUNNERS = ("EagerRunner",)
+#: Graph counters of the drafter end with this (runners of a draft model runner, and the
+#: map's draft-side labels).
+DRAFT_COUNTER_SUFFIX = "[draft]"
+#: Algorithms whose eager draft forwards SGLang times in the same category as their graph
+#: replays (DFlash drafts in TARGET_VERIFY mode: ``target_verify`` either way).
+EAGER_DRAFT_TIMED_ALIKE = frozenset({"DFLASH"})
 
 
 class MetricsParseError(ValueError):
@@ -182,80 +191,20 @@ def cross_check(
     ``records``: our decode-step records of the window between the two scrapes (all
     requests). ``wall_s``: the window's wall time, to compare occupancy. Only records of
     ``rank`` are used (SGLang's metrics come from its stats-logging rank). An empty list
-    means everything that could be compared agreed; metrics that are absent are said so.
+    means everything that could be compared agreed; metrics that are absent, and
+    comparisons that would differ only because SGLang times a path differently (see
+    :func:`forward_time_mismatch`), are said so instead.
     """
     recs = [r for r in records if r.rank == rank and r.mode == "decode"]
-    out: list[str] = []
-
-    # 1. graph replays vs eager target passes, per decode batch
-    modes = {
-        m: v - before.by_label(GRAPH_PASSES, "mode").get(m, 0.0)
-        for m, v in after.by_label(GRAPH_PASSES, "mode").items()
-    }
-    if not modes:
-        out.append(f"{GRAPH_PASSES} is absent (server not started with --enable-metrics?)")
-    else:
-        ours_graph = sum(1 for r in recs if _ran(r, TARGET_GRAPH_RUNNERS, replay=True))
-        ours_eager = sum(1 for r in recs if _ran(r, TARGET_EAGER_RUNNERS, replay=False))
-        theirs_graph = modes.get("decode_cuda_graph", 0.0)
-        theirs_eager = modes.get("decode_none", 0.0)
-        if _differs(ours_graph, theirs_graph, tolerance, 1.0):
-            out.append(
-                f"CUDA-graph decode passes: SGLang counted {theirs_graph:.0f} "
-                f"({GRAPH_PASSES}{{mode=decode_cuda_graph}}), our probe saw {ours_graph} "
-                f"steps whose target forward replayed a graph"
-            )
-        if _differs(ours_eager, theirs_eager, tolerance, 1.0):
-            out.append(
-                f"eager decode passes: SGLang counted {theirs_eager:.0f} "
-                f"({GRAPH_PASSES}{{mode=decode_none}}), our probe saw {ours_eager} steps "
-                f"whose target forward ran eagerly"
-            )
-
-    # 2. GPU time of forward passes
-    with_dev = [r for r in recs if r.device_ns is not None]
-    ours_fwd: float | None = None
-    if with_dev:
-        ours_fwd = (
-            sum(sum((r.device_ns or {}).get(p, 0) for p in FORWARD_PHASES) for r in with_dev) / 1e9
-        )
-    cats = after.by_label(FORWARD_SECONDS, "category")
-    if not cats:
-        out.append(
-            f"{FORWARD_SECONDS} is absent (needs --enable-metrics and "
-            "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)"
-        )
-    elif ours_fwd is None:
-        out.append(
-            "our records carry no device times (probe ran without CUDA events); "
-            "forward GPU time not compared"
-        )
-    else:
-        prev = before.by_label(FORWARD_SECONDS, "category")
-        theirs_fwd = sum(
-            v - prev.get(c, 0.0) for c, v in cats.items() if c not in PREFILL_CATEGORIES
-        )
-        ours_step = sum(r.device_step_ns or 0 for r in with_dev) / 1e9
-        if theirs_fwd > ours_step * (1 + tolerance) + 1e-3:
-            out.append(
-                f"forward GPU time: SGLang measured {theirs_fwd * 1e3:.1f} ms of decode "
-                f"forwards ({FORWARD_SECONDS}), more than the {ours_step * 1e3:.1f} ms of "
-                "device time our probe saw for whole steps: the windows do not match "
-                "or a forward ran outside the hooked steps"
-            )
-        elif _differs(ours_fwd, theirs_fwd, tolerance, 1e-3):
-            out.append(
-                f"forward GPU time: SGLang measured {theirs_fwd * 1e3:.1f} ms "
-                f"({FORWARD_SECONDS}, decode categories), our probe's draft+verify+"
-                f"kv_commit device time is {ours_fwd * 1e3:.1f} ms (tolerance {tolerance:.0%})"
-            )
-
-    # 3. occupancy: SGLang's gauge (percent, over its own last log window) against our
-    # forward-phase device time over the window's wall time
+    out = _graph_passes(before, after, recs, tolerance)
+    ours_fwd, lines = _forward_time(before, after, recs, tolerance)
+    out += lines
     occ = after.total(FWD_OCCUPANCY)
     if occ is None:
         out.append(f"{FWD_OCCUPANCY} is absent (needs SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)")
     elif wall_s and wall_s > 0 and ours_fwd is not None and not math.isnan(occ):
+        # SGLang's gauge (percent, over its own last log window) against our
+        # forward-phase device time over the window's wall time
         ours_occ = 100.0 * ours_fwd / wall_s
         if _differs(ours_occ, occ, tolerance, 5.0):
             out.append(
@@ -264,6 +213,117 @@ def cross_check(
                 f"time {ours_fwd * 1e3:.1f} ms over {wall_s * 1e3:.0f} ms of wall time)"
             )
     return out
+
+
+def _graph_passes(
+    before: MetricsSnapshot, after: MetricsSnapshot, recs: Sequence[StepRecord], tolerance: float
+) -> list[str]:
+    """Graph replays vs eager target passes, per decode batch."""
+    modes = {
+        m: v - before.by_label(GRAPH_PASSES, "mode").get(m, 0.0)
+        for m, v in after.by_label(GRAPH_PASSES, "mode").items()
+    }
+    if not modes:
+        return [f"{GRAPH_PASSES} is absent (server not started with --enable-metrics?)"]
+    out = []
+    ours_graph = sum(1 for r in recs if _ran(r, TARGET_GRAPH_RUNNERS, replay=True))
+    ours_eager = sum(1 for r in recs if _ran(r, TARGET_EAGER_RUNNERS, replay=False))
+    theirs_graph = modes.get("decode_cuda_graph", 0.0)
+    theirs_eager = modes.get("decode_none", 0.0)
+    if _differs(ours_graph, theirs_graph, tolerance, 1.0):
+        out.append(
+            f"CUDA-graph decode passes: SGLang counted {theirs_graph:.0f} "
+            f"({GRAPH_PASSES}{{mode=decode_cuda_graph}}), our probe saw {ours_graph} "
+            f"steps whose target forward replayed a graph"
+        )
+    if _differs(ours_eager, theirs_eager, tolerance, 1.0):
+        out.append(
+            f"eager decode passes: SGLang counted {theirs_eager:.0f} "
+            f"({GRAPH_PASSES}{{mode=decode_none}}), our probe saw {ours_eager} steps "
+            f"whose target forward ran eagerly"
+        )
+    return out
+
+
+def _forward_time(
+    before: MetricsSnapshot, after: MetricsSnapshot, recs: Sequence[StepRecord], tolerance: float
+) -> tuple[float | None, list[str]]:
+    """GPU time of forward passes; returns our comparable total (None: not compared)."""
+    cats = after.by_label(FORWARD_SECONDS, "category")
+    with_dev = [r for r in recs if r.device_ns is not None]
+    if not cats:
+        return None, [
+            f"{FORWARD_SECONDS} is absent (needs --enable-metrics and "
+            "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1)"
+        ]
+    if not with_dev:
+        return None, [
+            "our records carry no device times (probe ran without CUDA events); "
+            "forward GPU time not compared"
+        ]
+    prev = before.by_label(FORWARD_SECONDS, "category")
+    theirs = sum(v - prev.get(c, 0.0) for c, v in cats.items() if c not in PREFILL_CATEGORIES)
+    ours_step = sum(r.device_step_ns or 0 for r in with_dev) / 1e9
+    if theirs > ours_step * (1 + tolerance) + 1e-3:
+        return None, [
+            f"forward GPU time: SGLang measured {theirs * 1e3:.1f} ms of decode "
+            f"forwards ({FORWARD_SECONDS}), more than the {ours_step * 1e3:.1f} ms of "
+            "device time our probe saw for whole steps: the windows do not match "
+            "or a forward ran outside the hooked steps"
+        ]
+    reasons = [why for why in map(forward_time_mismatch, with_dev) if why is not None]
+    if reasons:
+        return None, [
+            f"forward GPU time and occupancy not compared: {len(reasons)} of {len(with_dev)} "
+            f"decode steps {reasons[0]}"
+        ]
+    ours = sum(_forward_ns(r) for r in with_dev) / 1e9
+    if _differs(ours, theirs, tolerance, 1e-3):
+        phases = "+".join(forward_phases(with_dev[0]))
+        return ours, [
+            f"forward GPU time: SGLang measured {theirs * 1e3:.1f} ms "
+            f"({FORWARD_SECONDS}, decode categories), our probe's {phases} "
+            f"device time is {ours * 1e3:.1f} ms (tolerance {tolerance:.0%})"
+        ]
+    return ours, []
+
+
+def forward_phases(record: StepRecord) -> tuple[str, ...]:
+    """Our phases whose device time SGLang's forward timer covers, for this step."""
+    algo = str(record.labels.get("speculative_algorithm", "")).upper()
+    return FORWARD_PHASES_BY_ALGORITHM.get(algo, FORWARD_PHASES)
+
+
+def _forward_ns(record: StepRecord) -> int:
+    dev = record.device_ns or {}
+    return sum(dev.get(p, 0) for p in forward_phases(record))
+
+
+def forward_time_mismatch(record: StepRecord) -> str | None:
+    """Why SGLang's device timer covers this step's forwards differently from our phases.
+
+    With every forward replayed from a CUDA graph both sides time the same work: SGLang
+    times each replay (``target_verify``, ``eagle_draft``, ``eagle_draft_extend``,
+    ``frozen_kv_draft``), our ``draft``, ``verify`` and ``kv_commit`` phases contain them.
+    On the eager draft path they differ by construction: SGLang files an eager draft
+    extend (``DRAFT_EXTEND`` forward mode) under ``extend``, a prefill category, and times
+    each eager EAGLE draft forward as ``decode`` but not the top-k/sampling between them.
+    DFlash drafts in ``TARGET_VERIFY`` mode, timed as ``target_verify`` graph or eager.
+    """
+    algo = str(record.labels.get("speculative_algorithm", "")).upper()
+    if algo in EAGER_DRAFT_TIMED_ALIKE:
+        return None
+    eager = sorted(
+        name for name, g in record.graphs.items() if g.eager and name.endswith(DRAFT_COUNTER_SUFFIX)
+    )
+    if not eager:
+        return None
+    return (
+        f"ran draft forwards eagerly ({', '.join(eager)}): SGLang's device timer files an "
+        "eager draft extend under 'extend' (a prefill category) and does not time the "
+        "sampling between eager draft forwards, so the totals would differ for that reason "
+        "alone"
+    )
 
 
 def _ran(record: StepRecord, runners: Sequence[str], *, replay: bool) -> bool:

@@ -7,10 +7,14 @@ launcher sets, and nothing outside scheduler processes (it recognises one by bei
 from SGLang's ``run_scheduler_process``, whose ``tp_rank`` it reads). In a scheduler it:
 
 - builds the phase map for the installed SGLang version, extended by the file named in
-  ``SPECPERF_PHASE_MAP`` if any;
+  ``SPECPERF_PHASE_MAP`` if any; if that file does not validate, or the server's
+  ``--speculative-algorithm`` has no step entry in the map (NGRAM, UNO and DSPARK have
+  none built in: see :mod:`.algorithms`), it registers **nothing** and says why in the
+  report (``refused``);
 - resolves every target (importing its module, as ``HookRegistry.apply_hooks`` would),
-  skipping the families of the map the server's ``--speculative-algorithm`` cannot use;
-  targets missing in this SGLang are listed, not fatal;
+  skipping the families of the map the server's algorithm cannot use; targets missing in
+  this SGLang are listed, not fatal, and a module that exists but fails to import is
+  reported as such (``kind: import_failed``), not as a missing attribute;
 - registers one AROUND hook per found target with ``HookRegistry``;
 - writes the report ``hooks-pid<P>-rank<R>.json`` into ``SPECPERF_RUN_DIR`` (targets
   installed, missing, and with a changed signature).
@@ -25,19 +29,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-# engines.env imports only the standard library: this module stays cheap to import in
-# every SGLang process.
-from pytest_specperf.engines.env import (
-    ENV_PHASE_MAP,
-    ENV_RUN_DIR,
-    ENV_SGLANG_PLUGIN,
-    probe_setup,
-    run_dir_from_env,
-)
+# engines.env imports only the standard library: this module stays cheap in every process
+from pytest_specperf.engines.env import ENV_PHASE_MAP, ENV_RUN_DIR, ENV_SGLANG_PLUGIN
 
 if TYPE_CHECKING:
     from pytest_specperf.engines.sglang.hooks import ProbeRuntime
     from pytest_specperf.engines.sglang.phase_map import HookEntry, PhaseMap
+
 
 #: The one piece of module state: the runtime of this process once its hooks are
 #: registered. SGLang's hooks are process-wide monkeypatches, so registration must
@@ -57,7 +55,7 @@ def load() -> None:
     import logging
 
     log = logging.getLogger("pytest_specperf.sglang")
-    run_dir = run_dir_from_env()
+    run_dir = os.environ.get(ENV_RUN_DIR)
     if not run_dir:
         log.warning(
             "%s=1 but %s is not set: pytest-specperf probe stays off",
@@ -66,79 +64,103 @@ def load() -> None:
         )
         return
     try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
-        from pytest_specperf.engines.sglang.source import installed_version
-
-        version = installed_version()
-        algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
-        algo = None if algo is None else str(getattr(algo, "name", algo))
-        rt = _probe_runtime(ctx, run_dir, version, algo)
-        pm = load_builtin(version)
-        map_error = None
-        user_file = os.environ.get(ENV_PHASE_MAP)
-        if user_file:
-            try:
-                pm = pm.extended(load_file(user_file))
-            except PhaseMapError as e:
-                map_error = str(e)
-                log.error("pytest-specperf: %s (built-in map used alone)", e)
-
-        def register(target: str, hook: Any) -> None:
-            HookRegistry.register(target, hook, HookType.AROUND)
-
-        report = install(rt, pm, register, resolve_target, algo)
-        report.update(process=_process_info(ctx), sglang_version=version, phase_map_error=map_error)
-        if rt.sink is not None:
-            rt.sink.write_meta(f"hooks-{rt.meta_suffix}", report)
-        missing = [m["target"] for m in report["missing"] if not m["optional"]]
-        if missing:
-            log.warning(
-                "pytest-specperf: %d hook target(s) not found in sglang %s: %s",
-                len(missing),
-                version,
-                ", ".join(missing),
-            )
-        _runtime = rt
+        _runtime = _start(ctx, run_dir, log)
     except Exception as e:  # never take the server down
         log.exception("pytest-specperf plugin failed to load: %s", e)
 
 
-def _probe_runtime(
-    ctx: dict[str, Any], run_dir: str, version: str | None, algo: str | None
-) -> ProbeRuntime:
-    """This scheduler's probe runtime: its labels, plus the environment's probe setup."""
-    from pytest_specperf.engines.sglang.hooks import ProbeRuntime
+def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
+    """Build this scheduler's runtime, register its hooks, write the hooks report."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    labels = {"engine": "sglang", "sglang_version": str(version)}
-    for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
-        if ctx.get(key) is not None:
-            labels[key] = str(ctx[key])
-    if algo is not None:
-        labels["speculative_algorithm"] = algo
-    setup = probe_setup(device="cuda", labels=labels)  # SPECPERF_INJECT, SPECPERF_NVTX
-    return ProbeRuntime(
+    from pytest_specperf.engines.env import probe_setup
+    from pytest_specperf.engines.sglang.hooks import ProbeRuntime
+    from pytest_specperf.engines.sglang.source import installed_version
+
+    version = installed_version()
+    algo = _algorithm(ctx)
+    # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup
+    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo))
+    rt = ProbeRuntime(
         run_dir,
         rank=_int(ctx.get("tp_rank")),
         labels=dict(setup.labels),
         injector=setup.injector,
         nvtx=setup.nvtx,
     )
+    pm, refused = _effective_map(version, algo)
+
+    def register(target: str, hook: Any) -> None:
+        HookRegistry.register(target, hook, HookType.AROUND)
+
+    if refused is None:
+        report = install(rt, pm, register, resolve_target, algo)
+    else:
+        log.error("pytest-specperf: %s (no hook installed)", refused)
+        report = refused_report(pm, algo, refused)
+    report.update(process=_process_info(ctx), sglang_version=version)
+    if rt.sink is not None:
+        rt.sink.write_meta(f"hooks-{rt.meta_suffix}", report)
+    missing = [m["target"] for m in report["missing"] if not m["optional"]]
+    if missing:
+        log.warning(
+            "pytest-specperf: %d hook target(s) not usable in sglang %s: %s",
+            len(missing),
+            version,
+            ", ".join(missing),
+        )
+    return rt
 
 
-#: Which families of the phase map each speculative algorithm can use. Entries of a
-#: known family that the server's algorithm cannot use are skipped (their modules are not
-#: imported); entries without a family, of another family, or under an unknown algorithm
-#: are always installed.
-ALGORITHM_FAMILIES: dict[str, frozenset[str]] = {
-    **dict.fromkeys(
-        ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE"),
-        frozenset({"eagle", "eagle-multi-layer", "frozen-kv-mtp"}),
-    ),
-    "DFLASH": frozenset({"dflash", "dflash-fork"}),
-}
-KNOWN_FAMILIES = frozenset().union(*ALGORITHM_FAMILIES.values())
+def _algorithm(ctx: dict[str, Any]) -> str | None:
+    algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
+    return None if algo is None else str(getattr(algo, "name", algo))
+
+
+def _labels(ctx: dict[str, Any], version: str | None, algo: str | None) -> dict[str, str]:
+    labels = {"engine": "sglang", "sglang_version": str(version)}
+    for key in ("tp_rank", "pp_rank", "dp_rank", "gpu_id"):
+        if ctx.get(key) is not None:
+            labels[key] = str(ctx[key])
+    if algo is not None:
+        labels["speculative_algorithm"] = algo
+    return labels
+
+
+def _effective_map(version: str | None, algo: str | None) -> tuple[PhaseMap, str | None]:
+    """The map to install and, if nothing may be installed, why.
+
+    A user map (``SPECPERF_PHASE_MAP``) that does not validate installs nothing at all (not
+    the built-in map alone: a half-applied map would measure something else than asked);
+    neither does an algorithm without a step entry in the map.
+    """
+    from pytest_specperf.engines.sglang import algorithms
+    from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
+
+    pm = load_builtin(version)
+    user_file = os.environ.get(ENV_PHASE_MAP)
+    if user_file:
+        try:
+            pm = pm.extended(load_file(user_file))
+        except PhaseMapError as e:
+            return pm, str(e)
+    if algo is not None:
+        return pm, algorithms.refusal(algo, pm, version)
+    return pm, None
+
+
+def refused_report(pm: PhaseMap, algorithm: str | None, reason: str) -> dict[str, Any]:
+    """The hooks report of a scheduler that installed nothing, and why."""
+    return {
+        "phase_map": list(pm.sources),
+        "speculative_algorithm": algorithm,
+        "installed": [],
+        "missing": [],
+        "signature_changed": [],
+        "not_for_this_algorithm": [],
+        "refused": reason,
+        "phase_map_error": reason if reason.startswith("phase map ") else None,
+    }
 
 
 def install(
@@ -151,58 +173,112 @@ def install(
     """Register a hook for every resolvable entry of ``pm``; return the hooks report.
 
     ``register(target, hook)`` registers an AROUND hook; ``resolve(target)`` returns the
-    callable at ``target`` (importing its module) or raises: the target is missing.
+    callable at ``target`` (importing its module) or raises: the target is missing
+    (:class:`TargetImportError`: its module exists but failed to import).
     ``algorithm``: the server's ``--speculative-algorithm``, to skip other families.
     """
+    from pytest_specperf.engines.sglang.algorithms import families_for, installs
     from pytest_specperf.engines.sglang.hooks import make_hook
 
-    usable = ALGORITHM_FAMILIES.get(str(algorithm).upper()) if algorithm else None
-    installed: list[dict[str, Any]] = []
-    missing: list[dict[str, Any]] = []
-    changed: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    usable = families_for(algorithm)
+    report: dict[str, Any] = {
+        "phase_map": list(pm.sources),
+        "speculative_algorithm": algorithm,
+        "installed": [],
+        "missing": [],
+        "signature_changed": [],
+        "not_for_this_algorithm": [],
+        "refused": None,
+        "phase_map_error": None,
+    }
     for entry in pm.active():
-        if usable is not None and entry.family in KNOWN_FAMILIES and entry.family not in usable:
-            skipped.append(entry.target)
+        if not installs(entry.family, usable):
+            report["not_for_this_algorithm"].append(entry.target)
             continue
         try:
             fn = resolve(entry.target)
         except Exception as e:
-            missing.append(_describe(entry, reason=f"{type(e).__name__}: {e}"))
+            kind = "import_failed" if isinstance(e, TargetImportError) else "not_found"
+            report["missing"].append(_describe(entry, kind=kind, reason=_reason(e)))
             continue
         if entry.params is not None:
             actual = runtime_params(fn)
             if actual is not None and actual != entry.params:
-                changed.append(_describe(entry, expected=list(entry.params), actual=list(actual)))
+                report["signature_changed"].append(
+                    _describe(entry, expected=list(entry.params), actual=list(actual))
+                )
         try:
             register(entry.target, make_hook(entry, rt))
         except Exception as e:
-            missing.append(_describe(entry, reason=f"register failed: {type(e).__name__}: {e}"))
+            report["missing"].append(
+                _describe(entry, kind="register_failed", reason=f"register failed: {_reason(e)}")
+            )
             continue
-        installed.append(_describe(entry))
-    return {
-        "phase_map": list(pm.sources),
-        "speculative_algorithm": algorithm,
-        "installed": installed,
-        "missing": missing,
-        "signature_changed": changed,
-        "not_for_this_algorithm": skipped,
-    }
+        report["installed"].append(_describe(entry))
+    return report
+
+
+def _reason(e: BaseException) -> str:
+    return str(e) if isinstance(e, TargetImportError) else f"{type(e).__name__}: {e}"
+
+
+class TargetImportError(ImportError):
+    """A hook target's module exists but raised while being imported."""
 
 
 def resolve_target(target: str) -> Any:
-    """The object at dotted ``target`` (imports its module, as HookRegistry will)."""
-    import pkgutil
+    """The object at dotted ``target``, importing its module as HookRegistry will.
 
-    obj_path, _, attr = target.rpartition(".")
-    obj = pkgutil.resolve_name(obj_path)
+    Unlike ``pkgutil.resolve_name`` (which swallows the ImportError of a module that
+    exists and reports an AttributeError of its parent instead), a module that exists but
+    fails to import raises :class:`TargetImportError` naming the module and the error.
+    """
+    import importlib
+    import importlib.util
+
+    parts = target.split(".")
+    obj: Any = None
+    i = 0
+    while i < len(parts) - 1:  # the last part is always an attribute
+        name = ".".join(parts[: i + 1])
+        if i and not hasattr(obj, "__path__"):
+            break  # obj is a module without submodules: the rest are attributes
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            if i == 0:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            break
+        try:
+            obj = importlib.import_module(name)
+        except Exception as e:
+            raise TargetImportError(
+                f"import failed: module {name} exists but importing it raised "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        i += 1
+    for attr in parts[i:-1]:
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            owner = getattr(obj, "__name__", obj)
+            raise AttributeError(f"{owner} has no attribute {attr!r}") from None
+    return _member(obj, ".".join(parts[:-1]), parts[-1])
+
+
+def _member(obj: Any, obj_path: str, attr: str) -> Any:
     if isinstance(obj, type):
         for klass in obj.__mro__:
             if attr in vars(klass):
                 raw = vars(klass)[attr]
                 return getattr(raw, "__func__", raw)
         raise AttributeError(f"{obj_path} has no attribute {attr!r}")
-    return getattr(obj, attr)
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise AttributeError(f"{obj_path} has no attribute {attr!r}") from None
 
 
 def runtime_params(fn: Any) -> tuple[str, ...] | None:
