@@ -60,9 +60,9 @@ def _tolerances(report: Report, case: CaseReport, given: Tolerances | None) -> T
     """``given``, else the case's own (marker and options included), else the run's."""
     if given is not None:
         return given
-    t = case.data.get("tolerances")
-    if isinstance(t, dict) and all(isinstance(t.get(k), (int, float)) for k in ("phase", "step")):
-        return Tolerances(phase=float(t["phase"]), step=float(t["step"]))
+    own = Tolerances.from_json(case.data.get("tolerances"))
+    if own is not None:
+        return own
     return Tolerances(
         phase=report.tolerance or DEFAULT_TOLERANCE,
         step=report.step_tolerance or DEFAULT_STEP_TOLERANCE,

@@ -6,9 +6,10 @@ nightly runs). Each figure is put on a scale where its noise is 1 before the sea
 times and accept length as logarithms (a change is relative), divided by the run-to-run
 noise estimated robustly from consecutive differences (so a single outlier does not
 inflate it); the unaccounted time as its share of the step. The penalty per change point
-is ``PENALTY * ln(n)`` (a BIC-like penalty, made stricter), each new segment needs at
-least ``min_size`` runs (a single outlier is not a change), and a change smaller than
-``min_change`` (relative; points of the step for the unaccounted share) is not reported.
+is ``PENALTY * ln(n)`` (a BIC-like penalty, made stricter). The search sees the series
+through a 3-run median filter and each new segment needs at least ``min_size`` runs, so a
+single bad night is not a change; a change smaller than ``min_change`` (relative), or
+``min_points`` for the unaccounted share (points of the step), is not reported.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from pytest_specperf.reporting.history import Series
 PENALTY: Final = 3.0
 #: Fewest runs of a new segment.
 MIN_SIZE: Final = 2
-#: Smallest change reported: relative for times and accept length, points for shares.
-MIN_CHANGE: Final = 0.03
+#: Smallest relative change reported (times, accept length): under the gate's default
+#: phase tolerance, so that a creeping regression shows before it fails a night.
+MIN_CHANGE: Final = 0.05
+#: Smallest change of the unaccounted share reported, in fractions of the step (1 point).
+MIN_POINTS: Final = 0.01
 #: Run-to-run noise below this (relative) counts as this much: a series quieter than
 #: the clock's resolution does not turn every rounding into a change.
 NOISE_FLOOR: Final = 0.002
@@ -42,6 +46,7 @@ class Detection:
     """How change points are searched and which are reported (the module's defaults)."""
 
     min_change: float = MIN_CHANGE
+    min_points: float = MIN_POINTS
     min_size: int = MIN_SIZE
     penalty: float = PENALTY
 
@@ -81,16 +86,29 @@ def _noise(xs: Sequence[float]) -> float:
     return 1.4826 * mad / math.sqrt(2)
 
 
+def despike(xs: Sequence[float]) -> list[float]:
+    """``xs`` through a 3-run median filter (the first and last runs take the median of
+    the three runs at their end): one bad night is dropped, a level that holds for two
+    runs or more is kept, edges and all."""
+    n = len(xs)
+    if n < 3:
+        return list(xs)
+    windows = [min(max(i - 1, 0), n - 3) for i in range(n)]
+    return [statistics.median(xs[w : w + 3]) for w in windows]
+
+
 def segment_starts(xs: Sequence[float], *, min_size: int = MIN_SIZE,
                    penalty: float = PENALTY, floor: float = NOISE_FLOOR) -> list[int]:  # fmt: skip
-    """Where the mean of ``xs`` shifts: the first index of each new segment."""
+    """Where the mean of ``xs`` shifts: the first index of each new segment.
+
+    The search runs on the despiked series (``despike``), so single outliers do not count."""
     if len(xs) < 2 * min_size + 1:
         return []
     import numpy as np
     from ruptures import KernelCPD
 
-    sigma = max(_noise(xs), floor)
-    signal = (np.asarray(xs, dtype=float) / sigma).reshape(-1, 1)
+    sigma = max(_noise(xs), floor)  # of the series as measured: the filter hides noise
+    signal = (np.asarray(despike(xs), dtype=float) / sigma).reshape(-1, 1)
     algo = KernelCPD(kernel="linear", min_size=min_size, jump=1).fit(signal)
     ends: list[int] = [int(b) for b in algo.predict(pen=penalty * math.log(len(xs)))]
     return ends[:-1]
@@ -137,7 +155,7 @@ def series_change_points(s: Series, metric: str, d: Detection = Detection(), *,
         before = statistics.median(raw[bounds[k]:start])
         after = statistics.median(raw[start:bounds[k + 2]])
         cp = ChangePoint(metric, start, before, after, in_points=share)
-        if abs(cp.change) >= d.min_change:
+        if abs(cp.change) >= (d.min_points if share else d.min_change):
             out.append(cp)
     return out
 

@@ -97,11 +97,6 @@ def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
     }
 
 
-def _tolerances_json(o: CaseOutcome) -> dict[str, float] | None:
-    t = o.tolerances
-    return {"phase": t.phase, "step": t.step} if t is not None else None
-
-
 def _bottleneck_json(o: CaseOutcome) -> dict[str, Any] | None:
     b = o.bottleneck
     if b is None:
@@ -142,7 +137,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "baseline": _baseline_json(o),
         "metrics": [m.to_json() for m in o.verdict.metrics],
         "gates": list(o.gates) if o.gates is not None else None,
-        "tolerances": _tolerances_json(o),
+        "tolerances": o.tolerances.to_json() if o.tolerances is not None else None,
         "samples": _samples_json(run),
     }
     if run.has_device_times:
