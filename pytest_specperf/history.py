@@ -26,7 +26,13 @@ from pytest_specperf.reporting.changepoints import (
     change_points,
     new_change_points,
 )
-from pytest_specperf.reporting.history import History, Series, history_table, load_history
+from pytest_specperf.reporting.history import (
+    History,
+    MissingExtra,
+    Series,
+    history_table,
+    load_history,
+)
 from pytest_specperf.reporting.table import render_table
 
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -80,14 +86,10 @@ def markdown(h: History, series: Sequence[Series], new: Changes, last_runs: int)
 
 def _plots(args: argparse.Namespace, h: History, series: Sequence[Series], changes: Changes,
            out: TextIO) -> int:  # fmt: skip
-    """Write the pictures and the page; 2 if matplotlib is missing."""
-    from pytest_specperf.reporting.trend import PlotUnavailable, write_case, write_html
+    """Write the pictures and the page."""
+    from pytest_specperf.reporting.trend import write_case, write_html
 
-    try:
-        pics = [write_case(h, s, changes.get(s.ident, ()), args.out, args.svg) for s in series]
-    except PlotUnavailable as e:
-        print(f"specperf history: {e}", file=sys.stderr)
-        return 2
+    pics = [write_case(h, s, changes.get(s.ident, ()), args.out, args.svg) for s in series]
     page = args.out / "index.html"
     write_html(page, h, pics, changes, args.last)
     kinds = "PNG and SVG" if args.svg else "PNG"
@@ -118,7 +120,8 @@ def _report(args: argparse.Namespace, h: History, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """``specperf history``; 2 when the store does not exist or plots cannot be drawn."""
+    """``specperf history``; 2 when the store does not exist or a package of the
+    ``history`` extra is missing."""
     if not args.storage.exists():
         print(f"specperf history: {args.storage}: no such store (run pytest with "
               "--benchmark-autosave, or give a folder of --specperf-json reports)",
@@ -129,7 +132,11 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         print(f"skipped {line}", file=out)
     print(f"specperf history: {len(h.runs)} run(s), {len(h.series)} case(s) in {h.store}",
           file=out)  # fmt: skip
-    return _report(args, h, out)
+    try:
+        return _report(args, h, out)
+    except MissingExtra as e:
+        print(f"specperf history: {e}", file=sys.stderr)
+        return 2
 
 
 def _fraction(text: str) -> float:

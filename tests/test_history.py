@@ -107,7 +107,7 @@ def test_change_points_on_small_named_series():
     assert segment_starts([math.log(x) for x in flat]) == []
     shifted = flat[:35] + [x * 1.08 for x in flat[35:]]
     assert segment_starts([math.log(x) for x in shifted]) == [35]
-    outlier = flat[:30] + [flat[30] * 1.5] + flat[31:]  # one bad night is not a change
+    outlier = [*flat[:30], flat[30] * 1.5, *flat[31:]]  # one bad night is not a change
     assert segment_starts([math.log(x) for x in outlier]) == []
     assert segment_starts([1.0, 2.0, 3.0]) == []  # too short to search
 
@@ -231,3 +231,9 @@ def test_cli_errors(tmp_path, capsys):
 
         main(["history", "--last", "0"])
     assert "invalid count '0'" in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_named(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ruptures", None)  # as if not installed
+    assert cli.run(_args(store, tmp_path), io.StringIO()) == 2
+    assert "pip install 'pytest-specperf[history]'" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from typing import Final
 
 from pytest_specperf.judging.metrics import ACCEPT_LEN, MIN_PHASE_SHARE, STEP
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.reporting.history import Series
+from pytest_specperf.reporting.history import MissingExtra, Series
 
 #: Penalty per change point, in units of ln(runs) on the unit-noise scale.
 PENALTY: Final = 3.0
@@ -104,8 +104,11 @@ def segment_starts(xs: Sequence[float], *, min_size: int = MIN_SIZE,
     The search runs on the despiked series (``despike``), so single outliers do not count."""
     if len(xs) < 2 * min_size + 1:
         return []
-    import numpy as np
-    from ruptures import KernelCPD
+    try:
+        import numpy as np
+        from ruptures import KernelCPD
+    except ImportError as e:
+        raise MissingExtra("ruptures", "change points", e) from None
 
     sigma = max(_noise(xs), floor)  # of the series as measured: the filter hides noise
     signal = (np.asarray(despike(xs), dtype=float) / sigma).reshape(-1, 1)

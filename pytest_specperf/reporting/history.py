@@ -28,6 +28,15 @@ from pytest_specperf.reporting.report import (
 from pytest_specperf.reporting.table import render_table
 
 
+class MissingExtra(RuntimeError):
+    """A package of the ``history`` extra is not installed; the message says which."""
+
+    def __init__(self, package: str, what: str, error: ImportError) -> None:
+        super().__init__(
+            f"{what} needs {package} ({error}): pip install 'pytest-specperf[history]'"
+        )
+
+
 @dataclass(frozen=True)
 class RunInfo:
     """One saved run: where it is, when it ran, what it measured."""

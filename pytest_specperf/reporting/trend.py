@@ -23,15 +23,17 @@ from typing import TYPE_CHECKING, Any
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.changepoints import ChangePoint
-from pytest_specperf.reporting.history import HISTORY_HEADERS, History, Series, history_rows
+from pytest_specperf.reporting.history import (
+    HISTORY_HEADERS,
+    History,
+    MissingExtra,
+    Series,
+    history_rows,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed; the message says how to install it."""
 
 
 #: Factor of the largest time that the axis reaches: a decade above, for the legend.
@@ -47,10 +49,7 @@ def _figure_class() -> type[Figure]:
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
     except ImportError as e:
-        raise PlotUnavailable(
-            f"trend plots need matplotlib ({e}): pip install 'pytest-specperf[history]', "
-            "or run with --no-plots"
-        ) from None
+        raise MissingExtra("matplotlib", "trend pictures (or --no-plots)", e) from None
     return Figure
 
 
