@@ -156,7 +156,8 @@ def test_specperf_compare_and_history_read_the_storage(saved, tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest_specperf", "compare", "0001", "0002",
                           "--tolerance", "0.9", "--step-tolerance", "0.95"],
                          cwd=saved, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
+    # two real runs on a shared machine: SLOWER is possible, and then the exit status is 1
+    assert out.returncode == (1 if "SLOWER" in out.stdout else 0), out.stdout + out.stderr
     assert "test_decode ctx=2048 kv=contiguous bs=1" in out.stdout
     assert "B (judged against A): " in out.stdout and "0002_second.json" in out.stdout
     assert main(["history", str(saved / ".benchmarks"), "--out", str(tmp_path), "--no-plots"]) == 0
