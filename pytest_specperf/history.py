@@ -6,7 +6,7 @@ STORAGE is pytest-benchmark's storage (default ``.benchmarks``, filled by
 step, verify, draft, unaccounted, accept length, verdict) and the change points found by
 ruptures (``reporting.changepoints``); it draws one trend picture per case and one HTML
 page with all of them (``--out``). ``--markdown PATH`` appends a summary naming the change
-points that the last run brought to light (for ``$GITHUB_STEP_SUMMARY``). Files that
+points that last night's runs brought to light (for ``$GITHUB_STEP_SUMMARY``). Files that
 cannot be used are named and skipped.
 """
 
@@ -32,11 +32,14 @@ from pytest_specperf.reporting.history import (
     Series,
     history_table,
     load_history,
+    recent_points,
 )
 from pytest_specperf.reporting.table import render_table
 
 DEFAULT_STORAGE = Path(".benchmarks")
 DEFAULT_OUT = Path("specperf-history")
+#: Runs within this many hours of the newest are "last night's" (a nightly job's runs).
+NEW_HOURS = 20.0
 Changes = Mapping[tuple[str, str, str], Sequence[ChangePoint]]
 
 
@@ -65,14 +68,18 @@ def new_table(h: History, series: Sequence[Series], new: Changes) -> list[list[s
     ]
 
 
-def markdown(h: History, series: Sequence[Series], new: Changes, last_runs: int) -> str:
+def _what(hours: float) -> str:
+    return f"the runs of the last {hours:g} h"
+
+
+def markdown(h: History, series: Sequence[Series], new: Changes, hours: float) -> str:
     """The step summary: the store, the last run, the new change points (or none)."""
     rows = new_table(h, series, new)
     last = h.runs[-1] if h.runs else None
     out = [f"### specperf history: {len(h.runs)} run(s), {len(series)} case(s) in `{h.store}`", ""]
     if last is not None:
         out += [f"Last run: {last.date} UTC, commit `{last.short_commit}` ({last.path.name})", ""]
-    what = "the last run" if last_runs == 1 else f"the last {last_runs} runs"
+    what = _what(hours)
     if rows:
         out += [f"**Change points that {what} brought to light** (ruptures):", "",
                 "| case | engine | change | from run |", "|---|---|---|---|"]  # fmt: skip
@@ -101,11 +108,13 @@ def _report(args: argparse.Namespace, h: History, out: TextIO) -> int:
     d = Detection(min_change=args.min_change)
     series = [s for s in h.series if args.case is None or args.case in s.name]
     changes = {s.ident: change_points(s, d) for s in series}
-    new = {s.ident: new_change_points(s, args.new_runs, d) for s in series}
+    new = {
+        s.ident: new_change_points(s, recent_points(h, s, args.new_hours), d) for s in series
+    }
     for line in case_lines(h, series, changes, args.last):
         print(line, file=out)
     rows = new_table(h, series, new)
-    what = "the last run" if args.new_runs == 1 else f"the last {args.new_runs} runs"
+    what = _what(args.new_hours)
     print("", file=out)
     if rows:
         print(f"change points that {what} brought to light:", file=out)
@@ -115,7 +124,7 @@ def _report(args: argparse.Namespace, h: History, out: TextIO) -> int:
         print(f"no new change point in {what}", file=out)
     if args.markdown is not None:
         with open(args.markdown, "a", encoding="utf-8") as fh:
-            fh.write(markdown(h, series, new, args.new_runs))
+            fh.write(markdown(h, series, new, args.new_hours))
     return 0 if args.no_plots or not series else _plots(args, h, series, changes, out)
 
 
@@ -146,6 +155,16 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid fraction {text!r}; e.g. 0.03 or 3%") from None
 
 
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"invalid hours {text!r}; expected a number > 0")
+    return value
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}; expected an integer >= 1")
@@ -166,8 +185,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--svg", action="store_true", help="an SVG beside each PNG")
     c.add_argument("--markdown", type=Path, metavar="PATH",
                    help="append a summary of the new change points (e.g. $GITHUB_STEP_SUMMARY)")
-    c.add_argument("--new-runs", type=_positive, default=1, metavar="K",
-                   help="change points 'new' when the last K runs brought them (default 1)")
+    c.add_argument("--new-hours", type=_hours, default=NEW_HOURS, metavar="H",
+                   help="name the change points that the runs of the last H hours before "
+                   f"the newest run brought to light (default {NEW_HOURS:g}: last night's)")
     c.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F",
                    help=f"smallest change point reported (default {MIN_CHANGE:.0%})")
     c.add_argument("-k", "--case", metavar="TEXT", help="only cases whose name contains TEXT")

@@ -50,7 +50,7 @@ def store(tmp_path_factory) -> Path:
 
 def _args(storage: Path, out: Path, **kw) -> argparse.Namespace:
     base = dict(storage=storage, last=5, out=out, no_plots=True, svg=False, markdown=None,
-                new_runs=1, min_change=0.05, case=None)
+                new_hours=20.0, min_change=0.05, case=None)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -211,7 +211,7 @@ def test_markdown_names_the_change_points_of_the_last_night(store, tmp_path):
         assert text.startswith("earlier step output\n### specperf history: ")  # appended
         row = "| test_decode ctx=8192 kv=fragmented bs=1 | reference tiny DFLASH | unaccounted +"
         assert (row in text) is expect_new, text
-        assert ("No new change point in the last run." in text) is not expect_new
+        assert ("No new change point in the runs of the last 20 h." in text) is not expect_new
 
 
 def test_a_folder_of_reports_is_a_store_too(tmp_path):
@@ -237,3 +237,24 @@ def test_a_missing_extra_is_named(store, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ruptures", None)  # as if not installed
     assert cli.run(_args(store, tmp_path), io.StringIO()) == 2
     assert "pip install 'pytest-specperf[history]'" in capsys.readouterr().err
+
+
+def test_last_nights_runs_are_those_within_the_window():
+    from pytest_specperf.reporting.history import History, RunInfo, recent_points
+
+    def run(stamp):
+        return RunInfo(Path(f"{stamp}.json"), stamp, "c", False, "report")
+
+    runs = (run("2026-05-01T02:00:00+00:00"), run("2026-05-02T02:00:00+00:00"),
+            run("2026-05-02T03:10:00+00:00"))  # two runs last night: reference, SGLang
+    reference = Series("t", "k", "reference", (Point(0, 40.0, {}, 3.0, "SAME", False, None),
+                                               Point(1, 41.0, {}, 3.0, "SAME", False, None)))
+    sglang = Series("t", "k", "sglang", (Point(0, 9.0, {}, 3.0, "SAME", False, None),
+                                         Point(2, 9.1, {}, 3.0, "SAME", False, None)))
+    skipped = Series("t", "k2", "reference", (Point(0, 40.0, {}, 3.0, "SAME", False, None),))
+    h = History(Path("."), runs, (reference, sglang, skipped), ())
+    assert [recent_points(h, s, 20) for s in (reference, sglang, skipped)] == [1, 1, 0]
+    assert recent_points(h, reference, 30) == 2
+    undated = History(Path("."), tuple(RunInfo(r.path, None, "c", False, "report") for r in runs),
+                      h.series, ())
+    assert [recent_points(undated, s, 20) for s in (reference, sglang, skipped)] == [0, 1, 0]

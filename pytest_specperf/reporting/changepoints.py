@@ -174,7 +174,7 @@ def new_change_points(s: Series, last_runs: int = 1,
     """The change points that the last ``last_runs`` runs of ``s`` brought to light: found
     with them, and not (within ``min_size`` runs) without them."""
     n = len(s.points)
-    if n <= last_runs:
+    if last_runs < 1 or n <= last_runs:
         return []
     new = []
     for m in tracked_metrics(s):

@@ -11,6 +11,7 @@ is read. Runs are ordered by date; each case (test, case key, engine) becomes a
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,30 @@ def build_history(store: Path, reports: Sequence[Report], skipped: Sequence[str]
         skipped=tuple(skipped),
         foreign=foreign,
     )
+
+
+def _when(run: RunInfo) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(run.datetime) if run.datetime else None
+    except ValueError:
+        return None
+
+
+def recent_points(h: History, s: Series, hours: float) -> int:
+    """How many of ``s``'s last points come from runs within ``hours`` of the store's
+    newest run (last night's runs; a case not measured then has none). Without dates:
+    whether its last point is the newest run's."""
+    newest = _when(h.runs[-1]) if h.runs else None
+    if newest is None:
+        return int(bool(s.points) and s.points[-1].run == len(h.runs) - 1)
+    since = newest - dt.timedelta(hours=hours)
+    count = 0
+    for p in reversed(s.points):
+        when = _when(h.runs[p.run])
+        if when is None or when.tzinfo != newest.tzinfo or when < since:
+            break
+        count += 1
+    return count
 
 
 def load_history(store: Path) -> History:
