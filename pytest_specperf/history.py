@@ -178,7 +178,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument("storage", metavar="STORAGE", nargs="?", type=Path, default=DEFAULT_STORAGE,
                    help="pytest-benchmark storage, folder of reports or one file "
                    "(default .benchmarks)")  # fmt: skip
-    c.add_argument("--last", type=_positive, default=10, help="runs per case in the table")
+    c.add_argument("--last", type=_positive, default=10, metavar="N",
+                   help="runs per case in the table (default 10)")
     c.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="folder for the pictures and index.html (default specperf-history)")
     c.add_argument("--no-plots", action="store_true", help="print only")
@@ -189,5 +190,5 @@ def add_parser(sub: Any) -> None:
                    help="name the change points that the runs of the last H hours before "
                    f"the newest run brought to light (default {NEW_HOURS:g}: last night's)")
     c.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F",
-                   help=f"smallest change point reported (default {MIN_CHANGE:.0%})")
+                   help=f"smallest change point reported (default {MIN_CHANGE * 100:g}%%)")
     c.add_argument("-k", "--case", metavar="TEXT", help="only cases whose name contains TEXT")

@@ -258,3 +258,12 @@ def test_last_nights_runs_are_those_within_the_window():
     undated = History(Path("."), tuple(RunInfo(r.path, None, "c", False, "report") for r in runs),
                       h.series, ())
     assert [recent_points(undated, s, 20) for s in (reference, sglang, skipped)] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("command", ["history", "compare"])
+def test_help(command, capsys):
+    from pytest_specperf.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0 and f"usage: specperf {command}" in capsys.readouterr().out
