@@ -132,8 +132,9 @@ def _given(args: argparse.Namespace) -> Tolerances | None:
     return Tolerances(phase=phase, step=step)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``specperf compare``; 1 when a case of B is SLOWER, 2 when a run cannot be used."""
+    out = out or sys.stdout
     try:
         given = _given(args)
         a = read_report(resolve_run(args.a, args.storage))

@@ -128,9 +128,10 @@ def _report(args: argparse.Namespace, h: History, out: TextIO) -> int:
     return 0 if args.no_plots or not series else _plots(args, h, series, changes, out)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``specperf history``; 2 when the store does not exist or a package of the
     ``history`` extra is missing."""
+    out = out or sys.stdout
     if not args.storage.exists():
         print(f"specperf history: {args.storage}: no such store (run pytest with "
               "--benchmark-autosave, or give a folder of --specperf-json reports)",

@@ -121,32 +121,66 @@ def store_files(store: Path) -> list[Path]:
     return sorted(p for p in store.rglob("*.json") if p.is_file())
 
 
-def _read_all(paths: Iterable[Path]) -> tuple[list[Report], list[str], int]:
-    reports, skipped, foreign = [], [], 0
-    for path in paths:
-        try:
-            reports.append(read_report(path))
-        except ForeignFile as e:
-            foreign += 1
-            skipped.append(str(e))
-        except ReportError as e:
-            skipped.append(str(e))
-    return reports, skipped, foreign
+@dataclass(frozen=True)
+class CaseFigures:
+    """One case of a saved run as the history keeps it (the rest of the file is let go)."""
+
+    ident: tuple[str, str, str]  # test id, case key, engine
+    step_ms: float
+    phase_ms: Mapping[str, float]
+    accept_len: float | None
+    verdict: str
+    recorded: bool
+    baseline_at: str | None
 
 
-def _run_info(r: Report) -> RunInfo:
+@dataclass(frozen=True)
+class SavedRun:
+    info: RunInfo
+    cases: tuple[CaseFigures, ...]
+
+
+def _figures(c: CaseReport) -> CaseFigures:
+    return CaseFigures(
+        ident=(c.test, c.key, engine_name(c.fingerprint)),
+        step_ms=c.step_median_ms,
+        phase_ms={p: v for p in ALL_PHASES if (v := c.median_ms(p)) is not None},
+        accept_len=c.accept_len,
+        verdict=c.verdict.value,
+        recorded=c.recorded,
+        baseline_at=c.baseline_at,
+    )
+
+
+def saved_run(r: Report) -> SavedRun:
+    """What the history keeps of a run read by ``read_report``."""
     commit = r.commit.get("id")
-    return RunInfo(
+    info = RunInfo(
         path=r.path,
         datetime=r.datetime,
         commit=str(commit) if commit else "unknown",
         dirty=r.commit.get("dirty") is True,
         source=r.source,
     )
+    return SavedRun(info, tuple(_figures(c) for c in r.cases))
 
 
-def _point(run: int, c: CaseReport, previous: Point | None) -> Point:
-    phases = {p: v for p in ALL_PHASES if (v := c.median_ms(p)) is not None}
+def _read_all(paths: Iterable[Path]) -> tuple[list[SavedRun], list[str], int]:
+    """Every usable run (each file let go once its figures are taken), the skipped files
+    with their reasons, and how many were foreign."""
+    runs, skipped, foreign = [], [], 0
+    for path in paths:
+        try:
+            runs.append(saved_run(read_report(path)))
+        except ForeignFile as e:
+            foreign += 1
+            skipped.append(str(e))
+        except ReportError as e:
+            skipped.append(str(e))
+    return runs, skipped, foreign
+
+
+def _point(run: int, c: CaseFigures, previous: Point | None) -> Point:
     at = c.baseline_at
     # a baseline recorded elsewhere (a committed YAML); the run after a recording run is
     # judged against what that run recorded, which is no news
@@ -158,29 +192,29 @@ def _point(run: int, c: CaseReport, previous: Point | None) -> Point:
     )
     return Point(
         run=run,
-        step_ms=c.step_median_ms,
-        phase_ms=phases,
+        step_ms=c.step_ms,
+        phase_ms=c.phase_ms,
         accept_len=c.accept_len,
-        verdict=c.verdict.value,
+        verdict=c.verdict,
         baseline_update=c.recorded or moved,
         baseline_at=at,
         recorded=c.recorded,
     )
 
 
-def build_history(store: Path, reports: Sequence[Report], skipped: Sequence[str],
+def build_history(store: Path, runs: Sequence[SavedRun], skipped: Sequence[str],
                   foreign: int = 0) -> History:  # fmt: skip
-    """Order ``reports`` by date and gather each case's points."""
-    ordered = sorted(reports, key=lambda r: (r.datetime or "", r.path.name))
+    """Order ``runs`` by date and gather each case's points."""
+    ordered = sorted(runs, key=lambda r: (r.info.datetime or "", r.info.path.name))
     points: dict[tuple[str, str, str], list[Point]] = {}
     for i, r in enumerate(ordered):
         for c in r.cases:
-            pts = points.setdefault((c.test, c.key, engine_name(c.fingerprint)), [])
+            pts = points.setdefault(c.ident, [])
             pts.append(_point(i, c, pts[-1] if pts else None))
     series = tuple(Series(t, k, e, tuple(p)) for (t, k, e), p in points.items())
     return History(
         store=store,
-        runs=tuple(_run_info(r) for r in ordered),
+        runs=tuple(r.info for r in ordered),
         series=tuple(sorted(series, key=lambda s: (s.test, s.key, s.engine))),
         skipped=tuple(skipped),
         foreign=foreign,
