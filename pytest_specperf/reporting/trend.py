@@ -105,14 +105,14 @@ def _mark_changes(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
     at: dict[int, list[ChangePoint]] = {}
     for cp in changes:
         at.setdefault(cp.index, []).append(cp)
-    for index, cps in at.items():
+    for k, (index, cps) in enumerate(sorted(at.items())):
         ys = [s.values(cp.metric)[index] for cp in cps]
         ax.plot([index] * len(ys), ys, "v", color="red", markersize=8)
         text = ", ".join(cp.describe().split(" (")[0] for cp in cps)
         right = index > 0.6 * len(s.points)  # near the right edge: the label goes left
         ax.annotate(text, (index, max(ys)), fontsize=7, color="red",
-                    xytext=(-4 if right else 4, 6), textcoords="offset points",
-                    ha="right" if right else "left")  # fmt: skip
+                    xytext=(-4 if right else 4, 6 + 11 * (k % 2)),  # neighbours staggered
+                    textcoords="offset points", ha="right" if right else "left")  # fmt: skip
 
 
 def _draw_accept(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
