@@ -103,14 +103,6 @@ def test_extra_info_machine_info_and_commit_info(saved):
     assert data["specperf"]["schema_version"] == 1
 
 
-def test_a_users_benchmark_lands_next_to_ours(saved):
-    data = json.loads((saved / "b.json").read_text())
-    names = sorted(b["name"] for b in data["benchmarks"])
-    assert names == [NAME, "test_user"]
-    [user] = [b for b in data["benchmarks"] if b["name"] == "test_user"]
-    assert user["group"] is None and user["stats"]["rounds"] > 1  # timed in-process, as ever
-
-
 def test_autosave_and_save_write_storage_that_reads_back(saved):
     machine = next((saved / ".benchmarks").iterdir())
     first, second = sorted(machine.glob("*.json"))
@@ -165,6 +157,19 @@ def test_specperf_compare_and_history_read_the_storage(saved, tmp_path):
 
 def _setup(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_case=CASE)
+
+
+def test_a_users_benchmark_lands_next_to_ours(pytester):
+    _setup(pytester)
+    result = pytester.runpytest_subprocess(*ARGS, "--benchmark-json=j.json", timeout=300)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "*test_user*",
+                                 "*benchmark 'specperf': 1 tests*", f"{NAME}*"])  # fmt: skip
+    data = json.loads((pytester.path / "j.json").read_text())
+    assert sorted(b["name"] for b in data["benchmarks"]) == [NAME, "test_user"]
+    [user] = [b for b in data["benchmarks"] if b["name"] == "test_user"]
+    assert user["group"] is None and user["stats"]["rounds"] > 1  # timed in-process, as ever
+    assert user["extra_info"] == {}
 
 
 def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester):
