@@ -78,6 +78,9 @@ class CaseOutcome:
     notes: tuple[str, ...] = ()
     bottleneck: Bottleneck | None = None
     time_went: str | None = None
+    #: the gates and tolerances the case was judged with (None: default gates)
+    gates: tuple[str, ...] | None = None
+    tolerances: Tolerances | None = None
 
     @property
     def where(self) -> str:
@@ -88,6 +91,11 @@ class CaseOutcome:
     @property
     def base_metrics(self) -> Mapping[str, Summary] | None:
         return self.baseline.metrics if self.baseline is not None else None
+
+
+def is_speculative(fingerprint: Mapping[str, Any]) -> bool:
+    """Whether an engine fingerprint names a speculative algorithm (accept length gated)."""
+    return str(fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"
 
 
 class RecordingRefused(Exception):
@@ -186,6 +194,8 @@ def judge_case(
             peak_bandwidth_bytes_per_s=case.peak_bandwidth_bytes_per_s,
         ),
         time_went=time_went(run, base.metrics if base is not None else None),
+        gates=case.gates,
+        tolerances=case.tolerances,
     )
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
 
 from pytest_specperf.judging.baselines import BaselineError, format_moved, write_baselines
+from pytest_specperf.plugin.benchmark import commit_info
 from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.reporting.plot import write_svg
 from pytest_specperf.reporting.report import report_payload, write_report
@@ -57,8 +59,13 @@ def _write_reports(sess: SpecperfSession) -> bool:
     path = sess.settings.json_path
     if path is None or not sess.outcomes:
         return True
+    header = {
+        **report_header(sess),
+        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "commit_info": commit_info(sess.config),
+    }
     try:
-        write_report(path, report_payload(report_header(sess), sess.outcomes))
+        write_report(path, report_payload(header, sess.outcomes))
         title = f"pytest-specperf: {sess.settings.backend} on {sess.device().slug}"
         write_svg(path.with_suffix(".svg"), sess.outcomes, title)
     except OSError as e:

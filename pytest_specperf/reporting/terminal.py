@@ -170,7 +170,7 @@ class RunSummary:
     errors: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _case_notes(outcomes: Sequence[CaseOutcome]) -> list[str]:
+def case_notes(outcomes: Sequence[CaseOutcome]) -> list[str]:
     lines = []
     for o in outcomes:
         if o.verdict.verdict is Verdict.INVALID:
@@ -205,7 +205,7 @@ def run_summary(s: RunSummary, outcomes: Sequence[CaseOutcome]) -> list[str]:
             f"hint: {len(missing)} case(s) have no baseline in {s.baselines}; record them "
             "with: pytest perf_tests --specperf-update-baselines"
         )
-    lines += _case_notes(outcomes)
+    lines += case_notes(outcomes)
     if outcomes:
         lines += [s.telemetry_note] if s.telemetry_note else []
         lines += s.backend_notes

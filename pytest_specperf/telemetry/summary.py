@@ -192,3 +192,39 @@ class TelemetrySummary:
             "window_s": self.window_s,
             "outside_samples": self.outside_samples,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TelemetrySummary:
+        """Read back what ``to_dict`` wrote; ``ValueError`` naming the field if unusable."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("available"), bool):
+            raise ValueError("telemetry: expected an object with 'available'")
+        try:
+            metrics = {
+                str(k): MetricSummary(
+                    float(v["median"]), float(v["min"]), float(v["max"]), int(v["n"])
+                )
+                for k, v in (d.get("metrics") or {}).items()
+            }
+            index = d.get("device_index")
+            return cls(
+                available=d["available"],
+                reason=str(d.get("reason", "")),
+                device_index=None if index is None else int(index),
+                samples=int(d.get("samples", 0)),
+                duration_s=float(d.get("duration_s", 0.0)),
+                metrics=metrics,
+                throttle_reasons=_counts(d.get("throttle_reasons"), str),
+                reason_samples=int(d.get("reason_samples", 0)),
+                foreign_pids=_counts(d.get("foreign_pids"), int),
+                unresolved_pids=_counts(d.get("unresolved_pids"), int),
+                process_samples=int(d.get("process_samples", 0)),
+                dropped={str(k): str(v) for k, v in (d.get("dropped") or {}).items()},
+                errors=int(d.get("errors", 0)),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"telemetry: {type(e).__name__}: {e}") from None
+
+
+def _counts(d: Any, key: Any) -> dict[Any, int]:
+    """A ``{key: count}`` mapping read back (PIDs were written as strings)."""
+    return {key(k): int(v) for k, v in (d or {}).items()}
