@@ -170,7 +170,8 @@ def test_help_texts_have_no_restructuredtext_backticks(pytester, capsys):
     ours = [line for line in result.stdout.lines if "specperf" in line]
     assert ours and not any("``" in line for line in ours)
     capsys.readouterr()  # pytester's run printed pytest's own help (which has some)
-    for argv in (["--help"], ["calibrate", "--help"], ["sglang-check", "--help"]):
+    for argv in ([], ["calibrate"], ["sglang-check"], ["history"], ["compare"]):
+        argv = [*argv, "--help"]
         with pytest.raises(SystemExit):
             main(argv)
         text = capsys.readouterr().out

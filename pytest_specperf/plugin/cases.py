@@ -10,6 +10,8 @@ import dataclasses
 import datetime
 import re
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -84,7 +86,12 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
         server_pid=_pid(srv.server_info.get("pid")),
+        kv_traffic=_mapping(srv.server_info.get("kv_read")),
     )
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
 
 
 def _pid(value: object) -> int | None:
@@ -164,10 +171,11 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
     """The outcome (with a profile note when asked) and the failure lines it gives."""
     failures = []
     run, v = outcome.run, outcome.verdict.verdict
-    if handle.expect_graphs and run.eager_forwards:
+    if handle.expect_graphs and (run.eager_forwards or run.captures):
+        graphs = {k: dict(v) for k, v in run.graphs.items()}
         failures.append(
             f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
-            f"eagerly at {outcome.where}: {dict(run.graphs)}"
+            f"eagerly and {run.captures} captured at {outcome.where}: {graphs}"
         )
     if v is Verdict.SLOWER and not sess.settings.update_baselines:
         if sess.settings.profile_on_regression:

@@ -6,6 +6,7 @@ In a pytest-xdist worker nothing is written: the worker's results go to the cont
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,11 +20,12 @@ from pytest_specperf.judging.baselines import (
     format_moved,
     write_baselines,
 )
+from pytest_specperf.plugin.benchmark import commit_info
 from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
 from pytest_specperf.reporting.markdown import append_markdown, markdown_summary, write_markdown
 from pytest_specperf.reporting.plot import write_svg
-from pytest_specperf.reporting.report import report_payload, write_report
+from pytest_specperf.reporting.report import payload_of_cases, write_report
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
 
 #: GitHub Actions' step summary file (Markdown appended there is shown on the run's page).
@@ -106,8 +108,13 @@ def _write_json(sess: SpecperfSession) -> bool:
     path = sess.settings.json_path
     if path is None or not sess.cases:
         return True
+    header = {
+        **report_header(sess),
+        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "commit_info": commit_info(sess.config),
+    }
     try:
-        write_report(path, report_payload(report_header(sess), [c.report for c in sess.cases]))
+        write_report(path, payload_of_cases(header, [c.report for c in sess.cases]))
         title = f"pytest-specperf: {sess.settings.backend} on {device_slug(sess)}"
         write_svg(path.with_suffix(".svg"), sess.cases, title)
     except OSError as e:

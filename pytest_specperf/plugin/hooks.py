@@ -1,8 +1,8 @@
 """pytest hooks: wiring only.
 
 The work is done elsewhere in this wing: ``options`` (flags and ini), ``markers``,
-``fixtures``, ``cases`` (judging each test's runs), ``finish`` (baselines, reports,
-summary), ``session`` (state).
+``fixtures``, ``cases`` (judging each test's runs), ``benchmark`` (each judged case as a
+pytest-benchmark result), ``finish`` (baselines, reports, summary), ``session`` (state).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.plugin import benchmark as _benchmark
 from pytest_specperf.plugin import options as _options
 from pytest_specperf.plugin.cases import judge_item
-from pytest_specperf.plugin.finish import finish, summary_lines
+from pytest_specperf.plugin.finish import finish, report_header, summary_lines
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
 from pytest_specperf.plugin.progress import Progress
@@ -38,6 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers:
         sess.gathered = Gathered(workers=workers)
     config.stash[SESSION_KEY] = sess
+    _benchmark.register(config, sess, lambda: report_header(sess))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -72,7 +74,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = yield  # a test that raised is not judged
     handle = item.stash.get(HANDLE_KEY, None)
     if handle is not None and handle.runs:
-        judge_item(get_session(item.config), item, handle)
+        sess = get_session(item.config)
+        judged = len(sess.outcomes)
+        try:
+            judge_item(sess, item, handle)
+        finally:  # a failed (SLOWER) case is a measured result too
+            _benchmark.add_cases(item.config, item, sess.outcomes[judged:])
     return result
 
 

@@ -55,6 +55,7 @@ def _run_line(run: DecodeRun) -> str:
             "graphs "
             + ", ".join(
                 f"{k} {v['replay']} replay/{v['eager']} eager"
+                + (f"/{v['capture']} capture" if v.get("capture") else "")
                 for k, v in sorted(run.graphs.items())
             )
         )
