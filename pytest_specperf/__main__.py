@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_specperf import __version__, calibrate, compare, history
+from pytest_specperf import __version__, calibrate, compare, history, plain_text
 from pytest_specperf.engines.sglang import check as sglang_check
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specperf", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specperf", description=plain_text(__doc__))
     parser.add_argument("--version", action="version", version=f"pytest-specperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     calibrate.add_parser(sub)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from pytest_specperf import plain_text
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, is_speculative, judge_case
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
@@ -30,6 +31,7 @@ from pytest_specperf.judging.verdict import (
 from pytest_specperf.reporting.rebuild import run_from_case
 from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
 from pytest_specperf.reporting.terminal import case_notes, summary_table
+from pytest_specperf.reporting.view import CaseView
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -110,8 +112,9 @@ def describe_run(label: str, r: Report) -> str:
 def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list[str]:
     """What ``specperf compare`` prints."""
     lines = [describe_run("A", a), describe_run("B (judged against A)", b)]
-    lines += summary_table(outcomes) if outcomes else ["run B has no cases"]
-    lines += case_notes(outcomes)
+    cases = [CaseView.of(o, baseline_file=str(a.path)) for o in outcomes]
+    lines += summary_table(cases) if cases else ["run B has no cases"]
+    lines += case_notes(cases)
     in_b = {(c.test, c.key) for c in b.cases}
     lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]
     return lines
@@ -152,7 +155,7 @@ def add_parser(sub: Any) -> None:
     c = sub.add_parser(
         "compare",
         help="judge saved run B against saved run A with the gate's verdict rule",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("a", metavar="A", help="the run judged against (file or storage run)")

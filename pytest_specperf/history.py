@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from pytest_specperf import plain_text
 from pytest_specperf.judging.verdict import parse_fraction
 from pytest_specperf.reporting.changepoints import (
     MIN_CHANGE,
@@ -174,7 +175,7 @@ def _positive(text: str) -> int:
 
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("history", help="trends and change points of the saved runs",
-                       description=__doc__,
+                       description=plain_text(__doc__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     c.add_argument("storage", metavar="STORAGE", nargs="?", type=Path, default=DEFAULT_STORAGE,
                    help="pytest-benchmark storage, folder of reports or one file "

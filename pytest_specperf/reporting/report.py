@@ -310,10 +310,18 @@ def read_report(path: Path) -> Report:
     )
 
 
-def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
-    """The whole report: ``header`` (device, backend, settings, server) and the cases."""
+def payload_of_cases(
+    header: Mapping[str, Any], cases: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, servers) and the cases,
+    each already in ``case_json``'s form (as ``CaseView.report`` holds them)."""
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         **header,
-        "cases": [case_json(o) for o in outcomes],
+        "cases": [dict(c) for c in cases],
     }
+
+
+def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, server) and the cases."""
+    return payload_of_cases(header, [case_json(o) for o in outcomes])
