@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf import plain_text
 from pytest_specperf.judging.metrics import STEP, spec
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
@@ -253,6 +254,12 @@ class CalibrateOptions:
         """Validate ``args``; ``ValueError`` with the message for the user."""
         from pytest_specperf.probe.inject import parse_inject
 
+        if getattr(args, "misplaced_k", None) is not None:
+            raise ValueError(
+                f"-k {args.misplaced_k!r}: specperf calibrate has no -k; repetitions are "
+                "--repetitions N, and pytest's -k selects tests after --, e.g. specperf "
+                f"calibrate --repetitions 5 -- perf_tests -k {args.misplaced_k!r}"
+            )
         if args.repetitions < 1:
             raise ValueError("--repetitions must be at least 1")
         if not 0 < args.host_stall_share < 5:
@@ -722,12 +729,14 @@ def add_parser(sub: Any) -> None:
     c = sub.add_parser(
         "calibrate",
         help="measure false-alarm rate and detection power on this machine",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument(
-        "-k", "--repetitions", type=int, default=20, help="repetitions per condition (default 20)"
+        "--repetitions", type=int, default=20, help="repetitions per condition (default 20)"
     )
+    # -k is pytest's test selection, which belongs after --: caught here to say so
+    c.add_argument("-k", dest="misplaced_k", metavar="EXPR", help=argparse.SUPPRESS)
     c.add_argument(
         "--inject",
         action="append",

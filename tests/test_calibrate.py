@@ -111,7 +111,9 @@ def test_table_is_readable():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["calibrate", "-k", "0"], "--repetitions must be at least 1"),
+    (["calibrate", "--repetitions", "0"], "--repetitions must be at least 1"),
+    (["calibrate", "-k", "20"], "specperf calibrate has no -k; repetitions are --repetitions N, "
+     "and pytest's -k selects tests after --"),
     (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
     (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR (or all=FACTOR) per --inject"),
     (["calibrate", "--host-stall-share", "0"], "--host-stall-share must be in"),

@@ -20,7 +20,7 @@ def _report(path, runs, *, verdict="SAME", created=None, inject=None, fp, key=KE
             "runs": [run_record_json(r) for r in runs]}  # fmt: skip
     data = {"schema_version": 1, "cases": [case]}
     if created:
-        data["created"] = created
+        data["datetime"] = created
     path.write_text(json.dumps(data))
 
 

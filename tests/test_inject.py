@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,3 +129,168 @@ def test_engine_records_are_labelled(tiny_engine_factory):
     eng.generate([GenRequest(rid="i", max_new_tokens=20, context_len=2048, ignore_eos=True)])
     recs = probe.take_completed()
     assert recs and all(r.labels == {"inject": "verify=1.1"} for r in recs)
+
+
+# -- the GPU canary's feedback, against a fake GPU clock ------------------------------------
+
+
+class FakeGpuClock:
+    """Test double of the device: a nanosecond clock and an SM clock (GHz = sleep cycles
+    per ns) that the test changes, as a GPU's boost clock changes under load."""
+
+    def __init__(self, ghz: float) -> None:
+        self.ghz = ghz
+        self.now_ns = 0.0
+
+
+class FakeSleepDevice:
+    """Test double of ``CudaSleep``: a sleep of ``cycles`` lasts ``cycles / ghz`` ns of
+    the fake clock at the speed the clock has when it runs."""
+
+    def __init__(self, clock: FakeGpuClock) -> None:
+        self.clock = clock
+        self.calibrations = 0
+        self.slept_ns: list[float] = []
+
+    def calibrate(self) -> float:
+        self.calibrations += 1
+        return self.clock.ghz
+
+    def sleep(self, cycles: int) -> float:
+        ns = cycles / self.clock.ghz
+        self.clock.now_ns += ns
+        self.slept_ns.append(ns)
+        return ns
+
+    def elapsed_ns(self, handle: float) -> float:
+        return handle
+
+
+VERIFY_NS = 10e6  # the phase's own device time
+
+
+def _stretched_steps(inj: Injector, dev: FakeSleepDevice, steps: int, slow_at: int) -> list[float]:
+    """Drive the injector as the probe does; the sleep added to verify, per step."""
+    added = []
+    for step in range(steps):
+        if step == slow_at:
+            dev.clock.ghz = 1.2  # the SM clock drops from its calibrated 1.98 GHz
+        before = len(dev.slept_ns)
+        inj.stretch("verify", elapsed_ns=0)
+        inj.end_step()
+        extra = sum(dev.slept_ns[before:])
+        inj.observe_step({"verify": round(VERIFY_NS + extra), "draft": 1_000_000})
+        added.append(extra)
+    return added
+
+
+def test_gpu_canary_tracks_a_clock_that_changes_speed():
+    dev = FakeSleepDevice(FakeGpuClock(ghz=1.98))
+    inj = Injector(parse_inject("verify=1.10"), sleeper=dev)
+    assert dev.calibrations == 1  # at start, not inside a phase
+    added = _stretched_steps(inj, dev, steps=40, slow_at=15)
+    assert dev.calibrations == 1  # later corrections come from the achieved sleeps
+    assert added[0] == 0  # no estimate of the phase yet: nothing to size the sleep from
+    for extra in added[5:15] + added[19:]:
+        assert extra == pytest.approx(0.10 * VERIFY_NS, rel=0.02)
+    assert inj.cycles_per_ns == pytest.approx(1.2, rel=0.01)
+    # the feedback subtracts the achieved sleep: the estimate stays the phase's own time
+    assert inj.baseline_ns("verify") == pytest.approx(VERIFY_NS, rel=0.01)
+
+
+def test_gpu_canary_without_achieved_sleeps_would_overshoot():
+    """The test above can fail: with no achieved sleep reported back (the old behaviour:
+    one calibration, the intended sleep subtracted) the stretch overshoots by more than
+    the clock ratio once the clock drops, and the phase estimate absorbs the excess."""
+    dev = FakeSleepDevice(FakeGpuClock(ghz=1.98))
+    inj = Injector(parse_inject("verify=1.10"), sleeper=dev)
+    dev.elapsed_ns = lambda handle: None  # type: ignore[assignment,method-assign]
+    added = _stretched_steps(inj, dev, steps=30, slow_at=10)
+    assert added[-1] > 0.10 * VERIFY_NS * 1.98 / 1.2
+    assert inj.baseline_ns("verify") > 1.05 * VERIFY_NS
+
+
+class FakeEvent:
+    """Test double of ``torch.cuda.Event`` on the fake clock."""
+
+    clock: FakeGpuClock
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.t = 0.0
+
+    def record(self, stream: object = None) -> None:
+        self.t = self.clock.now_ns
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.t - self.t) / 1e6
+
+
+def test_probe_feeds_the_canary_its_resolved_steps():
+    """Through the StepProbe's device-time path (fake CUDA events): the verify phase's
+    device time grows by the factor, the other phases do not."""
+    clock = FakeGpuClock(ghz=1.5)
+    FakeEvent.clock = clock
+    dev = FakeSleepDevice(clock)
+    probe = StepProbe(None, injector=Injector(parse_inject("verify=1.2"), sleeper=dev))
+    probe._torch = SimpleNamespace(cuda=SimpleNamespace(Event=FakeEvent))
+    for _ in range(12):
+        probe.begin_step(context_len=1, batch_size=1, rids=[])
+        with probe.phase("draft"):
+            clock.now_ns += 2e6
+        with probe.phase("verify"):
+            clock.now_ns += VERIFY_NS
+        probe.end_step(accepted_tokens=1)
+    recs = probe.take_completed()
+    assert len(recs) == 12
+    assert recs[0].device_ns["verify"] == pytest.approx(VERIFY_NS)
+    for r in recs[3:]:
+        assert r.device_ns["verify"] == pytest.approx(1.2 * VERIFY_NS, rel=0.01)
+        assert r.device_ns["draft"] == pytest.approx(2e6)
+
+
+def test_plain_cuda_calibrates_after_the_first_step_not_at_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``device="cuda"`` (a process that picks its GPU later): no CUDA work when built;
+    calibrated once, right after the first recorded step, outside every record."""
+    import pytest_specperf.probe.inject as inject
+
+    clock = FakeGpuClock(ghz=1.7)
+    made: list[FakeSleepDevice] = []
+
+    def fake_cuda_sleep(device: str) -> FakeSleepDevice:
+        made.append(FakeSleepDevice(clock))
+        return made[-1]
+
+    monkeypatch.setattr(inject, "CudaSleep", fake_cuda_sleep)
+    inj = Injector(parse_inject("verify=1.1"), device="cuda")
+    assert made[0].calibrations == 0 and inj.cycles_per_ns == 0.0
+    inj.stretch("verify", elapsed_ns=0)
+    inj.end_step()
+    assert made[0].calibrations == 1 and inj.cycles_per_ns == 1.7
+    inj.end_step()
+    assert made[0].calibrations == 1
+    pinned = Injector(parse_inject("verify=1.1"), device="cuda:1")
+    assert made[1].calibrations == 1 and pinned.calibrations == [1.7]  # at start
+
+
+def test_engine_claims_its_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA engine makes its device current (streams, capture, events and the canary
+    follow the current device); plain "cuda" gets the current index spelled out."""
+    import torch
+
+    from pytest_specperf.engines.reference.engine import _claim_device
+
+    calls: list[object] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert _claim_device("cuda:1") == torch.device("cuda", 1)
+    assert _claim_device("cuda") == torch.device("cuda", 3)
+    assert _claim_device("cpu") == torch.device("cpu")
+    assert calls == [torch.device("cuda", 1), torch.device("cuda", 3)]

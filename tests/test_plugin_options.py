@@ -184,3 +184,40 @@ def test_noise_options_and_their_ini_twins(pytester):
     result.stdout.fnmatch_lines(["*NOISE 3 8 0.0 nightly"])
     result = pytester.runpytest("-s", "--specperf-processes=2", "--specperf-max-time=45")
     result.stdout.fnmatch_lines(["*NOISE 2 8 45.0 nightly"])
+
+
+def test_readme_options_table_lists_every_option():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Options", 1)[1].split("\n## ", 1)[0]
+    for o in OPTIONS:
+        if o.kind != "ini":
+            assert f"| `{o.flag}" in table, o.flag
+        assert f"| `{o.ini}` |" in table or f"`{o.ini}` (" in table, o.ini
+
+
+def test_help_texts_have_no_restructuredtext_backticks(pytester, capsys):
+    from pytest_specperf.__main__ import main
+
+    result = pytester.runpytest("--help")
+    ours = [line for line in result.stdout.lines if "specperf" in line]
+    assert ours and not any("``" in line for line in ours)
+    capsys.readouterr()  # pytester's run printed pytest's own help (which has some)
+    for argv in ([], ["calibrate"], ["sglang-check"], ["history"], ["compare"]):
+        argv = [*argv, "--help"]
+        with pytest.raises(SystemExit):
+            main(argv)
+        text = capsys.readouterr().out
+        assert "specperf" in text and "``" not in text, argv
+
+
+def test_strict_and_markdown_have_ini_twins(pytester):
+    pytester.makeini("[pytest]\nspecperf_strict = true\nspecperf_markdown = out/s.md\n")
+    pytester.makepyfile("""
+        def test_show(request):
+            from pytest_specperf.plugin.session import get_session
+            s = get_session(request.config).settings
+            print("STRICT", s.strict, s.markdown_path.name)
+    """)
+    pytester.runpytest("-s").stdout.fnmatch_lines(["*STRICT True s.md*"])

@@ -581,6 +581,153 @@ def test_select_device_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     assert summary.median(GPU_UTIL) == 77.0
 
 
+class OldUuidPynvml(FakePynvml):
+    """Like nvidia-ml-py before it encoded strings: ``c_char_p(uuid)`` refuses a ``str``."""
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: Any) -> int:  # type: ignore[override]
+        if isinstance(uuid, str):
+            raise TypeError("bytes or integer address expected instead of str instance")
+        return super().nvmlDeviceGetHandleByUUID(uuid.decode())
+
+
+def test_select_device_by_uuid_with_bindings_that_want_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpus = [FakeGpu(uuid="GPU-a", gpu_util=(11,)), FakeGpu(uuid="GPU-b", gpu_util=(77,))]
+    inject(monkeypatch, OldUuidPynvml(gpus))
+    summary = run_manual(TelemetrySampler(0, uuid="GPU-b"), 0)
+    assert summary.available and summary.median(GPU_UTIL) == 77.0
+    missing = run_manual(TelemetrySampler(0, uuid="GPU-zz"), 0)
+    assert missing.reason == "telemetry unavailable: no NVML device GPU-zz: Not Found"
+
+
+# ----------------------------------------------------------------------------- windows
+
+
+class FakeTime:
+    """One fake time source for the sampler's monotonic clock and its wall clock."""
+
+    def __init__(self) -> None:
+        self.ms = 0
+
+    def mono(self) -> float:
+        return self.ms / 1e3
+
+    def wall(self) -> int:
+        return self.ms * 1_000_000
+
+
+INSIDE_SAMPLES = 22  # 0.25 s .. 1.25 s every 50 ms, plus the one at mark_end
+
+
+def _decode_window_gpu() -> FakeGpu:
+    """Readings that differ inside the decode window (95 %, DRAM 60 %) and outside it
+    (5 %, DRAM 2 %), in the order the script below takes them."""
+    return FakeGpu(
+        gpu_util=(5,) * 2 + (95,) * INSIDE_SAMPLES + (5,) * 3,
+        sm_clock=(1000,) * 2 + (1980,) * INSIDE_SAMPLES + (1000,) * 3,
+        reasons=(0x1,) * 2 + (0,) * INSIDE_SAMPLES + (0x1,) * 3,
+        gpm={2: (1.0,) + (70.0,) * 7 + (1.0,) * 2, 5: (0.0,) * 10,
+             10: (2.0,) + (60.0,) * 7 + (2.0,) * 2},
+    )
+
+
+def _sample_around_a_window(sampler: TelemetrySampler, t: FakeTime, marks: bool) -> None:
+    """Samples every 50 ms; a window from 0.2 s to 1.3 s (marked), or 0.25 s to 1.25 s
+    given afterwards as two step spans 2 ms apart."""
+    sampler.start(background=False)
+    for t.ms in (50, 100):
+        sampler.sample_once()
+    t.ms = 200
+    if marks:
+        sampler.mark_start()
+    else:
+        sampler.sample_once()  # stands for the GPM sample mark_start takes
+    for t.ms in range(250, 1300, 50):
+        sampler.sample_once()
+    t.ms = 1300
+    if marks:
+        sampler.mark_end()
+    else:
+        sampler.sample_once()
+        sampler.add_windows([(250_000_000, 700_000_000), (702_000_000, 1_250_000_000)])
+    for t.ms in (1400, 1500):
+        sampler.sample_once()
+    t.ms = 1600
+
+
+def test_marked_window_keeps_only_readings_inside(monkeypatch: pytest.MonkeyPatch) -> None:
+    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
+    t = FakeTime()
+    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
+    _sample_around_a_window(sampler, t, marks=True)
+    summary = sampler.stop()
+    assert summary.available and summary.windows == 1
+    assert summary.window_s == pytest.approx(1.1)
+    assert summary.samples == INSIDE_SAMPLES and summary.outside_samples == 5
+    util = summary.metrics[GPU_UTIL]
+    assert (util.min, util.max, util.n) == (95.0, 95.0, INSIDE_SAMPLES)
+    assert summary.metrics[SM_CLOCK].min == 1980.0
+    dram = summary.metrics[DRAM_UTIL]  # GPM intervals inside the window only
+    assert (dram.min, dram.max) == (60.0, 60.0) and dram.n == 7
+    assert summary.median(SM_UTIL) == 70.0
+    assert summary.throttle_reasons == {} and summary.reason_samples == INSIDE_SAMPLES
+    assert "in 1 window(s) of 1.1 s" in summary.describe()
+    assert summary.to_dict()["outside_samples"] == 5
+
+
+def test_windows_from_decode_steps_are_merged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step spans given after the fact (2 ms apart: one window) restrict the same way."""
+    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
+    t = FakeTime()
+    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
+    _sample_around_a_window(sampler, t, marks=False)
+    summary = sampler.stop()
+    assert summary.windows == 1 and summary.window_s == pytest.approx(1.0)
+    util = summary.metrics[GPU_UTIL]
+    assert (util.min, util.n) == (95.0, INSIDE_SAMPLES - 1)
+    dram = summary.metrics[DRAM_UTIL]  # [0.2 s, 0.35 s] is only two thirds inside
+    assert (dram.min, dram.max, dram.n) == (60.0, 60.0, 6)
+
+
+def test_without_windows_every_reading_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests above can fail: unrestricted, the outside readings dilute the figures."""
+    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
+    t = FakeTime()
+    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
+    sampler.start(background=False)
+    for t.ms in range(50, 1550, 50):
+        sampler.sample_once()
+    summary = sampler.stop()
+    assert summary.windows == 0 and summary.metrics[GPU_UTIL].min == 5.0
+    assert summary.metrics[DRAM_UTIL].min == 2.0
+    assert summary.throttle_reasons["gpu_idle"] >= 5
+
+
+def test_window_with_no_reading_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    inject(monkeypatch, FakePynvml([FakeGpu()]))
+    t = FakeTime()
+    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
+    sampler.start(background=False)
+    sampler.add_windows([(5_000_000_000, 6_000_000_000)])
+    summary = sampler.stop()
+    assert summary.reason == (
+        "telemetry unavailable: no telemetry reading inside the 1 marked window(s) "
+        "(1.000 s in all; the sampling interval is 0.05 s)"
+    )
+
+
+def test_window_marks_misuse_is_refused() -> None:
+    sampler = TelemetrySampler(0)
+    with pytest.raises(RuntimeError, match="without mark_start"):
+        sampler.mark_end()
+    sampler.mark_start()
+    with pytest.raises(RuntimeError, match="while a window is open"):
+        sampler.mark_start()
+    with pytest.raises(ValueError, match="window ends before it starts"):
+        sampler.add_windows([(10, 5)])
+
+
 def test_background_thread_samples_until_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     """The daemon thread samples on its own; no timing assertion, only 'it sampled'."""
     enough = threading.Event()

@@ -37,6 +37,8 @@ class BackendSettings:
     server_args: tuple[str, ...] = ()
     inject: str | None = None
     nvtx: bool = False
+    #: servers running side by side on this machine (one per pytest-xdist worker)
+    parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,11 @@ class Backend(Protocol):
 
     def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
         """KV bytes read per context token and request (for the KV-read bandwidth)."""
+
+    def mapped_phases(self, server_info: dict[str, Any]) -> frozenset[str] | None:
+        """The phases this backend's server times for the running algorithm (None: it
+        cannot say). A mapped phase that is zero in every measured step did not record:
+        ``--specperf-strict`` fails such a case."""
 
     def notes(self) -> list[str]:
         """Lines about the server's instrumentation for the run's summary (e.g. hook

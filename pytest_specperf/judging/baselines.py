@@ -280,6 +280,31 @@ class CaseBaseline:
         """Run ``index``'s metrics (0 is the oldest kept)."""
         return self.runs[index].summaries(self.steps)
 
+    def to_json(self) -> dict[str, Any]:
+        """The case with its full fingerprint, in plain JSON types (a pytest-xdist worker
+        sends the cases it measured for an update to the controller this way)."""
+        case = _case_dict(self)
+        case["runs"] = [dict(r) for r in case["runs"]]
+        return {
+            "test": self.test,
+            "key": self.key,
+            "fingerprint": dict(self.fingerprint),
+            "case": case,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaseBaseline:
+        """Read ``to_json``'s form, validated as a stored case; ``ValueError`` if unusable."""
+        try:
+            fp = MappingProxyType(dict(d["fingerprint"]))
+            ref, steps, runs = parse_v2_case(d["case"])
+            test, key = str(d["test"]), str(d["key"])
+        except (Invalid, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
+        if ref != fingerprint_hash(fp):
+            raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
+        return cls(test, key, identity_of(fp), fp, ref, steps, runs)
+
 
 @dataclass(frozen=True)
 class CaseProblem:

@@ -64,8 +64,10 @@ class Case:
     #: the marker's ``gate=`` list; None: the default gates
     gates: tuple[str, ...] | None = None
     speculative: bool = True
-    #: for the KV-read bandwidth of the bottleneck verdict (None where unknown)
+    #: for the KV-read bandwidth of the bottleneck verdict (None where unknown); a
+    #: server's KV traffic model (``/server_info["kv_read"]``) wins over the per-token size
     kv_bytes_per_token: float | None = None
+    kv_traffic: Mapping[str, Any] | None = None
     peak_bandwidth_bytes_per_s: float | None = None
     #: the server process that measured the case (recorded with a baseline run)
     server_pid: int | None = None
@@ -90,6 +92,9 @@ class CaseOutcome:
     notes: tuple[str, ...] = ()
     bottleneck: Bottleneck | None = None
     time_went: str | None = None
+    #: the gates and tolerances the case was judged with (None: default gates)
+    gates: tuple[str, ...] | None = None
+    tolerances: Tolerances | None = None
 
     @property
     def where(self) -> str:
@@ -100,6 +105,11 @@ class CaseOutcome:
     @property
     def base_metrics(self) -> Mapping[str, Summary] | None:
         return self.baseline.metrics if self.baseline is not None else None
+
+
+def is_speculative(fingerprint: Mapping[str, Any]) -> bool:
+    """Whether an engine fingerprint names a speculative algorithm (accept length gated)."""
+    return str(fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"
 
 
 class RecordingRefused(Exception):
@@ -217,9 +227,12 @@ def judge_case(
         bottleneck=diagnose(
             run,
             kv_bytes_per_token=case.kv_bytes_per_token,
+            kv_traffic=case.kv_traffic,
             peak_bandwidth_bytes_per_s=case.peak_bandwidth_bytes_per_s,
         ),
         time_went=time_went(run, base.metrics if base is not None else None),
+        gates=case.gates,
+        tolerances=case.tolerances,
     )
 
 

@@ -153,6 +153,11 @@ class DecodeRun:
         return sum(g["eager"] for g in self.graphs.values())
 
     @property
+    def captures(self) -> int:
+        """Graph captures during measured steps (a warm-up that missed a shape)."""
+        return sum(g.get("capture", 0) for g in self.graphs.values())
+
+    @property
     def injected(self) -> str | None:
         """The canary slowdown the server injected into this run, if any."""
         return self.labels.get("inject") or None
@@ -216,14 +221,22 @@ def samples_from_records(
 
 
 def graph_counters(records: Sequence[StepRecord]) -> dict[str, Mapping[str, int]]:
-    """CUDA-graph replays and eager forwards per runner, summed over the records."""
+    """CUDA-graph replays, eager forwards and captures per runner, summed over the records
+    (``capture`` only where a step captured: a measured step should never have to)."""
     sums: dict[str, list[int]] = {}
     for r in records:
         for name, g in r.graphs.items():
-            c = sums.setdefault(name, [0, 0])
+            c = sums.setdefault(name, [0, 0, 0])
             c[0] += g.replay
             c[1] += g.eager
-    return {k: MappingProxyType({"replay": v[0], "eager": v[1]}) for k, v in sums.items()}
+            c[2] += g.capture
+    out: dict[str, Mapping[str, int]] = {}
+    for k, (replay, eager, capture) in sums.items():
+        counts = {"replay": replay, "eager": eager}
+        if capture:
+            counts["capture"] = capture
+        out[k] = MappingProxyType(counts)
+    return out
 
 
 @dataclass(frozen=True)

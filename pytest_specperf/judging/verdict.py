@@ -23,6 +23,7 @@ A judged metric is a frozen ``MetricVerdict``; it serializes itself (``to_json``
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import statistics
@@ -723,6 +724,22 @@ class Tolerances:
 
     def of(self, metric: str) -> float:
         return self.step if spec(metric).tolerance == "step" else self.phase
+
+    def to_json(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Tolerances | None:
+        """Read back ``to_json``; None unless every tolerance is a fraction in (0, 1)."""
+        if not isinstance(d, Mapping):
+            return None
+        values = {f.name: d.get(f.name) for f in dataclasses.fields(cls)}
+        if not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1
+            for v in values.values()
+        ):
+            return None
+        return cls(**{k: float(v) for k, v in values.items()})  # type: ignore[arg-type]
 
 
 def judged_form(metric: str) -> tuple[str, str | None]:

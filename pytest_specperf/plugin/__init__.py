@@ -18,6 +18,8 @@ from pytest_specperf.plugin.hooks import (
     pytest_runtest_setup,
     pytest_sessionfinish,
     pytest_terminal_summary,
+    pytest_testnodedown,
+    pytest_xdist_node_collection_finished,
 )
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "pytest_runtest_setup",
     "pytest_sessionfinish",
     "pytest_terminal_summary",
+    "pytest_testnodedown",
+    "pytest_xdist_node_collection_finished",
     "specperf",
     "warmed_cuda_graphs",
 ]

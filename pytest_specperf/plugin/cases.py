@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import shlex
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -30,10 +31,14 @@ from pytest_specperf.judging.judge import (
     noisy_baseline_note,
     recording_refusal,
 )
+from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
-from pytest_specperf.reporting.terminal import failure_message, phase_table
+from pytest_specperf.probe.phases import ALL_PHASES
+from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
+from pytest_specperf.reporting.view import CaseView
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
@@ -86,7 +91,12 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
         server_pid=_pid(srv.server_info.get("pid")),
         history=_history(sess, test_id(item), key),
+        kv_traffic=_mapping(srv.server_info.get("kv_read")),
     )
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
 
 
 def _history(sess: SpecperfSession, test: str, key: str) -> tuple[HistoryRun, ...]:
@@ -132,7 +142,8 @@ def _baseline(
 
 
 def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
-    """Judge one case; with --specperf-update-baselines, queue it for recording."""
+    """Judge one case (with --specperf-update-baselines, refuse a run that must not be
+    recorded; ``queue_record`` queues the others)."""
     base, missing = _baseline(sess, case)
     record = sess.settings.update_baselines
     if record:
@@ -140,14 +151,17 @@ def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
         if refusal:
             raise pytest.fail(refusal, pytrace=False)
     outcome = judge_case(case, base, sess.baseline_path, missing=missing, record=record)
-    if record:
-        sess.to_record.append(as_baseline(case))
-        note = noisy_baseline_note(case)
-        if note:
-            sess.notes.append(note)
     if outcome.run.telemetry is not None and not outcome.run.telemetry.available:
         sess.telemetry_note = outcome.run.telemetry.reason
     return outcome
+
+
+def queue_record(sess: SpecperfSession, case: Case) -> None:
+    """Queue a case for --specperf-update-baselines (written at the end of the session)."""
+    sess.to_record.append(as_baseline(case))
+    note = noisy_baseline_note(case)
+    if note:
+        sess.notes.append(note)
 
 
 def _profile(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
@@ -182,10 +196,11 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
     """The outcome (with a profile note when asked) and the failure lines it gives."""
     failures = []
     run, v = outcome.run, outcome.verdict.verdict
-    if handle.expect_graphs and run.eager_forwards:
+    if handle.expect_graphs and (run.eager_forwards or run.captures):
+        graphs = {k: dict(v) for k, v in run.graphs.items()}
         failures.append(
             f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
-            f"eagerly at {outcome.where}: {dict(run.graphs)}"
+            f"eagerly and {run.captures} captured at {outcome.where}: {graphs}"
         )
     if v is Verdict.SLOWER and not sess.settings.update_baselines:
         if sess.settings.profile_on_regression:
@@ -196,18 +211,109 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
     if v is Verdict.INVALID:
         reasons = "; ".join(outcome.verdict.reasons)
         item.warn(SpecperfWarning(f"{outcome.key}: INVALID: {reasons}"))
-    section = "\n".join([f"{outcome.key}: {v.value}", *phase_table(outcome)])
-    item.add_report_section("call", "specperf", section)
+    lines = [f"{outcome.key}: {v.value}"]
+    if outcome.bottleneck is not None:
+        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
+    item.add_report_section("call", "specperf", "\n".join([*lines, *phase_table(outcome)]))
     return outcome, failures
 
 
+def record_command(config: pytest.Config) -> str:
+    """This run's command line as an update: what records the missing baselines."""
+    out: list[str] = []
+    args = iter(config.invocation_params.args)
+    for a in args:
+        if a == "--specperf-inject":  # an injected run is never recorded
+            next(args, None)
+        elif a != "--specperf-strict" and not a.startswith("--specperf-inject="):
+            out.append(a)
+    return shlex.join(["pytest", *out, "--specperf-update-baselines"])
+
+
+def _mapped_phases(handle: SpecperfHandle) -> frozenset[str] | None:
+    srv = handle.server
+    mapped = getattr(srv.backend, "mapped_phases", None)  # a third-party backend may lack it
+    return mapped(srv.server_info) if mapped is not None else None
+
+
+def _strict(sess: SpecperfSession, handle: SpecperfHandle, outcome: CaseOutcome
+            ) -> tuple[Unjudged, ...]:  # fmt: skip
+    """Under --specperf-strict, why the case does not count as judged."""
+    if not sess.settings.strict:
+        return ()
+    return unjudged(
+        outcome,
+        mapped=_mapped_phases(handle),
+        gpu_run=sess.device().kind == "cuda",
+        recording=sess.settings.update_baselines,
+        telemetry_note=sess.telemetry_note,
+    )
+
+
+def strict_failure(config: pytest.Config, outcome: CaseOutcome,
+                   problems: tuple[Unjudged, ...]) -> str:  # fmt: skip
+    """The strict run's failure lines for a case that was not judged."""
+    lines = [f"--specperf-strict: {outcome.key} was not judged"]
+    for p in problems:
+        detail = p.detail
+        if p.label == Verdict.NO_BASELINE.value:
+            detail += f"; record it with: {record_command(config)}"
+        lines.append(f"  {detail}")
+        if p.label == Verdict.UNSTABLE.value:
+            undecided = outcome.verdict.worst(Verdict.UNSTABLE)
+            lines += [f"    {unstable_advice(m)}" for m in undecided]
+    return "\n".join(lines)
+
+
+def junit_properties(outcome: CaseOutcome, baseline_file: str,
+                     problems: tuple[Unjudged, ...]) -> list[tuple[str, str]]:  # fmt: skip
+    """The case's figures as test properties (``--junitxml`` writes them); a test with
+    several cases repeats the group, each starting with ``specperf.case``."""
+    run = outcome.run
+    props = [
+        ("specperf.case", outcome.key),
+        ("specperf.verdict", outcome.verdict.verdict.value),
+        (f"specperf.{STEP}_ms", f"{run.summaries[STEP].median:.4f}"),
+    ]
+    props += [
+        (f"specperf.phase.{p}_ms", f"{run.summaries[p].median:.4f}")
+        for p in ALL_PHASES
+        if p in run.summaries
+    ]
+    props += [
+        (f"specperf.{ACCEPT_LEN}", f"{run.accept_len:.3f}"),
+        ("specperf.baseline", baseline_file),
+    ]
+    if problems:
+        props.append(("specperf.not_judged", "; ".join(p.label for p in problems)))
+    return props
+
+
 def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle) -> None:
-    """Judge every run of a test that completed; fail it on a regression."""
+    """Judge every run of a test that completed; fail it on a regression, and under
+    --specperf-strict on a case that was not judged."""
     failures = []
     for run, key in zip(handle.runs, _keys(item, handle.runs)):
-        outcome = judge(sess, _case(sess, item, handle, run, key))
+        case = _case(sess, item, handle, run, key)
+        outcome = judge(sess, case)
         outcome, lines = _report(sess, item, handle, outcome)
+        problems = _strict(sess, handle, outcome)
+        if problems:
+            lines.append(strict_failure(sess.config, outcome, problems))
+            outcome = dataclasses.replace(outcome, recorded=False)
+        elif sess.settings.update_baselines:  # strict: an incomplete run is not recorded
+            queue_record(sess, case)
+        shown = sess.display_path(outcome.baseline_path)
+        item.user_properties.extend(junit_properties(outcome, shown, problems))
         sess.outcomes.append(outcome)
+        sess.cases.append(
+            CaseView.of(
+                outcome,
+                baseline_file=shown,
+                failure="\n\n".join(lines),
+                unjudged=tuple(p.label for p in problems),
+            )
+        )
         failures += lines
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)

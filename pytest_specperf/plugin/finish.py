@@ -1,123 +1,224 @@
-"""End of the session: write the baselines and the reports, and say what happened."""
+"""End of the session: write the baselines and the reports, and say what happened.
+
+In a pytest-xdist worker nothing is written: the worker's results go to the controller
+(``plugin.xdist``), which writes the baselines once and every report for all workers.
+"""
 
 from __future__ import annotations
 
 import datetime
+import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import BaselineError, format_moved, write_baselines
+from pytest_specperf.judging.baselines import (
+    BaselineError,
+    CaseBaseline,
+    format_moved,
+    write_baselines,
+)
+from pytest_specperf.plugin.benchmark import commit_info
 from pytest_specperf.plugin.session import SpecperfSession
+from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
+from pytest_specperf.reporting.markdown import append_markdown, markdown_summary, write_markdown
 from pytest_specperf.reporting.plot import write_svg
-from pytest_specperf.reporting.report import report_payload, write_report
+from pytest_specperf.reporting.report import payload_of_cases, write_report
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
+
+#: GitHub Actions' step summary file (Markdown appended there is shown on the run's page).
+GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+def _record_groups(
+    sess: SpecperfSession,
+) -> list[tuple[Path, dict[str, Any], Sequence[CaseBaseline]]]:
+    """Baseline file, device and cases of each file an update writes."""
+    groups: list[tuple[Path, dict[str, Any], Sequence[CaseBaseline]]] = []
+    if sess.to_record:
+        groups.append((sess.baseline_path, sess.device().to_dict(), sess.to_record))
+    if sess.gathered is not None:
+        groups += [(p, dev, cases) for p, (dev, cases) in sess.gathered.to_record.items()]
+    return groups
 
 
 def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
-    """Write the recorded cases; False when that failed."""
-    if not (sess.settings.update_baselines and sess.to_record):
+    """Write the recorded cases, once per baseline file; False when that failed."""
+    groups = _record_groups(sess) if sess.settings.update_baselines else []
+    if not groups:
         return True
     if interrupted:
         sess.errors.append("baselines not written: the run was interrupted")
         return True
-    try:
-        sess.written = write_baselines(
-            sess.baseline_path,
-            sess.device().to_dict(),
-            sess.to_record,
-            keep_runs=sess.settings.keep_runs,
-        )
-    except (BaselineError, OSError) as e:
-        sess.errors.append(f"baselines not written: {e}")
-        return False
-    return True
+    ok = True
+    for path, device, cases in groups:
+        try:
+            sess.written.append(
+                write_baselines(path, device, cases, keep_runs=sess.settings.keep_runs)
+            )
+        except (BaselineError, OSError) as e:
+            sess.errors.append(f"baselines not written: {e}")
+            ok = False
+    return ok
+
+
+def server_header(sess: SpecperfSession) -> dict[str, Any] | None:
+    """The JSON report's ``server``: this process's server, if it started one."""
+    srv = sess.server
+    if srv is None:
+        return None
+    return {
+        "url": srv.url,
+        "attached": srv.attached,
+        "startup_s": round(srv.startup_s, 3),
+        "pid": srv.server_info.get("pid"),
+        "notes": srv.backend.notes(),
+        "log": str(srv.log_path or ""),
+        "fingerprint": srv.fingerprint,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _device(sess: SpecperfSession) -> dict[str, Any]:
+    g = sess.gathered
+    if g is not None and g.device is not None:
+        return g.device
+    return sess.device().to_dict()
 
 
 def report_header(sess: SpecperfSession) -> dict[str, Any]:
     """Everything in the JSON report besides the cases."""
-    s, srv = sess.settings, sess.server
-    server = None
-    if srv is not None:
-        server = {
-            "url": srv.url,
-            "attached": srv.attached,
-            "startup_s": round(srv.startup_s, 3),
-            "pid": srv.server_info.get("pid"),
-            "notes": srv.backend.notes(),
-            "log": str(srv.log_path or ""),
-            "fingerprint": srv.fingerprint,
-        }
+    s, g = sess.settings, sess.gathered
+    servers = g.servers if g is not None else [h for h in [server_header(sess)] if h]
     return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": sess.device().to_dict(),
+        "device": _device(sess),
         "backend": s.backend,
-        "baselines": str(sess.baseline_path),
+        "baselines": str(sess.baseline_path) if g is None else (g.baseline_path or ""),
         "tolerance": s.tolerance,
         "step_tolerance": s.step_tolerance,
         "processes": s.processes,
         "max_time_s": s.max_time_s,
         "update_baselines": s.update_baselines,
-        "server": server,
+        "strict": s.strict,
+        "server": servers[0] if servers else None,
+        "servers": servers,
+        "xdist_workers": g.workers if g is not None else 0,
     }
 
 
-def _write_reports(sess: SpecperfSession) -> bool:
+def _write_json(sess: SpecperfSession) -> bool:
     path = sess.settings.json_path
-    if path is None or not sess.outcomes:
+    if path is None or not sess.cases:
         return True
+    header = {
+        **report_header(sess),
+        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "commit_info": commit_info(sess.config),
+    }
     try:
-        write_report(path, report_payload(report_header(sess), sess.outcomes))
-        title = f"pytest-specperf: {sess.settings.backend} on {sess.device().slug}"
-        write_svg(path.with_suffix(".svg"), sess.outcomes, title)
+        write_report(path, payload_of_cases(header, [c.report for c in sess.cases]))
+        title = f"pytest-specperf: {sess.settings.backend} on {device_slug(sess)}"
+        write_svg(path.with_suffix(".svg"), sess.cases, title)
     except OSError as e:
         sess.errors.append(f"JSON report not written: {e}")
         return False
     return True
 
 
+def _write_markdown(sess: SpecperfSession) -> bool:
+    path = sess.settings.markdown_path
+    step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
+    if path is None and not step_summary:
+        return True
+    if not sess.cases and not sess.errors:
+        return True
+    text = markdown_summary(run_summary_of(sess), sess.cases)
+    ok = True
+    for where, write in ((path, write_markdown), (step_summary, append_markdown)):
+        if not where:
+            continue
+        try:
+            write(Path(where), text)
+        except OSError as e:
+            sess.errors.append(f"Markdown summary not written to {where}: {e}")
+            ok = False
+    return ok
+
+
 def finish(sess: SpecperfSession, session: pytest.Session, exitstatus: int) -> None:
-    """Write baselines and reports; a failed write fails the run."""
+    """Write baselines and reports (a failed write fails the run); in an xdist worker,
+    hand the results to the controller instead."""
+    config = session.config
+    if worker_id(config) is not None:
+        workeroutput: dict[str, Any] = config.workeroutput  # type: ignore[attr-defined]
+        workeroutput[OUTPUT_KEY] = worker_output(sess, server_header(sess))
+        return
+    if sess.gathered is not None:
+        sess.cases[:] = order_cases(sess.cases, sess.gathered.order)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
     ok = _write_baselines(sess, interrupted)
-    ok = _write_reports(sess) and ok
+    ok = _write_json(sess) and ok
+    ok = _write_markdown(sess) and ok
     if not ok:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _written_lines(sess: SpecperfSession) -> tuple[str, ...]:
     """``baselines written: ...``, what moved per recorded case, and the store's notes."""
-    w = sess.written
-    if w is None:
-        return ()
-    head = (
-        f"baselines written: {sess.display_path(w.path)} ({w.recorded} case(s) recorded, "
-        f"{w.case_count() - w.recorded} kept); what moved:"
-    )
-    return (head, *(f"  {line}" for line in format_moved(w.moved)), *w.notes)
+    lines: list[str] = []
+    for w in sess.written:
+        lines.append(
+            f"baselines written: {sess.display_path(w.path)} ({w.recorded} case(s) recorded, "
+            f"{w.case_count() - w.recorded} kept); what moved:"
+        )
+        lines += [f"  {line}" for line in format_moved(w.moved)]
+        lines += w.notes
+    return tuple(lines)
 
 
-def summary_lines(sess: SpecperfSession) -> list[str]:
-    """The lines printed after pytest's own summary."""
-    s = sess.settings
-    if not sess.outcomes and not sess.errors:
-        return []
+def device_slug(sess: SpecperfSession) -> str:
+    """The device the cases ran on (as the xdist workers detected it, under xdist)."""
+    g = sess.gathered
+    if g is not None:
+        return str(g.device.get("slug", "?")) if g.device is not None else "(no worker ran)"
+    return sess.device().slug
+
+
+def _backend_notes(sess: SpecperfSession) -> tuple[str, ...]:
+    if sess.gathered is not None:
+        return tuple(sess.gathered.backend_notes)
+    return tuple(sess.server.backend.notes()) if sess.server is not None else ()
+
+
+def run_summary_of(sess: SpecperfSession) -> RunSummary:
+    """What the summary says besides the cases."""
+    s, g = sess.settings, sess.gathered
     json_ok = s.json_path is not None and not any(e.startswith("JSON") for e in sess.errors)
-    summary = RunSummary(
+    return RunSummary(
         backend=s.backend,
-        device_slug=sess.device().slug,
-        baselines=sess.display_path(sess.baseline_path),
+        device_slug=device_slug(sess),
+        baselines=(g.baselines or "-") if g is not None else sess.display_path(sess.baseline_path),
         tolerance=s.tolerance,
         step_tolerance=s.step_tolerance,
         update=s.update_baselines,
         inject=str(s.inject) if s.inject else None,
         telemetry_note=sess.telemetry_note,
-        backend_notes=tuple(sess.server.backend.notes()) if sess.server is not None else (),
+        backend_notes=_backend_notes(sess),
         notes=tuple(sess.notes),
         written=_written_lines(sess),
         json_path=str(s.json_path) if json_ok else None,
         errors=tuple(sess.errors),
+        strict=s.strict,
+        workers=g.workers if g is not None else 0,
         max_time_s=None if s.update_baselines else s.max_time_s,
         processes=s.processes,
     )
-    return run_summary(summary, sess.outcomes)
+
+
+def summary_lines(sess: SpecperfSession) -> list[str]:
+    """The lines printed after pytest's own summary."""
+    if not sess.cases and not sess.errors:
+        return []
+    return run_summary(run_summary_of(sess), sess.cases)

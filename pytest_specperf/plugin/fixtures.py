@@ -16,6 +16,7 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout
 from pytest_specperf.plugin.markers import CaseOptions, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
+from pytest_specperf.plugin.xdist import parallel_servers
 from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
 from pytest_specperf.server.decoder import CaseSpec, Decoder, MeasurementError, sampler_for
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
@@ -226,7 +227,7 @@ def model_server(
         else:
             server = start_server(
                 backend,
-                s.backend_settings(),
+                s.backend_settings(parallel=parallel_servers(request.config)),
                 work_dir=tmp_path_factory.mktemp("specperf"),
                 ready_timeout_s=s.ready_timeout_s,
                 progress=sess.progress.line,

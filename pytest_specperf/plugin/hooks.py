@@ -1,8 +1,8 @@
 """pytest hooks: wiring only.
 
 The work is done elsewhere in this wing: ``options`` (flags and ini), ``markers``,
-``fixtures``, ``cases`` (judging each test's runs), ``finish`` (baselines, reports,
-summary), ``session`` (state).
+``fixtures``, ``cases`` (judging each test's runs), ``benchmark`` (each judged case as a
+pytest-benchmark result), ``finish`` (baselines, reports, summary), ``session`` (state).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.plugin import benchmark as _benchmark
 from pytest_specperf.plugin import options as _options
 from pytest_specperf.plugin.cases import judge_item
-from pytest_specperf.plugin.finish import finish, summary_lines
+from pytest_specperf.plugin.finish import finish, report_header, summary_lines
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
 from pytest_specperf.plugin.progress import Progress
-from pytest_specperf.plugin.session import SESSION_KEY, SpecperfSession, get_session
+from pytest_specperf.plugin.session import SESSION_KEY, Gathered, SpecperfSession, get_session
+from pytest_specperf.plugin.xdist import check_controller, gather, pin_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,7 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.help or getattr(config.option, "version", False):
         return
     settings = _options.load_settings(config)
-    config.stash[SESSION_KEY] = SpecperfSession(config, settings, Progress(config))
+    pin_worker(config)  # an xdist worker: its own GPU, before anything initializes CUDA
+    workers = check_controller(config, settings)
+    sess = SpecperfSession(config, settings, Progress(config))
+    if workers:
+        sess.gathered = Gathered(workers=workers)
+    config.stash[SESSION_KEY] = sess
+    _benchmark.register(config, sess, lambda: report_header(sess))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -66,7 +74,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     result = yield  # a test that raised is not judged
     handle = item.stash.get(HANDLE_KEY, None)
     if handle is not None and handle.runs:
-        judge_item(get_session(item.config), item, handle)
+        sess = get_session(item.config)
+        judged = len(sess.outcomes)
+        try:
+            judge_item(sess, item, handle)
+        finally:  # a failed (SLOWER) case is a measured result too
+            _benchmark.add_cases(item.config, item, sess.outcomes[judged:])
     return result
 
 
@@ -79,3 +92,22 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if SESSION_KEY in config.stash:
         for line in summary_lines(get_session(config)):
             terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """pytest-xdist controller: the collection order, for the reports."""
+    config = node.config
+    if SESSION_KEY in config.stash:
+        g = get_session(config).gathered
+        if g is not None and not g.order:
+            g.order = list(ids)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist controller: a worker finished (or died); gather its results."""
+    config = node.config
+    if SESSION_KEY in config.stash:
+        worker = str(getattr(getattr(node, "gateway", None), "id", "?"))
+        gather(get_session(config), worker, getattr(node, "workeroutput", None), error)

@@ -8,6 +8,7 @@ option is parsed by its own small function, defined next to it, which raises
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,15 +98,6 @@ def _baselines_dir(raw: Any, source: str, config: pytest.Config) -> Path:
     return path
 
 
-def _update(raw: Any, source: str, config: pytest.Config) -> bool:
-    if raw and os.environ.get("PYTEST_XDIST_WORKER"):
-        raise pytest.UsageError(
-            f"{source} cannot run in pytest-xdist workers: parallel writers would lose "
-            "each other's cases, and parallel cases would slow each other down; run without -n"
-        )
-    return bool(raw)
-
-
 def _device_slug(raw: Any, source: str, config: pytest.Config) -> str | None:
     from pytest_specperf.telemetry.device import validate_slug
 
@@ -122,14 +114,42 @@ def _device_slug(raw: Any, source: str, config: pytest.Config) -> str | None:
         ) from None
 
 
-def _json_path(raw: Any, source: str, config: pytest.Config) -> Path | None:
+def destination_problem(path: Path) -> str | None:
+    """Why a report cannot be written to ``path`` (a directory, no permission), or None.
+
+    Checked before any server starts, so a bad destination costs no measurement. A
+    missing parent directory is fine where it can be created. The check writes: it opens
+    an existing file for appending, or creates and removes a probe file in the nearest
+    existing directory (permission bits alone do not tell, e.g. for root or a read-only
+    mount).
+    """
+    if path.is_dir():
+        return "a file path (this path is a directory)"
+    try:
+        if path.exists():
+            with open(path, "a", encoding="utf-8"):
+                return None
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            return f"a file path ({parent} is not a directory)"
+        with tempfile.TemporaryFile(dir=parent):
+            return None
+    except OSError as e:
+        return f"a file path this user may write ({e.strerror or e})"
+
+
+def _report_path(raw: Any, source: str, config: pytest.Config) -> Path | None:
+    """A report file (JSON, Markdown), relative to the current directory."""
     if not raw:
         return None
     path = Path(raw)
     if not path.is_absolute():
         path = Path(config.invocation_params.dir) / path
-    if path.is_dir():
-        raise _usage(source, raw, "a file path (this path is a directory)")
+    problem = destination_problem(path)
+    if problem is not None:
+        raise _usage(source, raw, problem)
     return path
 
 
@@ -234,7 +254,7 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "--specperf-update-baselines",
         "record the cases measured in this run as the new baselines (other cases are kept)",
-        _update,
+        _flag,
         kind="bool",
     ),
     _Opt(
@@ -303,9 +323,24 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "--specperf-json",
-        "write a JSON report of every measured case to PATH",
-        _json_path,
+        "write a JSON report of every measured case to PATH (and a picture to PATH "
+        "with the suffix .svg)",
+        _report_path,
         metavar="PATH",
+    ),
+    _Opt(
+        "--specperf-markdown",
+        "write the run's summary as Markdown to PATH (also appended to $GITHUB_STEP_SUMMARY "
+        "when that is set)",
+        _report_path,
+        metavar="PATH",
+    ),
+    _Opt(
+        "--specperf-strict",
+        "every case must be judged: NO_BASELINE, INVALID, UNSTABLE, a mapped phase that "
+        "recorded no time and missing GPU telemetry fail the case",
+        _flag,
+        kind="bool",
     ),
     _Opt(
         "--specperf-server-url",
@@ -413,6 +448,8 @@ class Settings:
     steps: int
     warmup_steps: int
     json_path: Path | None
+    markdown_path: Path | None
+    strict: bool
     server_url: str | None
     run_dir: Path | None
     model: str | None
@@ -428,13 +465,15 @@ class Settings:
     max_time_s: float = DEFAULT_MAX_TIME_S
     history_dir: Path | None = None
 
-    def backend_settings(self) -> BackendSettings:
+    def backend_settings(self, parallel: int = 1) -> BackendSettings:
+        """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
         return BackendSettings(
             model=self.model,
             draft_model=self.draft_model,
             server_args=self.server_args,
             inject=str(self.inject) if self.inject else None,
             nvtx=self.nvtx,
+            parallel=parallel,
         )
 
 
@@ -443,6 +482,7 @@ _FIELD = {
     "specperf_baselines": "baselines_dir",
     "specperf_device": "device_slug",
     "specperf_json": "json_path",
+    "specperf_markdown": "markdown_path",
     "specperf_server_arg": "server_args",
     "specperf_ready_timeout": "ready_timeout_s",
     "specperf_max_time": "max_time_s",
@@ -481,6 +521,20 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
         )
 
 
+def _check_junitxml(config: pytest.Config) -> None:
+    """pytest's ``--junitxml`` destination, checked before any server starts (pytest
+    itself opens it only at the end of the run)."""
+    raw = getattr(config.option, "xmlpath", None)
+    if not raw:
+        return
+    path = Path(os.path.expanduser(os.path.expandvars(raw)))
+    if not path.is_absolute():
+        path = Path(config.invocation_params.dir) / path
+    problem = destination_problem(path)
+    if problem is not None:
+        raise _usage("--junitxml", raw, problem)
+
+
 def load_settings(config: pytest.Config) -> Settings:
     """Validate every option; raise ``pytest.UsageError`` on the first bad one."""
     values: dict[str, Any] = {}
@@ -492,4 +546,5 @@ def load_settings(config: pytest.Config) -> Settings:
         sources[name] = source
     settings = Settings(**values)
     _check_combinations(settings, sources)
+    _check_junitxml(config)
     return settings

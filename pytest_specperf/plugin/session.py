@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +22,7 @@ from pytest_specperf.judging.baselines import (
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
+from pytest_specperf.reporting.view import CaseView
 
 if TYPE_CHECKING:
     from pytest_specperf.reporting.history_runs import History
@@ -41,16 +42,20 @@ class SpecperfSession:
     progress: Progress
     #: judged cases, in the order they ran
     outcomes: list[CaseOutcome] = field(default_factory=list)
+    #: what the end-of-run reports show of each case (this process's and the workers')
+    cases: list[CaseView] = field(default_factory=list)
     #: cases to write with --specperf-update-baselines
     to_record: list[CaseBaseline] = field(default_factory=list)
     server: ModelServer | None = None
     #: every server process of the session (``--specperf-processes``), the first is ``server``
     pool: ServerPool | None = None
-    #: what an update wrote
-    written: WriteResult | None = None
+    #: what an update wrote, per baseline file
+    written: list[WriteResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     telemetry_note: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: pytest-xdist: the workers' results, gathered by the controller
+    gathered: Gathered | None = None
     _device: DeviceInfo | None = None
     _baselines: BaselineFile | None = None
     _baselines_loaded: bool = False
@@ -94,6 +99,23 @@ class SpecperfSession:
             self._history = load_history(directory)
             self.notes.append(self._history.describe(self.display_path(directory)))
         return self._history
+
+
+@dataclass
+class Gathered:
+    """What the pytest-xdist controller gathered from its workers (state only)."""
+
+    workers: int
+    #: baseline file -> (device as the workers detected it, cases to record there)
+    to_record: dict[Path, tuple[dict[str, Any], list[CaseBaseline]]] = field(default_factory=dict)
+    #: the first worker's device, its baseline file, and that file as shown
+    device: dict[str, Any] | None = None
+    baseline_path: str | None = None
+    baselines: str | None = None
+    backend_notes: list[str] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    #: node ids in collection order (the reports list cases in that order)
+    order: list[str] = field(default_factory=list)
 
 
 SESSION_KEY = pytest.StashKey[SpecperfSession]()

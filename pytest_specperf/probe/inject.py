@@ -5,7 +5,8 @@ phase is about to end, busy work on the same device runs for ``(FACTOR - 1)`` ti
 phase's own duration, inside the phase. On the CPU the busy work is integer arithmetic on
 the phase's thread, timed to the phase's measured host time; on a GPU it is a kernel
 (``torch.cuda._sleep``) sized from the phase's recent device time (the host part of a GPU
-phase is only the launch cost).
+phase is only the launch cost), calibrated at start and clock-corrected as it runs (see
+:class:`Injector`).
 
 ``all=FACTOR`` makes every phase ``FACTOR`` times as long, each by its own busy work:
 the step grows by that factor while every phase keeps its share, the canary of the step
@@ -21,10 +22,14 @@ records of injected steps carry the label ``inject=<spec>``.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import statistics
 import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_specperf.probe.phases import PHASES, VERIFY
 
@@ -35,6 +40,20 @@ ALL_PHASES_KEY = "all"
 STALL_BEFORE = VERIFY
 MAX_FACTOR = 10.0
 MAX_STALL_MS = 10_000.0
+#: Steps whose sleeps wait for their device times (a probe that never resolves its
+#: steps cannot grow the queue past this).
+PENDING_STEPS = 1024
+#: Sleeps shorter than this do not correct the clock (launch gaps would dominate).
+MIN_CORRECTION_NS = 20_000.0
+#: Weight of the newest achieved sleep in the cycles-per-ns estimate (event-timed sleeps
+#: are precise; the rest of the weight damps a one-off outlier).
+CLOCK_CORRECTION_WEIGHT = 0.75
+#: Calibration: warm-up length, timed sleeps, cycles per timed sleep, and the cycles
+#: per ns assumed to size the warm-up (a GPU clock of the right order).
+CALIBRATION_WARMUP_MS = 50.0
+CALIBRATION_REPS = 5
+CALIBRATION_CYCLES = 2_000_000
+NOMINAL_CYCLES_PER_NS = 1.5
 
 
 @dataclass(frozen=True)
@@ -110,28 +129,60 @@ def _item(part: str) -> tuple[str, float]:
         raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
 
 
+class SleepDevice(Protocol):
+    """Busy work on a GPU, timed by the GPU itself (``torch.cuda._sleep`` and events)."""
+
+    def calibrate(self) -> float:
+        """Sleep-kernel cycles per nanosecond now, measured after a warm-up."""
+
+    def sleep(self, cycles: int) -> Any:
+        """Enqueue a sleep of ``cycles`` on the current stream; a handle for ``elapsed_ns``."""
+
+    def elapsed_ns(self, handle: Any) -> float | None:
+        """The sleep's device duration once it has run, else None (never waits)."""
+
+
 class Injector:
-    """Implements ``probe.PhaseInjector`` for one server process."""
+    """Implements ``probe.PhaseInjector`` for one server process.
 
-    def __init__(self, spec: InjectSpec, *, device: Any = None) -> None:
+    On a GPU the busy work is a sleep kernel of ``cycles``, and cycles per nanosecond
+    follow the SM clock. They are calibrated once, after a warm-up and outside every
+    measured phase and step record: when the injector is built for ``"cuda:N"`` (server
+    start), or, for plain ``"cuda"`` (a process that selects its GPU later, as SGLang's
+    schedulers do), right after the first recorded step, on the device current then.
+    From there every sleep the GPU reports back corrects them: each stretched step's
+    achieved sleep is a measurement at the clock the SM ran at then. The feedback that
+    sizes the next sleep subtracts the achieved sleep (not the intended one) from the
+    phase's device time.
+    """
+
+    def __init__(
+        self, spec: InjectSpec, *, device: Any = None, sleeper: SleepDevice | None = None
+    ) -> None:
         self.spec = spec
-        self._cuda = device is not None and str(device).startswith("cuda")
-        self._torch: Any = None
-        self._work: Any = None
+        self._sleeper = sleeper
+        cuda = str(device or "")
+        if sleeper is None and spec.factors and cuda.startswith("cuda"):
+            self._sleeper = CudaSleep(device)
         self._device_ns: dict[str, float] = {}  # phase -> un-stretched device time (EMA)
-        self._injected_ns: dict[str, float] = {}  # phase -> busy work added last time
-        self._cycles_per_ns = 0.0
-        if spec.factors and not self._cuda:
-            self._ensure_work()  # on a GPU: at the first stretch (the device is chosen late)
+        self._step: list[tuple[str, int, Any]] = []  # this step's sleeps
+        self._pending: deque[list[tuple[str, int, Any]]] = deque(maxlen=PENDING_STEPS)
+        self.cycles_per_ns = 0.0
+        self.calibrations: list[float] = []
+        self._calibrate_later = sleeper is None and cuda == "cuda"
+        if self._sleeper is not None and not self._calibrate_later:
+            self.recalibrate()
 
-    def _ensure_work(self) -> None:
-        if self._torch is not None:
-            return
-        import torch
+    def recalibrate(self) -> float:
+        """Measure the sleep kernel's cycles per nanosecond now (outside any step)."""
+        assert self._sleeper is not None
+        self.cycles_per_ns = self._sleeper.calibrate()
+        self.calibrations.append(self.cycles_per_ns)
+        return self.cycles_per_ns
 
-        self._torch = torch
-        if self._cuda:
-            self._cycles_per_ns = _calibrate_cuda_sleep(torch)
+    def baseline_ns(self, phase: str) -> float | None:
+        """The phase's un-stretched device time as the feedback currently estimates it."""
+        return self._device_ns.get(phase)
 
     def before_phase(self, phase: str) -> None:
         if phase == STALL_BEFORE and self.spec.host_stall_ms:
@@ -141,25 +192,50 @@ class Injector:
         factor = self.spec.factors.get(phase)
         if factor is None:
             return
-        self._ensure_work()
-        if self._cuda:
-            dev = self._device_ns.get(phase)
-            if dev:
-                extra = dev * (factor - 1.0)
-                self._torch.cuda._sleep(max(int(extra * self._cycles_per_ns), 1))
-                self._injected_ns[phase] = extra
+        if self._sleeper is None:
+            _cpu_work(elapsed_ns * (factor - 1.0))
             return
-        _cpu_work(elapsed_ns * (factor - 1.0))
+        dev = self._device_ns.get(phase)
+        if dev and self.cycles_per_ns > 0:
+            cycles = max(int(dev * (factor - 1.0) * self.cycles_per_ns), 1)
+            self._step.append((phase, cycles, self._sleeper.sleep(cycles)))
 
-    def observe_device(self, phase: str, device_ns: int) -> None:
-        """Feed back a resolved device time so GPU busy work tracks the phase.
+    def end_step(self) -> None:
+        """The step's record is made: its sleeps wait for its device times."""
+        if self._sleeper is not None:
+            self._pending.append(self._step)
+            if self._calibrate_later:  # outside every record, on the device current now
+                self._calibrate_later = False
+                self.recalibrate()
+        self._step = []
 
-        The busy work added inside the phase is subtracted first: feeding back the
+    def abort_step(self) -> None:
+        """The step raised and makes no record: forget its sleeps."""
+        self._step = []
+
+    def observe_step(self, device_ns: Mapping[str, int]) -> None:
+        """Feed back one resolved step (oldest first) so GPU busy work tracks the phase.
+
+        The sleep achieved inside the phase is subtracted first: feeding back the
         stretched time would make the estimate, and the slowdown, grow step after step.
         """
-        base = max(device_ns - self._injected_ns.get(phase, 0.0), 0.0)
-        old = self._device_ns.get(phase)
-        self._device_ns[phase] = base if old is None else 0.8 * old + 0.2 * base
+        sleeps = self._pending.popleft() if self._pending else []
+        achieved: dict[str, float] = {}
+        for phase, cycles, handle in sleeps:
+            ns = self._sleeper.elapsed_ns(handle) if self._sleeper is not None else None
+            if ns is None or ns <= 0:
+                ns = cycles / self.cycles_per_ns  # not resolvable: take the intended time
+            elif ns >= MIN_CORRECTION_NS:
+                w = CLOCK_CORRECTION_WEIGHT
+                self.cycles_per_ns = (1 - w) * self.cycles_per_ns + w * (cycles / ns)
+            achieved[phase] = achieved.get(phase, 0.0) + ns
+        for phase in self.spec.factors:
+            total = device_ns.get(phase)
+            if not total:
+                continue
+            base = max(total - achieved.get(phase, 0.0), 0.0)
+            old = self._device_ns.get(phase)
+            self._device_ns[phase] = base if old is None else 0.8 * old + 0.2 * base
 
 
 def _cpu_work(ns: float) -> None:
@@ -178,15 +254,61 @@ def _spin(ns: float) -> None:
         pass
 
 
-def _calibrate_cuda_sleep(torch: Any) -> float:
-    """GPU clock cycles per nanosecond for ``torch.cuda._sleep``, measured with events."""
-    torch.cuda._sleep(1000)  # warm up
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    ns = start.elapsed_time(end) * 1e6
-    return cycles / ns if ns > 0 else 1.0
+class CudaSleep:
+    """:class:`SleepDevice` on a CUDA device (``torch.cuda._sleep`` between two events).
+
+    ``"cuda:N"`` pins device N; plain ``"cuda"`` follows whatever device is current at
+    each call (a server process that selects its GPU after building the injector)."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        dev = torch.device(device)
+        self.device = dev if dev.index is not None else None
+        self._torch = torch
+        self._events: list[Any] = []
+
+    def _on_device(self) -> Any:
+        if self.device is None:
+            return contextlib.nullcontext()
+        return self._torch.cuda.device(self.device)
+
+    def calibrate(self) -> float:
+        """Cycles per ns: a warm-up (``CALIBRATION_WARMUP_MS`` of sleeps, so the SM
+        leaves its idle clock), then the median of ``CALIBRATION_REPS`` timed sleeps."""
+        torch = self._torch
+        with self._on_device():
+            warm = int(CALIBRATION_WARMUP_MS * 1e6 * NOMINAL_CYCLES_PER_NS / 10)
+            for _ in range(10):
+                torch.cuda._sleep(warm)
+            rates = []
+            for _ in range(CALIBRATION_REPS):
+                handle = self.sleep(CALIBRATION_CYCLES)
+                handle[1].synchronize()
+                ns = handle[0].elapsed_time(handle[1]) * 1e6
+                self._events.extend(handle)
+                if ns > 0:
+                    rates.append(CALIBRATION_CYCLES / ns)
+        return statistics.median(rates) if rates else NOMINAL_CYCLES_PER_NS
+
+    def sleep(self, cycles: int) -> tuple[Any, Any]:
+        torch = self._torch
+        with self._on_device():
+            start, end = (self._event(), self._event())
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+        return start, end
+
+    def elapsed_ns(self, handle: Any) -> float | None:
+        start, end = handle
+        if not end.query():
+            return None
+        ns = float(start.elapsed_time(end)) * 1e6
+        self._events.extend(handle)  # resolved: the pair can be recorded again
+        return ns
+
+    def _event(self) -> Any:
+        if self._events:
+            return self._events.pop()
+        return self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]

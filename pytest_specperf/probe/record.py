@@ -11,10 +11,14 @@ RECORD_VERSION = 1
 
 @dataclass
 class GraphCount:
-    """CUDA-graph replays and eager forwards of one runner within one step."""
+    """CUDA-graph replays, eager forwards and captures of one runner within one step.
+
+    A capture (a shape seen for the first time: warm-up, capture, one run) is neither a
+    replay nor an eager forward; a measured step that captures was not warmed up."""
 
     replay: int = 0
     eager: int = 0
+    capture: int = 0
 
 
 @dataclass
@@ -59,7 +63,7 @@ class StepRecord:
             "unaccounted_ns": self.unaccounted_ns,
             "device_ns": self.device_ns,
             "device_step_ns": self.device_step_ns,
-            "graphs": {k: [g.replay, g.eager] for k, g in self.graphs.items()},
+            "graphs": {k: _graph_json(g) for k, g in self.graphs.items()},
             "rank": self.rank,
             "pid": self.pid,
             "labels": self.labels,
@@ -73,7 +77,9 @@ class StepRecord:
                 f"step record version {version!r} is not supported (expected {RECORD_VERSION}); "
                 "the server and the plugin come from different pytest-specperf versions"
             )
-        graphs = {str(k): GraphCount(int(v[0]), int(v[1])) for k, v in data["graphs"].items()}
+        graphs = {
+            str(k): GraphCount(*(int(x) for x in v[:3])) for k, v in data["graphs"].items()
+        }
         device = data.get("device_ns")
         return cls(
             step=int(data["step"]),
@@ -95,3 +101,9 @@ class StepRecord:
             pid=int(data.get("pid", 0)),
             labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
         )
+
+
+def _graph_json(g: GraphCount) -> list[int]:
+    """``[replay, eager]``, plus ``capture`` when there was one (older readers take the
+    first two entries)."""
+    return [g.replay, g.eager, g.capture] if g.capture else [g.replay, g.eager]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,8 +39,15 @@ class PhaseInjector(Protocol):
     def stretch(self, phase: str, elapsed_ns: int) -> None:
         """Called inside the phase just before it ends, with its elapsed host time."""
 
-    def observe_device(self, phase: str, device_ns: int) -> None:
-        """Called when a step's device times are resolved (GPU only)."""
+    def end_step(self) -> None:
+        """Called when a step's record is made (it will be resolved later on a GPU)."""
+
+    def abort_step(self) -> None:
+        """Called when a step is dropped without a record."""
+
+    def observe_step(self, device_ns: Mapping[str, int]) -> None:
+        """Called once per recorded step, oldest first, when its exclusive device time
+        per phase is resolved (GPU only)."""
 
 
 @dataclass
@@ -98,7 +106,7 @@ class NullProbe:
     def abort_step(self) -> None:
         return None
 
-    def count_graph(self, runner: str, *, replay: bool) -> None:
+    def count_graph(self, runner: str, *, replay: bool, capture: bool = False) -> None:
         return None
 
     def flush(self) -> None:
@@ -177,6 +185,8 @@ class StepProbe:
         if self._nvtx is not None:
             for _ in range(len(self._stack) + 1):
                 self._nvtx.range_pop()
+        if self._injector is not None:
+            self._injector.abort_step()
         self._in_step = 0
         self._reset()
 
@@ -213,6 +223,8 @@ class StepProbe:
             labels=self._labels,
         )
         self._step_no += 1
+        if self._injector is not None:
+            self._injector.end_step()
         if self._torch is None:
             self._emit(record)
             return
@@ -271,14 +283,17 @@ class StepProbe:
             if idx == index:
                 break
 
-    def count_graph(self, runner: str, *, replay: bool) -> None:
-        """Count one CUDA-graph replay (or eager forward) of ``runner`` in this step."""
+    def count_graph(self, runner: str, *, replay: bool, capture: bool = False) -> None:
+        """Count one CUDA-graph replay, eager forward or (``capture``) capture of
+        ``runner`` in this step."""
         if not self._in_step:
             return
         g = self._graphs.get(runner)
         if g is None:
             g = self._graphs[runner] = GraphCount()
-        if replay:
+        if capture:
+            g.capture += 1
+        elif replay:
             g.replay += 1
         else:
             g.eager += 1
@@ -309,9 +324,7 @@ class StepProbe:
                 device[PHASES[s.index]] += round(t)
             record.device_ns = device
             if self._injector is not None:
-                for name, ns in device.items():
-                    if ns:
-                        self._injector.observe_device(name, ns)
+                self._injector.observe_step(device)
             record.device_step_ns = round(ev0.elapsed_time(ev1) * 1e6)
             for s in spans:
                 self._event_pool.append(s.start)

@@ -5,7 +5,7 @@ few nights, several runs of every case, each from its own server process: the be
 process part of the noise can come from them instead of from extra processes now (a big
 SGLang model is slow to start). This module is the interface: it reads the reports
 through the one reader (``read_report``) and hands each case's runs of the last
-``HISTORY_REPORTS`` reports (by their ``created`` time, else the file's) to the judge as
+``HISTORY_REPORTS`` reports (by their ``datetime``, else the file's time) to the judge as
 ``HistoryRun`` records. They inform the between-process estimate only: the verdict's
 change is always against the baseline.
 
@@ -60,7 +60,7 @@ class History:
 
 
 def _when(report: Report) -> datetime.datetime:
-    created = report.data.get("created")
+    created = report.data.get("datetime")
     if isinstance(created, str):
         try:
             when = datetime.datetime.fromisoformat(created)

@@ -8,14 +8,12 @@ SVG, no plotting library.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pytest_specperf.probe.phases import ALL_PHASES
-
-if TYPE_CHECKING:
-    from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.reporting.view import CaseView
 
 #: One colour per phase, in the order of ``ALL_PHASES`` (unaccounted last, grey).
 COLOURS = dict(
@@ -28,7 +26,7 @@ COLOURS = dict(
 LABEL_W, BAR_W, ROW_H, BAR_H, TOP = 330, 560, 58, 18, 46
 
 
-def _bar(x0: float, y: float, values: dict[str, float], scale: float) -> list[str]:
+def _bar(x0: float, y: float, values: Mapping[str, float], scale: float) -> list[str]:
     out, x = [], x0
     for p in ALL_PHASES:
         w = values.get(p, 0.0) * scale
@@ -43,15 +41,13 @@ def _bar(x0: float, y: float, values: dict[str, float], scale: float) -> list[st
     return out
 
 
-def render(outcomes: list[CaseOutcome], title: str) -> str:
+def render(cases: Sequence[CaseView], title: str) -> str:
     rows = []
     peak = 0.0
-    for o in outcomes:
-        now = {p: o.run.summaries[p].value for p in ALL_PHASES if p in o.run.summaries}
-        bm = o.base_metrics
-        base = {p: bm[p].value for p in ALL_PHASES if p in bm} if bm is not None else None
+    for c in cases:
+        now, base = c.phases, c.base_phases
         peak = max(peak, sum(now.values()), sum(base.values()) if base else 0.0)
-        rows.append((o, base, now))
+        rows.append((c, base, now))
     scale = BAR_W / peak if peak else 1.0
     height = TOP + ROW_H * len(rows) + 40
     width = LABEL_W + BAR_W + 150
@@ -65,13 +61,12 @@ def render(outcomes: list[CaseOutcome], title: str) -> str:
         svg.append(f'<rect x="{lx}" y="28" width="10" height="10" fill="{COLOURS[p]}"/>')
         svg.append(f'<text x="{lx + 14}" y="37">{p}</text>')
         lx += 14 + 7 * len(p) + 16
-    for i, (o, base, now) in enumerate(rows):
+    for i, (c, base, now) in enumerate(rows):
         y = TOP + i * ROW_H
-        name = f"{o.test.rsplit('::', 1)[-1]} {o.key}"
-        svg.append(f'<text x="10" y="{y + 16}">{escape(name)}</text>')
+        svg.append(f'<text x="10" y="{y + 16}">{escape(c.name)}</text>')
         svg.append(
-            f'<text x="10" y="{y + 34}" fill="#555">{escape(o.verdict.verdict.value)}'
-            f"{' (recorded)' if o.recorded else ''}</text>"
+            f'<text x="10" y="{y + 34}" fill="#555">{escape(c.verdict.value)}'
+            f"{' (recorded)' if c.recorded else ''}</text>"
         )
         if base:
             svg += _bar(LABEL_W, y + 2, base, scale)
@@ -92,5 +87,5 @@ def render(outcomes: list[CaseOutcome], title: str) -> str:
     return "\n".join(svg) + "\n"
 
 
-def write_svg(path: Path, outcomes: list[CaseOutcome], title: str) -> None:
-    path.write_text(render(outcomes, title), encoding="utf-8")
+def write_svg(path: Path, cases: Sequence[CaseView], title: str) -> None:
+    path.write_text(render(cases, title), encoding="utf-8")

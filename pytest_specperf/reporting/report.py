@@ -1,9 +1,12 @@
 """The JSON report: written once per run (``--specperf-json``), read back through one reader.
 
 ``write_report`` writes strict JSON (non-finite numbers as ``null``) atomically;
-``read_report`` is the one reader every consumer uses (``specperf calibrate`` today):
-it checks ``schema_version`` before anything else and refuses an unknown one, naming the
-file and the version. Judged metrics are (de)serialized by ``MetricVerdict`` itself.
+``read_report`` is the one reader every consumer uses (``specperf calibrate``, ``history``,
+``compare``): it checks ``schema_version`` before anything else and refuses an unknown one,
+naming the file and the version. It reads a pytest-benchmark run too (``--benchmark-json``,
+``--benchmark-save``): there the run's header is the file's ``specperf`` object and each
+case is the ``specperf`` object of its benchmark's ``extra_info`` (``reporting.benchmark``).
+Judged metrics are (de)serialized by ``MetricVerdict`` itself.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,9 @@ from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 JSON_SCHEMA_VERSION = 1
 #: Versions ``read_report`` understands.
 READABLE_VERSIONS = (1,)
+#: Where a pytest-benchmark file holds our run header (top level) and each case (in the
+#: benchmark's ``extra_info``).
+SPECPERF_KEY = "specperf"
 
 
 class ReportError(ValueError):
@@ -57,17 +63,27 @@ def _summary_json(s: Summary) -> dict[str, Any]:
     return d
 
 
+#: Decimals of the per-step times in ms: nanoseconds, what the probe measured.
+_NS_DECIMALS = 6
+
+
+def _ms(xs: Sequence[float]) -> list[float]:
+    """Per-step times in ms, exact to the nanosecond (no float noise digits)."""
+    return [round(x, _NS_DECIMALS) for x in xs]
+
+
 def _samples_json(run: DecodeRun) -> dict[str, Any]:
     out: dict[str, Any] = {
         "block": list(run.blocks),
-        "step_ms": list(run.samples[STEP]),
-        "unaccounted_ms": list(run.samples[UNACCOUNTED]),
+        "step_ms": _ms(run.samples[STEP]),
+        "unaccounted_ms": _ms(run.samples[UNACCOUNTED]),
         ACCEPT_LEN: list(run.samples[ACCEPT_LEN]),
-        "phases_ms": {p: list(run.samples[p]) for p in PHASES},
+        "phases_ms": {p: _ms(run.samples[p]) for p in PHASES},
         "reference_ms": list(run.reference_ms),
     }
     if run.has_device_times:
-        out["device_phases_ms"] = {p: list(run.samples[device_form(p)]) for p in PHASES}
+        out["device_phases_ms"] = {p: _ms(run.samples[device_form(p)]) for p in PHASES}
+        out["device_step_ms"] = _ms(run.samples[device_form(STEP)])
     return out
 
 
@@ -137,6 +153,8 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,
         "baseline": _baseline_json(o),
         "metrics": [m.to_json() for m in o.verdict.metrics],
+        "gates": list(o.gates) if o.gates is not None else None,
+        "tolerances": o.tolerances.to_json() if o.tolerances is not None else None,
         "samples": _samples_json(run),
         "runs": [run_record_json(r) for r in run.processes],
     }
@@ -170,6 +188,33 @@ class CaseReport:
     step_median_ms: float
     data: Mapping[str, Any]
 
+    def median_ms(self, phase: str) -> float | None:
+        """The case's median of ``phase`` (any of ``ALL_PHASES``), None where missing."""
+        summary = (self.data.get("phases") or {}).get(phase)
+        return _number_or_none(summary.get("median")) if isinstance(summary, Mapping) else None
+
+    @property
+    def accept_len(self) -> float | None:
+        s = self.data.get(ACCEPT_LEN)
+        return _number_or_none(s.get(s.get("center", "median"))) if isinstance(s, Mapping) else None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether this run was recorded as the case's baseline."""
+        return self.data.get("recorded") is True
+
+    @property
+    def baseline_at(self) -> str | None:
+        """When the baseline this case was judged against was recorded."""
+        b = self.data.get("baseline")
+        at = b.get("recorded_at") if isinstance(b, Mapping) else None
+        return at if isinstance(at, str) else None
+
+    @property
+    def fingerprint(self) -> Mapping[str, Any]:
+        fp = self.data.get("fingerprint")
+        return fp if isinstance(fp, Mapping) else {}
+
 
 @dataclass(frozen=True)
 class Report:
@@ -181,6 +226,12 @@ class Report:
     step_tolerance: float | None
     cases: tuple[CaseReport, ...]
     data: Mapping[str, Any]
+    #: when the run ended (ISO 8601, UTC), None where the file does not say
+    datetime: str | None = None
+    #: the commit the run measured, as pytest-benchmark records it (``id``, ``dirty``, ...)
+    commit: Mapping[str, Any] = field(default_factory=dict)
+    #: ``report`` (``--specperf-json``) or ``pytest-benchmark`` (its JSON or storage)
+    source: str = "report"
 
 
 def _case(path: Path, i: int, c: Any) -> CaseReport:
@@ -193,48 +244,102 @@ def _case(path: Path, i: int, c: Any) -> CaseReport:
         step = float((c.get("step_ms") or {})["median"])
     except (ValueError, TypeError, AttributeError, KeyError) as e:
         raise ReportError(path, f"{where}: {e}") from None
-    return CaseReport(str(c.get("test")), str(c.get("key")), verdict, metrics, step, c)
+    if not isinstance(c.get("test"), str) or not isinstance(c.get("key"), str):
+        raise ReportError(path, f"{where}: expected a test id and a case key")
+    return CaseReport(c["test"], c["key"], verdict, metrics, step, c)
 
 
 def _number_or_none(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def read_report(path: Path) -> Report:
-    """Read a report; ``ReportError`` naming the file for anything unusable."""
+class ForeignFile(ReportError):
+    """A readable JSON file that holds no pytest-specperf run (another tool's file, or a
+    pytest-benchmark run without specperf cases)."""
+
+
+def is_benchmark_file(data: Mapping[str, Any]) -> bool:
+    """Whether ``data`` is a pytest-benchmark run (``--benchmark-json`` or its storage)."""
+    return isinstance(data.get("benchmarks"), list) and "machine_info" in data
+
+
+def _from_benchmark_file(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A pytest-benchmark run as a report: its ``specperf`` header, the ``specperf`` case of
+    each benchmark that has one, its date and commit."""
+    header = data.get(SPECPERF_KEY)
+    if not isinstance(header, Mapping):
+        raise ForeignFile(path, "a pytest-benchmark run without pytest-specperf cases")
+    cases = []
+    for b in data["benchmarks"]:
+        extra = b.get("extra_info") if isinstance(b, Mapping) else None
+        if isinstance(extra, Mapping) and SPECPERF_KEY in extra:
+            cases.append(extra[SPECPERF_KEY])
+    commit = data.get("commit_info")
+    return {**header, "cases": cases, "datetime": data.get("datetime"), "commit_info": commit}
+
+
+def _load_json(path: Path) -> Any:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise ReportError(path, f"cannot read: {e}") from None
     except ValueError as e:
         raise ReportError(path, f"not JSON (truncated or corrupt?): {e}") from None
-    if not isinstance(data, dict):
-        raise ReportError(path, "not a pytest-specperf report (top level is not an object)")
+
+
+def _check_version(path: Path, data: Mapping[str, Any]) -> int:
     version = data.get("schema_version")
-    if version not in READABLE_VERSIONS:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise ReportError(
             path,
             f"schema_version {version!r} is not one this pytest-specperf reads "
             f"({', '.join(map(str, READABLE_VERSIONS))}); upgrade pytest-specperf if the "
             "report is newer",
         )
+    return int(version)
+
+
+def read_report(path: Path) -> Report:
+    """Read a report or a pytest-benchmark run; ``ReportError`` naming the file for
+    anything unusable (``ForeignFile`` for a JSON file that holds no specperf run)."""
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        raise ForeignFile(path, "not a pytest-specperf report (top level is not an object)")
+    source = "report"
+    if is_benchmark_file(data):
+        data, source = _from_benchmark_file(path, data), "pytest-benchmark"
+    elif "schema_version" not in data and "cases" not in data:
+        raise ForeignFile(path, "not a pytest-specperf report (no schema_version, no cases)")
+    version = _check_version(path, data)
     cases = data.get("cases")
     if not isinstance(cases, list):
         raise ReportError(path, "cases: expected a list")
+    stamp, commit = data.get("datetime"), data.get("commit_info")
     return Report(
         path=Path(path),
-        schema_version=int(version),
+        schema_version=version,
         tolerance=_number_or_none(data.get("tolerance")),
         step_tolerance=_number_or_none(data.get("step_tolerance")),
         cases=tuple(_case(path, i, c) for i, c in enumerate(cases)),
         data=data,
+        datetime=stamp if isinstance(stamp, str) else None,
+        commit=commit if isinstance(commit, Mapping) else {},
+        source=source,
     )
+
+
+def payload_of_cases(
+    header: Mapping[str, Any], cases: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, servers) and the cases,
+    each already in ``case_json``'s form (as ``CaseView.report`` holds them)."""
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        **header,
+        "cases": [dict(c) for c in cases],
+    }
 
 
 def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
     """The whole report: ``header`` (device, backend, settings, server) and the cases."""
-    return {
-        "schema_version": JSON_SCHEMA_VERSION,
-        **header,
-        "cases": [case_json(o) for o in outcomes],
-    }
+    return payload_of_cases(header, [case_json(o) for o in outcomes])

@@ -13,6 +13,7 @@ from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
+from pytest_specperf.reporting.view import CaseView
 
 
 def _pct(x: float) -> str:
@@ -55,6 +56,7 @@ def _run_line(run: DecodeRun) -> str:
             "graphs "
             + ", ".join(
                 f"{k} {v['replay']} replay/{v['eager']} eager"
+                + (f"/{v['capture']} capture" if v.get("capture") else "")
                 for k, v in sorted(run.graphs.items())
             )
         )
@@ -72,13 +74,18 @@ def phase_table(outcome: CaseOutcome) -> list[str]:
     return [*render_table(headers, rows, right={1, 2, 3, 4, 5}), _run_line(run)]
 
 
-def most_changed(outcome: CaseOutcome) -> MetricVerdict | None:
+def most_changed_of(metrics: Sequence[MetricVerdict]) -> MetricVerdict | None:
     """The phase to show in the summary: the most grown SLOWER phase if any (phases are
     judged against the rest of their step, so when verify grows, draft's share shrinks and
     can show a larger absolute change), else the phase with the largest change."""
-    phases = [m for m in outcome.verdict.metrics if m.metric in ALL_PHASES]
+    phases = [m for m in metrics if m.metric in ALL_PHASES]
     slower = [m for m in phases if m.verdict is Verdict.SLOWER]
     return max(slower or phases, key=lambda m: abs(m.change), default=None)
+
+
+def most_changed(outcome: CaseOutcome) -> MetricVerdict | None:
+    """``most_changed_of`` the outcome's judged metrics."""
+    return most_changed_of(outcome.verdict.metrics)
 
 
 def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
@@ -101,30 +108,36 @@ def _change_text(m: MetricVerdict) -> str:
     return f"{m.metric} {change}"
 
 
-def _summary_row(o: CaseOutcome) -> list[str]:
-    step = o.run.summaries[STEP].median
-    b = o.base_metrics.get(STEP) if o.base_metrics else None
-    mc = most_changed(o)
-    verdict = o.verdict.verdict.value + (" (recorded)" if o.recorded else "")
-    if o.run.injected:
+def _summary_row(c: CaseView) -> list[str]:
+    b = c.base_step_ms
+    mc = most_changed_of(c.metrics)
+    verdict = c.verdict.value + (" (recorded)" if c.recorded else "")
+    if c.injected:
         verdict += " [injected]"
-    if o.run.rounds > 1:
-        verdict += f", {o.run.rounds} rounds"
-    if o.run.siblings:
-        verdict += f", {len(o.run.processes)} processes"
+    if c.rounds > 1:
+        verdict += f", {c.rounds} rounds"
+    if c.processes > 1:
+        verdict += f", {c.processes} processes"
     return [
-        f"{o.test.rsplit('::', 1)[-1]} {o.key}",
-        f"{b.median:.2f} -> {step:.2f}" if b else f"- -> {step:.2f}",
-        _pct(step / b.median - 1) if b and b.median else "-",
+        c.name,
+        f"{b:.2f} -> {c.step_ms:.2f}" if b else f"- -> {c.step_ms:.2f}",
+        _pct(c.step_ms / b - 1) if b else "-",
         _change_text(mc) if mc else "-",
-        f"{o.run.accept_len:.2f}",
+        f"{c.accept_len:.2f}",
         verdict,
     ]
 
 
-def summary_table(outcomes: Sequence[CaseOutcome]) -> list[str]:
-    headers = ["case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict"]
-    return render_table(headers, [_summary_row(o) for o in outcomes], right={1, 2, 4})
+SUMMARY_HEADERS = ("case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict")
+
+
+def summary_rows(cases: Sequence[CaseView]) -> list[list[str]]:
+    """The summary table's rows (the terminal and the Markdown show the same)."""
+    return [_summary_row(c) for c in cases]
+
+
+def summary_table(cases: Sequence[CaseView]) -> list[str]:
+    return render_table(list(SUMMARY_HEADERS), summary_rows(cases), right={1, 2, 4})
 
 
 def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str:
@@ -215,27 +228,34 @@ class RunSummary:
     written: tuple[str, ...] = ()
     json_path: str | None = None
     errors: tuple[str, ...] = field(default_factory=tuple)
-    #: the automatic extension's budget per case (``--specperf-max-time``)
+    #: --specperf-strict: the last line counts the judged cases
+    strict: bool = False
+    #: pytest-xdist workers whose cases are merged here (0: none)
+    workers: int = 0
+    #: the automatic extension's budget per case (``--specperf-max-time``; None: recording)
     max_time_s: float | None = None
     processes: int = 1
 
 
-def _case_notes(outcomes: Sequence[CaseOutcome], max_time_s: float | None) -> list[str]:
+def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> list[str]:
+    """``INVALID ...`` and ``UNSTABLE ...`` lines: why a case could not be compared."""
     lines = []
-    for o in outcomes:
-        if o.verdict.verdict is Verdict.INVALID:
-            lines.append(f"INVALID {o.test} {o.key}: {'; '.join(o.verdict.reasons)}")
-        for m in o.verdict.metrics:
+    for c in cases:
+        if c.verdict is Verdict.INVALID:
+            lines.append(f"INVALID {c.test} {c.key}: {'; '.join(c.reasons)}")
+        for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
                 advice = unstable_advice(m, max_time_s=max_time_s)
-                lines.append(f"UNSTABLE {o.test} {o.key}: {advice}")
+                lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 
 
-def _head(s: RunSummary) -> list[str]:
+def head_lines(s: RunSummary) -> list[str]:
+    """The summary's first line (backend, device, baselines, tolerances) and the canary's."""
+    workers = f", {s.workers} xdist workers" if s.workers else ""
     lines = [
         f"specperf: {s.backend} backend, device {s.device_slug}, baselines {s.baselines}, "
-        f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time)"
+        f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time){workers}"
         + (f", {s.processes} server processes" if s.processes > 1 else "")
     ]
     if s.inject:
@@ -246,29 +266,53 @@ def _head(s: RunSummary) -> list[str]:
     return lines
 
 
-def run_summary(s: RunSummary, outcomes: Sequence[CaseOutcome]) -> list[str]:
-    """The lines printed after pytest's own: the table, hints, notes, files, errors."""
-    if not outcomes and not s.errors:
-        return []
-    lines = [*_head(s), *summary_table(outcomes)] if outcomes else []
-    missing = [o for o in outcomes if o.verdict.verdict is Verdict.NO_BASELINE]
-    if missing and not s.update:
-        lines.append(
-            f"hint: {len(missing)} case(s) have no baseline in {s.baselines}; record them "
-            "with: pytest perf_tests --specperf-update-baselines"
+def no_baseline_hint(s: RunSummary, cases: Sequence[CaseView]) -> str | None:
+    missing = [c for c in cases if c.verdict is Verdict.NO_BASELINE]
+    if not missing or s.update:
+        return None
+    return (
+        f"hint: {len(missing)} case(s) have no baseline in {s.baselines}; record them "
+        "with: pytest perf_tests --specperf-update-baselines"
+    )
+
+
+def strict_line(s: RunSummary, cases: Sequence[CaseView]) -> str | None:
+    """``strict: judged N of M cases; not judged: case (why), ...`` under --specperf-strict."""
+    if not s.strict:
+        return None
+    others = [c for c in cases if c.unjudged]
+    verb = "recorded" if s.update else "judged"
+    line = f"strict: {verb} {len(cases) - len(others)} of {len(cases)} cases"
+    if others:
+        line += f"; not {verb}: " + ", ".join(
+            f"{c.name} ({'; '.join(c.unjudged)})" for c in others
         )
-    lines += _case_notes(outcomes, s.max_time_s)
-    if outcomes:
+    return line
+
+
+def svg_path(json_path: str) -> str:
+    """The picture written beside the JSON report: its path with the suffix ``.svg``."""
+    from pathlib import Path
+
+    return str(Path(json_path).with_suffix(".svg"))
+
+
+def run_summary(s: RunSummary, cases: Sequence[CaseView]) -> list[str]:
+    """The lines printed after pytest's own: the table, hints, notes, files, errors; under
+    --specperf-strict the last line counts the judged cases."""
+    if not cases and not s.errors:
+        return []
+    lines = [*head_lines(s), *summary_table(cases)] if cases else []
+    hint = no_baseline_hint(s, cases)
+    lines += [hint] if hint else []
+    lines += case_notes(cases, s.max_time_s)
+    if cases:
         lines += [s.telemetry_note] if s.telemetry_note else []
         lines += s.backend_notes
     lines += s.notes
     lines += s.written
-    if s.json_path and outcomes:
-        lines.append(f"JSON report: {s.json_path} (picture: {_svg_name(s.json_path)})")
-    return lines + [f"ERROR: {e}" for e in s.errors]
-
-
-def _svg_name(json_path: str) -> str:
-    from pathlib import Path
-
-    return Path(json_path).with_suffix(".svg").name
+    if s.json_path and cases:
+        lines.append(f"JSON report: {s.json_path} (picture: {svg_path(s.json_path)})")
+    lines += [f"ERROR: {e}" for e in s.errors]
+    last = strict_line(s, cases)
+    return lines + ([last] if last else [])

@@ -10,8 +10,8 @@ prefill is dropped (transient). Blocks are the unit of evidence for the noise es
 More rounds (the automatic extension) repeat the first round's requests exactly: block
 ``j`` of every round has block ``j``'s prompt, layout seed and length, so that every
 extended block has a baseline counterpart (block ``j`` of the baseline's run) and the
-verdict pairs the mean of its rounds with it. Telemetry and the server's own metrics
-cover the first round.
+verdict pairs the mean of its rounds with it. The server's own metrics are cross-checked
+over the first round, and GPU telemetry comes from one long decode after it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pytest_specperf.server.model_server import ModelServer
 if TYPE_CHECKING:
     from pytest_specperf.telemetry.device import DeviceInfo
     from pytest_specperf.telemetry.nvml import TelemetrySampler
+    from pytest_specperf.telemetry.summary import TelemetrySummary
 
 #: Measured steps per block (request): 4, fewer for short runs so that there are always at
 #: least 3 blocks to estimate the noise from. More steps mean more blocks, so the noise of
@@ -44,6 +45,10 @@ DISCARD_PER_BLOCK = 1
 RECORD_WAIT_S = 15.0
 #: Seed of the warm-up request (measured blocks use seeds 0, 1, 2, ...).
 WARMUP_SEED = 10_000
+#: Seed of the telemetry decode, and its most new tokens (within every backend's room
+#: for decode steps beyond the context, see ``capacity_reason``).
+TELEMETRY_SEED = 20_000
+TELEMETRY_MAX_NEW_TOKENS = 512
 
 Progress = Callable[[int, int, str], None]
 
@@ -250,8 +255,33 @@ class Decoder:
         got.next_block = b
         return got
 
+    def _telemetry_decode(
+        self, case: CaseSpec, measured: list[StepRecord], accept: float
+    ) -> TelemetrySummary | None:
+        """GPU telemetry over one long back-to-back decode of the case (at least
+        ``MIN_WINDOW_S``), keeping only the samples inside its decode steps: the short
+        measured blocks are mostly prefill, HTTP and polling, which would dilute it."""
+        if self.sampler is None:
+            return None
+        from pytest_specperf.telemetry.nvml import MIN_WINDOW_S
+
+        step_s = statistics.median(r.step_ns for r in measured) / 1e9 if measured else 0.01
+        n = math.ceil(MIN_WINDOW_S / max(step_s, 1e-4)) + DISCARD_PER_BLOCK
+        max_new = min(1 + math.ceil(n * accept * 1.25), TELEMETRY_MAX_NEW_TOKENS)
+        self.sampler.start()
+        try:
+            recs, _ = self._request(
+                case, max_new_tokens=max_new, seed=TELEMETRY_SEED, tag=f"{case.tag}-telemetry",
+                counted=case.steps,
+            )  # fmt: skip
+            self.sampler.add_windows((r.wall_ns, r.wall_ns + r.step_ns) for r in recs[1:])
+        finally:
+            summary = self.sampler.stop()
+        return summary
+
     def start(self, case: CaseSpec, *, note: str = "") -> None:
-        """Warm up and measure the first round of ``case`` (``run`` builds the run)."""
+        """Warm up and measure the first round of ``case`` (``run`` builds the run); the
+        telemetry decode follows it (``_telemetry_decode``)."""
         t0 = time.monotonic()
         self._note, self._total = note, 0
         srv = self.server
@@ -260,15 +290,12 @@ class Decoder:
         accept = self._warm_up(case, block)
         metrics_before = srv.backend.metrics_before(srv.client)
         window_t0 = time.monotonic()
-        if self.sampler is not None:
-            self.sampler.start()
-        try:
-            self._got = self._measure_blocks(case, accept)
-        finally:
-            telemetry = self.sampler.stop() if self.sampler is not None else None
+        self._got = self._measure_blocks(case, accept)
         cross = srv.backend.metrics_check(
             srv.client, metrics_before, self._got.records, time.monotonic() - window_t0
         )
+        # after the cross-check window, so that its extra decode does not distort it
+        telemetry = self._telemetry_decode(case, self._got.records, accept)
         self._window = _Window(t0, telemetry, tuple(cross))
 
     def more(self, case: CaseSpec, *, note: str = "") -> bool:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.protocol import Backend, BackendSettings
+from pytest_specperf.judging.judge import is_speculative
 from pytest_specperf.probe.sink import RunDirError, make_run_dir
 from pytest_specperf.server import (
     ServerClient,
@@ -41,7 +42,7 @@ class ModelServer:
 
     @property
     def speculative(self) -> bool:
-        return str(self.fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"
+        return is_speculative(self.fingerprint)
 
     @property
     def cuda_graphs(self) -> bool:

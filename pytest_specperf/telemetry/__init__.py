@@ -21,6 +21,10 @@ Sampling (:mod:`.nvml`, :mod:`.summary`, :mod:`.clocks`, :mod:`.processes`)
     ``TelemetrySampler(device_index: int, interval_s: float = 0.05, *, uuid=None,
     own_pids=(), gpm_interval_s=0.11, ...)``: ``start()``, ``stop() -> TelemetrySummary``,
     context manager, ``add_own_pid(pid)``, ``sample_once()``, ``summary``.
+    Windows (:mod:`.windows`): ``mark_start()`` / ``mark_end()``, ``with sampler.window():``
+    or ``add_windows(spans)`` (wall-clock ns, e.g. decode steps ``(wall_ns, wall_ns +
+    step_ns)``) restrict the summary to readings inside them; ``MIN_WINDOW_S`` of
+    back-to-back work per window lets GPM (> 0.1 s per value) count.
     ``TelemetrySummary``: ``available``, ``reason`` ("telemetry unavailable: ..."),
     ``metrics`` (name -> ``MetricSummary(median, min, max, n)``), ``throttle_reasons``,
     ``foreign_pids``, ``unresolved_pids``, ``dropped``, ``throttling``, ``median(name)``,
@@ -81,7 +85,7 @@ from pytest_specperf.telemetry.device import (
 )
 from pytest_specperf.telemetry.gates import invalid_reasons
 from pytest_specperf.telemetry.loader import PynvmlImport, import_pynvml, load_pynvml
-from pytest_specperf.telemetry.nvml import TelemetrySampler
+from pytest_specperf.telemetry.nvml import MIN_WINDOW_S, TelemetrySampler
 from pytest_specperf.telemetry.nvtx import NvtxRanges, nvtx_range
 from pytest_specperf.telemetry.summary import METRICS, MetricSummary, TelemetrySummary
 
@@ -89,6 +93,7 @@ __all__ = [
     "BENIGN_REASONS",
     "KNOWN_PEAK_BANDWIDTH",
     "METRICS",
+    "MIN_WINDOW_S",
     "SLUG_PATTERN",
     "THROTTLING_REASONS",
     "Bottleneck",

@@ -20,9 +20,11 @@ Order of sources (:func:`peak_bandwidth`):
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pytest_specperf.telemetry import loader
 from pytest_specperf.telemetry.device import nvml_session
@@ -119,3 +121,52 @@ def peak_bandwidth(name: str, nvml_index: int | None = None) -> PeakBandwidth | 
     if value is None:
         return None
     return PeakBandwidth(value, "table", f"known figure for {name}")
+
+
+# -- KV bytes a verify really moves ------------------------------------------------------
+
+#: Passes over gathered KV: the gather reads the pages, writes a contiguous copy, and
+#: attention reads the copy again.
+GATHER_PASSES: Final = 3
+
+
+def padded_pages(pages: int, minimum: int, linear_step: int) -> int:
+    """``pages`` rounded up to a bucket: ``minimum`` doubled up to ``linear_step``, then
+    multiples of ``linear_step`` (the reference engine's CUDA-graph page buckets)."""
+    b = minimum
+    while b < pages and b < linear_step:
+        b *= 2
+    if b >= pages:
+        return b
+    return -(-pages // linear_step) * linear_step
+
+
+def kv_read_bytes(
+    traffic: Mapping[str, Any], context_len: int, batch_size: int, gathered_share: float
+) -> float | None:
+    """KV bytes one verify forward moves, from a server's ``kv_read`` description.
+
+    ``traffic`` (the reference engine's ``/server_info["kv_read"]``): ``bytes_per_token``
+    (K and V over the target's layers), ``page_size``, ``gather_passes`` and, when the
+    verify runs as a CUDA graph, ``padded_bucket`` = ``{"min_pages", "linear_step_pages"}``:
+    the graph gathers the whole padded page bucket (``gather_passes`` times its bytes).
+    Without it (eager), runs of adjacent pages are read in place once and the rest, a
+    share ``gathered_share`` of the context (the measured fragmentation is a fair
+    estimate), is gathered. None when ``traffic`` lacks what is needed.
+    """
+    try:
+        per_token = float(traffic["bytes_per_token"])
+        page = int(traffic["page_size"])
+        passes = float(traffic.get("gather_passes", GATHER_PASSES))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if per_token <= 0 or page <= 0 or context_len <= 0 or not math.isfinite(per_token):
+        return None
+    bucket = traffic.get("padded_bucket")
+    if isinstance(bucket, Mapping):
+        pages = padded_pages(
+            -(-context_len // page), int(bucket["min_pages"]), int(bucket["linear_step_pages"])
+        )
+        return passes * pages * page * per_token * batch_size
+    share = min(max(gathered_share, 0.0), 1.0)
+    return per_token * context_len * batch_size * (1.0 + (passes - 1.0) * share)

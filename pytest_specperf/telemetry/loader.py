@@ -94,3 +94,17 @@ def nvml_error_code(exc: BaseException) -> int | None:
     """The NVML return code carried by a ``pynvml.NVMLError`` (attribute ``value``), else None."""
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
+
+
+def handle_by_uuid(pynvml: ModuleType, uuid: str) -> object:
+    """``nvmlDeviceGetHandleByUUID`` across nvidia-ml-py versions.
+
+    Recent bindings take a ``str`` (they encode it); older ones pass the argument straight
+    to ``ctypes.c_char_p``, which refuses a ``str`` with a ``TypeError``: those get the
+    UUID as ASCII bytes. NVML errors (no such device) propagate unchanged.
+    """
+    fn = pynvml.nvmlDeviceGetHandleByUUID
+    try:
+        return fn(uuid)
+    except TypeError:
+        return fn(uuid.encode("ascii"))

@@ -8,6 +8,19 @@ Usage::
         run_measured_steps()
     summary = sampler.summary          # or: summary = sampler.stop()
 
+Restricting the summary to the work being judged (decode, not prefill or HTTP): mark
+windows, on the wall clock (``time.time_ns``, the clock of ``StepRecord.wall_ns``), and
+only readings inside them count (see :mod:`.windows`)::
+
+    sampler.start()
+    with sampler.window():             # or sampler.mark_start() ... sampler.mark_end()
+        decode()
+    sampler.add_windows((r.wall_ns, r.wall_ns + r.step_ns) for r in records)  # after the fact
+    summary = sampler.stop()           # summary.windows, .window_s, .outside_samples
+
+GPM values need more than 0.1 s between two samples, so a window should hold at least
+``MIN_WINDOW_S`` of back-to-back work (one long decode, not many short requests).
+
 What is read each interval (one NVML call each; a few tens of microseconds in all):
 utilization (gpu, memory), SM and memory clocks, clock-event (throttle) reasons, power,
 the compute processes on the device and, where the device supports GPM (Hopper and newer),
@@ -37,8 +50,7 @@ import contextlib
 import os
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any, Final
@@ -60,6 +72,7 @@ from pytest_specperf.telemetry.summary import (
     MetricSummary,
     TelemetrySummary,
 )
+from pytest_specperf.telemetry.windows import STEP_GAP_NS, SampleLog, Span, merge_windows
 
 # NVML return codes (nvml.h); read from the module when present, these are the fallbacks.
 _NVML_SUCCESS = 0
@@ -83,6 +96,9 @@ _GPM = "gpm"
 GPM_MIN_INTERVAL_S: Final = 0.1
 #: Default spacing of GPM samples: the minimum plus a margin for timer jitter.
 GPM_INTERVAL_S: Final = 0.11
+#: A marked window should hold at least this much back-to-back work: several GPM
+#: intervals fit, and NVML's own utilization averages mostly cover it.
+MIN_WINDOW_S: Final = 1.0
 
 #: Returned by ``TelemetrySampler._call`` when the query failed (None can be a value).
 _FAILED: Final[Any] = object()
@@ -96,8 +112,8 @@ class TelemetrySampler:
     ``own_pids`` are the PIDs whose contexts on the GPU are ours (the current process is
     always included; add the server's with :meth:`add_own_pid`). ``gpm_interval_s`` is the
     spacing of GPM samples (> 0.1 s, see the module docstring). ``classify_pid`` replaces the
-    ``/proc``-based classifier and ``clock`` the monotonic clock (tests). Not reusable: one
-    sampler per window.
+    ``/proc``-based classifier, ``clock`` the monotonic clock and ``wall_clock`` the
+    wall clock of the windows (tests). Not reusable: one sampler per window.
     """
 
     def __init__(
@@ -111,6 +127,7 @@ class TelemetrySampler:
         classify_pid: Callable[[int], PidClass] | None = None,
         gpm_interval_s: float = GPM_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], int] = time.time_ns,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
@@ -123,6 +140,7 @@ class TelemetrySampler:
         self._pids = ProcessClassifier({os.getpid(), *own_pids}, proc_root)
         self._classify = classify_pid or self._pids.classify
         self._clock = clock
+        self._wall = wall_clock
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -131,18 +149,15 @@ class TelemetrySampler:
         self._handle: Any = None
         self._unavailable = ""
         self._t0 = 0.0
-        self._values: dict[str, list[float]] = {m: [] for m in METRICS}
+        self._log = SampleLog()
+        self._windows: list[Span] = []
+        self._mark: int | None = None
         self._dropped: dict[str, str] = {}
-        self._reasons: Counter[str] = Counter()
-        self._reason_samples = 0
-        self._foreign: Counter[int] = Counter()
-        self._unresolved: Counter[int] = Counter()
-        self._process_samples = 0
-        self._samples = 0
         self._errors = 0
         self._gpm_ids: dict[str, int] = {}
         self._gpm_prev: Any = None
         self._gpm_prev_t = 0.0
+        self._gpm_prev_wall = 0
         self._gpm_values = 0
         self._gpm_cur: Any = None
         self._summary: TelemetrySummary | None = None
@@ -172,6 +187,41 @@ class TelemetrySampler:
             )
             self._thread.start()
 
+    def mark_start(self) -> None:
+        """Open a window now: readings from here to :meth:`mark_end` count."""
+        with self._lock:
+            if self._mark is not None:
+                raise RuntimeError("TelemetrySampler.mark_start() while a window is open")
+            self._mark = self._wall()
+            if self._pynvml is not None and self._state == "running":
+                self._sample_gpm(self._pynvml)  # a GPM interval starts with the window
+
+    def mark_end(self) -> None:
+        """Close the open window, taking one last reading inside it."""
+        if self._mark is None:
+            raise RuntimeError("TelemetrySampler.mark_end() without mark_start()")
+        self.sample_once()
+        with self._lock:
+            assert self._mark is not None
+            self._windows.append((self._mark, self._wall()))
+            self._mark = None
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        """``mark_start()`` ... ``mark_end()`` around the block."""
+        self.mark_start()
+        try:
+            yield
+        finally:
+            self.mark_end()
+
+    def add_windows(self, spans: Iterable[Span], *, max_gap_ns: int = STEP_GAP_NS) -> None:
+        """Windows given after the fact, e.g. decode steps ``(wall_ns, wall_ns + step_ns)``;
+        spans at most ``max_gap_ns`` apart are joined. Call before :meth:`stop`."""
+        merged = merge_windows(spans, max_gap_ns)
+        with self._lock:
+            self._windows.extend(merged)
+
     def sample_once(self) -> None:
         """Take one sample now (the thread calls this every ``interval_s``)."""
         with self._lock:
@@ -196,6 +246,8 @@ class TelemetrySampler:
         self._stop_event.set()
         if self._thread is not None:
             self._thread.join(timeout=max(5.0, 10 * self.interval_s))
+        if self._mark is not None:
+            self.mark_end()
         self.sample_once()
         with self._lock:
             self._state = "stopped"
@@ -264,7 +316,7 @@ class TelemetrySampler:
             return
         try:
             if self._uuid:
-                self._handle = pynvml.nvmlDeviceGetHandleByUUID(self._uuid)
+                self._handle = loader.handle_by_uuid(pynvml, self._uuid)
             else:
                 self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.device_index)
         except Exception as exc:
@@ -288,6 +340,7 @@ class TelemetrySampler:
             self._gpm_cur = pynvml.nvmlGpmSampleAlloc()
             pynvml.nvmlGpmSampleGet(self._handle, self._gpm_prev)
             self._gpm_prev_t = self._clock()
+            self._gpm_prev_wall = self._wall()
         except Exception as exc:
             self._drop_gpm(f"GPM unavailable: {loader.nvml_error_text(exc)}")
             self._free_gpm()
@@ -315,30 +368,29 @@ class TelemetrySampler:
             pynvml.nvmlShutdown()
         self._pynvml = None
 
-    def _append(self, name: str, value: float) -> None:
-        self._values[name].append(float(value))
-
     def _sample(self, nv: ModuleType) -> None:
         h = self._handle
-        self._samples += 1
+        t = self._wall()
+        log = self._log
+        log.sample(t)
         rates = self._call((GPU_UTIL, MEM_UTIL), lambda: nv.nvmlDeviceGetUtilizationRates(h))
         if rates is not _FAILED:
-            self._append(GPU_UTIL, rates.gpu)
-            self._append(MEM_UTIL, rates.memory)
+            log.value(GPU_UTIL, rates.gpu, t)
+            log.value(MEM_UTIL, rates.memory, t)
         sm = self._call((SM_CLOCK,), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
         if sm is not _FAILED:
-            self._append(SM_CLOCK, sm)
+            log.value(SM_CLOCK, sm, t)
         mem = self._call((MEM_CLOCK,), lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
         if mem is not _FAILED:
-            self._append(MEM_CLOCK, mem)
+            log.value(MEM_CLOCK, mem, t)
         power_mw = self._call((POWER,), lambda: nv.nvmlDeviceGetPowerUsage(h))
         if power_mw is not _FAILED:
-            self._append(POWER, power_mw / 1000.0)
-        self._sample_reasons(nv)
-        self._sample_processes(nv)
+            log.value(POWER, power_mw / 1000.0, t)
+        self._sample_reasons(nv, t)
+        self._sample_processes(nv, t)
         self._sample_gpm(nv)
 
-    def _sample_reasons(self, nv: ModuleType) -> None:
+    def _sample_reasons(self, nv: ModuleType, t: int) -> None:
         fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
@@ -348,22 +400,22 @@ class TelemetrySampler:
         mask = self._call((_REASONS,), lambda: fn(self._handle))
         if mask is _FAILED:
             return
-        self._reason_samples += 1
-        self._reasons.update(decode_clock_event_reasons(int(mask)))
+        self._log.reasons(t, decode_clock_event_reasons(int(mask)))
 
-    def _sample_processes(self, nv: ModuleType) -> None:
+    def _sample_processes(self, nv: ModuleType, t: int) -> None:
         procs = self._call(
             (_PROCESSES,), lambda: nv.nvmlDeviceGetComputeRunningProcesses(self._handle)
         )
         if procs is _FAILED:
             return
-        self._process_samples += 1
-        for pid in {int(p.pid) for p in procs}:
+        foreign, unresolved = [], []
+        for pid in sorted({int(p.pid) for p in procs}):
             kind = self._classify(pid)
             if kind == "foreign":
-                self._foreign[pid] += 1
+                foreign.append(pid)
             elif kind == "unresolved":
-                self._unresolved[pid] += 1
+                unresolved.append(pid)
+        self._log.processes(t, tuple(foreign), tuple(unresolved))
 
     def _sample_gpm(self, nv: ModuleType) -> None:
         if not self._gpm_ids or self._gpm_prev is None:
@@ -376,6 +428,8 @@ class TelemetrySampler:
                 self._drop_gpm(self._dropped[_GPM])
             return
         self._gpm_prev_t = now
+        t0, t1 = self._gpm_prev_wall, self._wall()
+        self._gpm_prev_wall = t1
         prev, cur = self._gpm_prev, self._gpm_cur
         self._gpm_prev, self._gpm_cur = cur, prev  # the newest sample starts the next interval
         names = list(self._gpm_ids)
@@ -395,7 +449,7 @@ class TelemetrySampler:
             metric = request.metrics[i]
             ret = int(metric.nvmlReturn)
             if ret == ok:
-                self._append(name, metric.value)
+                self._log.value(name, metric.value, t0, t1)
                 self._gpm_values += 1
             elif ret in {
                 self._code("NVML_ERROR_NOT_SUPPORTED", _NVML_ERROR_NOT_SUPPORTED),
@@ -409,12 +463,25 @@ class TelemetrySampler:
     def _build_summary(self, duration_s: float) -> TelemetrySummary:
         if self._unavailable:
             return TelemetrySummary.unavailable(self._unavailable, self.device_index)
-        if self._gpm_ids and not self._gpm_values and _GPM not in self._dropped:
-            self._dropped[_GPM] = (
-                f"no GPM interval completed (window shorter than {self.gpm_interval_s:.2f} s)"
+        windows = merge_windows(self._windows)
+        kept = self._log.kept(windows)
+        window_s = sum(b - a for a, b in windows) / 1e9
+        if windows and not kept.samples and not kept.values:
+            return TelemetrySummary.unavailable(
+                f"no telemetry reading inside the {len(windows)} marked window(s) "
+                f"({window_s:.3f} s in all; the sampling interval is {self.interval_s:g} s)",
+                self.device_index,
             )
-        metrics = {name: MetricSummary.of(v) for name, v in self._values.items() if v}
-        if not metrics and not self._reason_samples and not self._process_samples:
+        gpm_kept = any(name in kept.values for name in self._gpm_ids)
+        if self._gpm_ids and not gpm_kept and _GPM not in self._dropped:
+            self._dropped[_GPM] = (
+                f"no GPM interval inside the marked windows (each needs more than "
+                f"{self.gpm_interval_s:.2f} s of back-to-back work)"
+                if self._gpm_values
+                else f"no GPM interval completed (window shorter than {self.gpm_interval_s:.2f} s)"
+            )
+        metrics = {m: MetricSummary.of(kept.values[m]) for m in METRICS if m in kept.values}
+        if not metrics and not kept.reason_samples and not kept.process_samples:
             why = "; ".join(f"{k}: {v}" for k, v in sorted(self._dropped.items()))
             return TelemetrySummary.unavailable(
                 f"no NVML metric could be read on device {self.device_index}"
@@ -424,14 +491,17 @@ class TelemetrySampler:
         return TelemetrySummary(
             available=True,
             device_index=self.device_index,
-            samples=self._samples,
+            samples=kept.samples,
             duration_s=duration_s,
             metrics=metrics,
-            throttle_reasons=dict(self._reasons),
-            reason_samples=self._reason_samples,
-            foreign_pids=dict(self._foreign),
-            unresolved_pids=dict(self._unresolved),
-            process_samples=self._process_samples,
+            throttle_reasons=dict(kept.reasons),
+            reason_samples=kept.reason_samples,
+            foreign_pids=dict(kept.foreign),
+            unresolved_pids=dict(kept.unresolved),
+            process_samples=kept.process_samples,
             dropped=dict(self._dropped),
             errors=self._errors,
+            windows=len(windows),
+            window_s=window_s,
+            outside_samples=kept.outside,
         )

@@ -85,7 +85,8 @@ class TelemetrySummary:
     decoded clock-event reason (benign ones included), the samples in which it was active,
     out of ``reason_samples``; ``foreign_pids`` / ``unresolved_pids`` count, per PID, the
     samples in which another process held a context on the device, out of
-    ``process_samples`` (see :mod:`pytest_specperf.telemetry.processes`).
+    ``process_samples`` (see :mod:`pytest_specperf.telemetry.processes`). With marked
+    windows (``windows`` > 0) every count covers only the readings inside them.
     """
 
     available: bool
@@ -101,6 +102,11 @@ class TelemetrySummary:
     process_samples: int = 0
     dropped: Mapping[str, str] = field(default_factory=dict)
     errors: int = 0
+    #: marked windows the readings were restricted to (0: the whole sampling span),
+    #: their total length, and the samples taken outside them (left out)
+    windows: int = 0
+    window_s: float = 0.0
+    outside_samples: int = 0
 
     @classmethod
     def unavailable(cls, reason: str, device_index: int | None = None) -> TelemetrySummary:
@@ -161,7 +167,10 @@ class TelemetrySummary:
         if self.foreign_pids:
             pids = ", ".join(str(p) for p in sorted(self.foreign_pids))
             parts.append(f"other processes on the GPU: {pids}")
-        return f"telemetry ({self.samples} samples, {self.duration_s:.1f} s): " + ", ".join(parts)
+        span = f"{self.samples} samples, {self.duration_s:.1f} s"
+        if self.windows:
+            span = f"{self.samples} samples in {self.windows} window(s) of {self.window_s:.1f} s"
+        return f"telemetry ({span}): " + ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON/YAML-safe mapping (PIDs as strings)."""
@@ -179,4 +188,43 @@ class TelemetrySummary:
             "process_samples": self.process_samples,
             "dropped": dict(self.dropped),
             "errors": self.errors,
+            "windows": self.windows,
+            "window_s": self.window_s,
+            "outside_samples": self.outside_samples,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TelemetrySummary:
+        """Read back what ``to_dict`` wrote; ``ValueError`` naming the field if unusable."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("available"), bool):
+            raise ValueError("telemetry: expected an object with 'available'")
+        try:
+            metrics = {
+                str(k): MetricSummary(
+                    float(v["median"]), float(v["min"]), float(v["max"]), int(v["n"])
+                )
+                for k, v in (d.get("metrics") or {}).items()
+            }
+            index = d.get("device_index")
+            return cls(
+                available=d["available"],
+                reason=str(d.get("reason", "")),
+                device_index=None if index is None else int(index),
+                samples=int(d.get("samples", 0)),
+                duration_s=float(d.get("duration_s", 0.0)),
+                metrics=metrics,
+                throttle_reasons=_counts(d.get("throttle_reasons"), str),
+                reason_samples=int(d.get("reason_samples", 0)),
+                foreign_pids=_counts(d.get("foreign_pids"), int),
+                unresolved_pids=_counts(d.get("unresolved_pids"), int),
+                process_samples=int(d.get("process_samples", 0)),
+                dropped={str(k): str(v) for k, v in (d.get("dropped") or {}).items()},
+                errors=int(d.get("errors", 0)),
+            )
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"telemetry: {type(e).__name__}: {e}") from None
+
+
+def _counts(d: Any, key: Any) -> dict[Any, int]:
+    """A ``{key: count}`` mapping read back (PIDs were written as strings)."""
+    return {key(k): int(v) for k, v in (d or {}).items()}

@@ -13,6 +13,7 @@ the context was split.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +42,18 @@ class ReadPlan:
         return self.gather_len
 
 
-def plan_reads(pages: list[int], context_len: int, page_size: int, device: Any) -> ReadPlan:
-    """Split ``pages`` (a page table) into views and one gather for ``context_len`` tokens."""
+def plan_reads(
+    pages: list[int],
+    context_len: int,
+    page_size: int,
+    device: Any,
+    stage: Callable[[list[int]], torch.Tensor] | None = None,
+) -> ReadPlan:
+    """Split ``pages`` (a page table) into views and one gather for ``context_len`` tokens.
+
+    ``stage`` sends the gathered page ids to the device (the engine's pinned staging);
+    without it they are copied with ``torch.tensor`` (tests, CPU).
+    """
     import torch
 
     if context_len <= 0:
@@ -70,7 +81,7 @@ def plan_reads(pages: list[int], context_len: int, page_size: int, device: Any) 
     gather_len = len(rest) * page_size
     if rest[-1] == pages[n - 1]:
         gather_len -= page_size - last_valid
-    gp = torch.tensor(rest, dtype=torch.long, device=device)
+    gp = stage(rest) if stage is not None else torch.tensor(rest, dtype=torch.long, device=device)
     return ReadPlan(context_len, tuple(views), gp, gather_len)
 
 
@@ -132,8 +143,7 @@ def paged_attention(
     if plan.gather_pages is not None:
         gp = plan.gather_pages
         per = max(1, step // page_size)
-        kpool = pool_k.view(hkv, -1, page_size, d)
-        vpool = pool_v.view(hkv, -1, page_size, d)
+        kpool, vpool = (pool.view(hkv, -1, page_size, d) for pool in (pool_k, pool_v))
         left = plan.gather_len
         for i in range(0, gp.numel(), per):
             idx = gp[i : i + per]
@@ -170,7 +180,9 @@ def padded_paged_attention(
     ``q``: ``(B*T, H, D)``; ``page_index``: ``(B, MP)`` page ids padded to a bucket;
     ``context_lens``: ``(B,)``. Every request gathers ``MP`` pages through its page table
     and masks positions at or beyond its context length, the way a paged-attention
-    kernel reads through a page-table tensor. Returns ``(B*T, H, D)``.
+    kernel reads through a page-table tensor. The gather lands in ``(Hkv, B, S, D)``
+    order, which the matmuls read as is: the KV moves three times (gather read, copy
+    write, attention read), never a fourth for a layout change. Returns ``(B*T, H, D)``.
     """
     import torch
 
@@ -181,19 +193,18 @@ def padded_paged_attention(
     g = h // hkv
     scale = d**-0.5
     s_len = mp * page_size
-    qh = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
-    kc = pool_k.view(hkv, -1, page_size, d).index_select(1, page_index.view(-1))
-    vc = pool_v.view(hkv, -1, page_size, d).index_select(1, page_index.view(-1))
-    kc = kc.view(hkv, b, s_len, d).transpose(0, 1)  # (B, Hkv, S, D)
-    vc = vc.view(hkv, b, s_len, d).transpose(0, 1)
-    kb = block_k.view(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
-    vb = block_v.view(b, t, hkv, d).transpose(1, 2)
-    sc = torch.matmul(qh, kc.transpose(-1, -2)) * scale  # (B, Hkv, gT, S)
+    qh = q.view(b, t, hkv, g, d).permute(2, 0, 3, 1, 4).reshape(hkv, b, g * t, d)
+    flat = page_index.reshape(-1)
+    kc = pool_k.view(hkv, -1, page_size, d).index_select(1, flat).view(hkv, b, s_len, d)
+    vc = pool_v.view(hkv, -1, page_size, d).index_select(1, flat).view(hkv, b, s_len, d)
+    kb = block_k.view(b, t, hkv, d).permute(2, 0, 1, 3)  # (Hkv, B, T, D)
+    vb = block_v.view(b, t, hkv, d).permute(2, 0, 1, 3)
+    sc = torch.matmul(qh, kc.transpose(-1, -2)) * scale  # (Hkv, B, gT, S)
     invalid = torch.arange(s_len, device=q.device)[None, :] >= context_lens[:, None]  # (B, S)
-    sc = sc.masked_fill(invalid[:, None, None, :], float("-inf"))
-    sb = torch.matmul(qh, kb.transpose(-1, -2)) * scale  # (B, Hkv, gT, T)
+    sc = sc.masked_fill(invalid[None, :, None, :], float("-inf"))
+    sb = torch.matmul(qh, kb.transpose(-1, -2)) * scale  # (Hkv, B, gT, T)
     if block_mask is not None:
         sb = sb + block_mask.repeat(g, 1)
     p = torch.softmax(torch.cat([sc, sb], dim=-1), dim=-1)
     out = torch.matmul(p[..., :s_len], vc) + torch.matmul(p[..., s_len:], vb)
-    return out.view(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(n, h, d)
+    return out.view(hkv, b, g, t, d).permute(1, 3, 0, 2, 4).reshape(n, h, d)

@@ -16,6 +16,7 @@ from pytest_specperf.engines.protocol import (
     LaunchSpec,
     RunDirBinding,
 )
+from pytest_specperf.probe.phases import BUILD_VERIFY_INPUT, DRAFT, PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
 
@@ -23,15 +24,16 @@ from pytest_specperf.server.client import ServerClient
 _RESERVED = ("--host", "--port", "--run-dir", "--config", "--no-probe")
 
 
-def default_threads() -> int:
-    """CPU threads for the server: every usable core but one, which is left to pytest and
-    the OS. On a 2-core machine that is 1 thread: steps are slower, but a stray process no
-    longer stalls a parallel region and block-to-block noise drops (README, "Backends")."""
+def default_threads(parallel: int = 1) -> int:
+    """CPU threads for each of ``parallel`` servers: the usable cores but one per server
+    (left to its pytest process and the OS), shared out, at least one. On a 2-core machine
+    that is 1 thread: steps are slower, but a stray process no longer stalls a parallel
+    region and block-to-block noise drops (README, "Backends")."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, (cores - parallel) // max(parallel, 1))
 
 
 class ReferenceBackend(RunDirBinding):
@@ -87,7 +89,7 @@ class ReferenceBackend(RunDirBinding):
             "--quiet",
         ]
         if not any(a.split("=", 1)[0] == "--threads" for a in settings.server_args):
-            cmd += ["--threads", str(default_threads())]
+            cmd += ["--threads", str(default_threads(settings.parallel))]
         cmd += list(settings.server_args)
         env = {ENV_INJECT: settings.inject} if settings.inject else {}
         if settings.nvtx:
@@ -158,6 +160,14 @@ class ReferenceBackend(RunDirBinding):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             return None
         return float(value)
+
+    def mapped_phases(self, server_info: dict[str, Any]) -> frozenset[str] | None:
+        """Every phase with a drafter; without one (``NONE``) no draft or tree build."""
+        fp = server_info.get("fingerprint") or {}
+        algorithm = str(fp.get("speculative_algorithm") or "NONE").upper()
+        if algorithm == "NONE":
+            return frozenset(PHASES) - {DRAFT, BUILD_VERIFY_INPUT}
+        return frozenset(PHASES)
 
     def notes(self) -> list[str]:
         return []

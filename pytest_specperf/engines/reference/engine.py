@@ -4,13 +4,16 @@ One ``generate`` call runs a batch of requests to completion in lockstep decode 
 Each step is instrumented with the phases of DESIGN.md section 4:
 
 ========================  =============================================================
-``schedule``              page allocation for the step's block, positions
+``schedule``              page allocation for the step's block; the step's inputs
+                          (context lengths, anchors) in one pinned non-blocking copy
 ``draft``                 the drafter's attention metadata and its one block forward
 ``build_verify_input``    the verify chain: anchor + drafted tokens, positions
-``prepare_for_verify``    cache locations (slots), attention read plans, graph inputs
+``prepare_for_verify``    cache locations (slots) from the device page table, attention
+                          read plans (eager)
 ``verify``                one target forward over the whole block (graph or eager)
-``accept``                greedy matching: longest matching prefix plus the bonus token
-``kv_commit``             draft-KV append for accepted tokens, release of rejected pages
+``accept``                greedy matching on the device (longest matching prefix plus the
+                          bonus token), then the step's one read-back to the host
+``kv_commit``             draft-KV append for the block, release of rejected pages
 ========================  =============================================================
 
 With ``algorithm="NONE"`` a step is plain greedy decoding of one token (no draft, no
@@ -19,6 +22,7 @@ verify-input build; ``verify`` is the one-token target forward).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import zlib
@@ -28,20 +32,28 @@ from typing import TYPE_CHECKING, Any
 from pytest_specperf import __version__
 from pytest_specperf.engines.reference.attention import CPU_CHUNK_TOKENS, ReadPlan, plan_reads
 from pytest_specperf.engines.reference.config import ModelConfig
+from pytest_specperf.engines.reference.graphs import (
+    LINEAR_PAGE_STEP,
+    MIN_PAGE_BUCKET,
+    page_bucket,
+)
 from pytest_specperf.engines.reference.kv import (
     LAYOUTS,
+    DevicePageTable,
     KVPool,
     PageAllocator,
     fragmentation,
     pool_tokens,
 )
 from pytest_specperf.engines.reference.model import Drafter, PlannedReads, SeqRows, TargetModel
+from pytest_specperf.engines.reference.staging import DeviceToHost, HostToDevice
 from pytest_specperf.probe import NullProbe, StepProbe
+from pytest_specperf.telemetry.bandwidth import GATHER_PASSES
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_specperf.engines.reference.graphs import GraphRunner
+    from pytest_specperf.engines.reference.graphs import CaptureBackend, GraphRunner, GraphUse
 
 ALGORITHMS = ("DFLASH", "NONE")
 #: Token id that ends a generation unless ``ignore_eos`` (as Llama's ``</s>``).
@@ -50,6 +62,8 @@ EOS_TOKEN_ID = 2
 SYNTH_BANK_TOKENS = 65536
 #: Real prefill runs in chunks of this many tokens.
 PREFILL_CHUNK = 1024
+#: On a GPU, the reference read gathers at most this many bytes per kernel.
+GPU_READ_CHUNK_BYTES = 1 << 30
 ENGINE_NAME = "specperf-reference"
 
 
@@ -97,6 +111,7 @@ class GenResult:
 class _Live:
     req: GenRequest
     pages: list[int]
+    row: int = 0  # this request's row in the device page table
     seq_len: int = 0  # tokens whose KV is committed
     anchor: int = 0  # next token to feed (produced, not yet in the KV cache)
     cond: Any = None  # fused target hidden state at the position that produced `anchor`
@@ -109,14 +124,27 @@ class _Live:
     reference_ms: float | None = None
 
 
-def _tensor(data: list[int], device: Any) -> torch.Tensor:
-    import torch
+@dataclass(frozen=True)
+class _StepInputs:
+    """What one decode step reads on the device, staged in one host-to-device copy."""
 
-    return torch.tensor(data, dtype=torch.long, device=device)
+    page_rows: torch.Tensor  # (B, width): the batch's rows of the device page table
+    context_lens: torch.Tensor  # (B,): committed tokens, i.e. the anchors' positions
+    anchors: torch.Tensor  # (B,)
+    forced: torch.Tensor | None  # (B,): simulated accepted drafts, or None (real matching)
+    max_context: int
 
 
 class Engine:
-    """A real speculative decoder over a paged KV cache, CPU or CUDA."""
+    """A real speculative decoder over a paged KV cache, CPU or CUDA.
+
+    On CUDA the engine makes its device the process's current one at construction and
+    again around every ``generate`` (streams, graph capture, the probe's CUDA events and
+    the canary's busy kernels all follow the current device). A decode step sends its
+    inputs in one pinned, non-blocking copy, keeps page tables, cache locations and
+    acceptance on the device, and waits for the device at one point: the accept phase's
+    read-back of the verified tokens (see ``staging.py``).
+    """
 
     def __init__(
         self,
@@ -129,19 +157,13 @@ class Engine:
         probe: StepProbe | NullProbe | None = None,
         cuda_graphs: bool = True,
         dtype: str | None = None,
+        graph_capture: CaptureBackend | None = None,
     ) -> None:
         import torch
 
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown speculative algorithm {algorithm!r}; choose DFLASH or NONE")
-        if not 2 <= num_draft_tokens <= 32:
-            raise ValueError(f"num_draft_tokens must be in [2, 32], got {num_draft_tokens}")
-        if simulate_accept_len is not None and not 1.0 <= simulate_accept_len <= num_draft_tokens:
-            raise ValueError(
-                f"simulate_accept_len must be in [1, {num_draft_tokens}], got {simulate_accept_len}"
-            )
+        _check_settings(algorithm, num_draft_tokens, simulate_accept_len)
         self.cfg = cfg
-        self.device = torch.device(device)
+        self.device = _claim_device(device)
         if dtype is None:
             dtype = "float32" if self.device.type == "cpu" else "bfloat16"
         self.dtype = getattr(torch, dtype)
@@ -150,28 +172,52 @@ class Engine:
         self.simulate_accept_len = simulate_accept_len
         self.probe: StepProbe | NullProbe = probe if probe is not None else NullProbe()
         torch.set_grad_enabled(False)
-        self.target = TargetModel(cfg, device=self.device, dtype=self.dtype)
-        self.drafter = Drafter(self.target, self.block) if algorithm == "DFLASH" else None
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        self.pool_tokens = pool_tokens(cfg, self.device, itemsize)
-        self.kv = KVPool(cfg, device=self.device, dtype=self.dtype, tokens=self.pool_tokens)
-        self.allocator = PageAllocator(self.pool_tokens // cfg.page_size)
-        self._pending_layout: tuple[str, float, int] | None = None
-        self._bank: torch.Tensor | None = None
-        self._layout_name = "contiguous"
-        self.graphs: GraphRunner | None = None
-        if self.device.type == "cuda" and cuda_graphs:
-            from pytest_specperf.engines.reference.graphs import GraphRunner
-
-            self.graphs = GraphRunner(self)
+        with self._device_guard():
+            self._build(cfg, cuda_graphs, graph_capture)
         self.counters: dict[str, int] = {
             "requests": 0,
             "decode_steps": 0,
             "generated_tokens": 0,
             "prefill_tokens": 0,
             "synthetic_prefill_tokens": 0,
+            "verify_forwards": 0,
+            "kv_read_bytes": 0,
         }
         self.graph_counters: dict[str, dict[str, int]] = {}
+
+    def _build(
+        self, cfg: ModelConfig, cuda_graphs: bool, graph_capture: CaptureBackend | None
+    ) -> None:
+        import torch
+
+        self.target = TargetModel(cfg, device=self.device, dtype=self.dtype)
+        self.drafter = Drafter(self.target, self.block) if self.algorithm == "DFLASH" else None
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        self.pool_tokens = pool_tokens(cfg, self.device, itemsize)
+        self.kv = KVPool(cfg, device=self.device, dtype=self.dtype, tokens=self.pool_tokens)
+        self.allocator = PageAllocator(self.pool_tokens // cfg.page_size)
+        self._h2d = HostToDevice(self.device)
+        self._d2h = DeviceToHost(self.device)
+        width = page_bucket(-(-cfg.max_context_len // cfg.page_size))
+        self.page_table = DevicePageTable(cfg.max_batch_size, width, self.device, self._h2d)
+        self._row_index: dict[tuple[int, ...], torch.Tensor] = {}
+        self._aranges = torch.arange(max(cfg.max_batch_size, 32), device=self.device)
+        self._pending_layout: tuple[str, float, int] | None = None
+        self._bank: torch.Tensor | None = None
+        self._layout_name = "contiguous"
+        self.graphs: GraphRunner | None = None
+        if graph_capture is not None or (self.device.type == "cuda" and cuda_graphs):
+            from pytest_specperf.engines.reference.graphs import GraphRunner
+
+            self.graphs = GraphRunner(self, graph_capture)
+
+    def _device_guard(self) -> contextlib.AbstractContextManager[Any]:
+        """The engine's CUDA device as the current one (a no-op on the CPU)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.cuda.device(self.device)
 
     # -- identity -------------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
@@ -193,6 +239,20 @@ class Engine:
             "torch_version": torch.__version__,
         }
 
+    def kv_read_model(self) -> dict[str, Any]:
+        """How many KV bytes a verify moves (see ``telemetry.bandwidth.kv_read_bytes``)."""
+        model: dict[str, Any] = {
+            "bytes_per_token": self.cfg.kv_bytes_per_token(self.kv.k[0].element_size()),
+            "page_size": self.cfg.page_size,
+            "gather_passes": GATHER_PASSES,
+        }
+        if self.graphs is not None:
+            model["padded_bucket"] = {
+                "min_pages": MIN_PAGE_BUCKET,
+                "linear_step_pages": LINEAR_PAGE_STEP,
+            }
+        return model
+
     # -- cache control -----------------------------------------------------------------------
     def set_kv_layout(self, layout: str, level: float = 1.0, seed: int = 0) -> None:
         """Lay out the free list for the next ``generate`` call (one-shot)."""
@@ -205,6 +265,17 @@ class Engine:
     def flush_cache(self) -> None:
         self.allocator.reset()
         self._layout_name = "contiguous"
+
+    def _apply_pending_layout(self) -> None:
+        if self._pending_layout is None:
+            return
+        layout, level, seed = self._pending_layout
+        self._pending_layout = None
+        if layout == "contiguous":
+            self.allocator.reset()
+        else:
+            self.allocator.fragment(level, seed)
+        self._layout_name = layout
 
     # -- generation ------------------------------------------------------------------------
     def validate(self, req: GenRequest) -> None:
@@ -233,7 +304,7 @@ class Engine:
                 f"exceeds the configured maximum context of {cfg.max_context_len} tokens"
             )
 
-    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+    def _check_batch(self, reqs: list[GenRequest]) -> None:
         if not 1 <= len(reqs) <= self.cfg.max_batch_size:
             raise RequestError(f"batch size must be in [1, {self.cfg.max_batch_size}]")
         for r in reqs:
@@ -248,46 +319,28 @@ class Engine:
                 f"the batch needs up to {total_pages} KV pages, the pool has "
                 f"{self.allocator.free_count} free"
             )
+
+    def generate(self, reqs: list[GenRequest]) -> list[GenResult]:
+        self._check_batch(reqs)
+        with self._device_guard():
+            return self._generate(reqs)
+
+    def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         t0 = time.perf_counter()
-        if self._pending_layout is not None:
-            layout, level, seed = self._pending_layout
-            self._pending_layout = None
-            if layout == "contiguous":
-                self.allocator.reset()
-            else:
-                self.allocator.fragment(level, seed)
-            self._layout_name = layout
-        live = [_Live(req=r, pages=[]) for r in reqs]
+        self._apply_pending_layout()
+        live = [_Live(req=r, pages=[], row=i) for i, r in enumerate(reqs)]
+        self._row_index.clear()
         results: dict[str, GenResult] = {}
         try:
             for lr in live:
+                self.page_table.truncate(lr.row, 0)
                 self._prefill(lr)
                 lr.reference_ms = self._reference_read(lr)
-            active = [lr for lr in live if not lr.finish]
-            step = self._step_dflash if self.algorithm == "DFLASH" else self._step_greedy
-            while active:
-                try:
-                    step(active)
-                except BaseException:
-                    self.probe.abort_step()  # no half record; later steps are recorded again
-                    raise
-                active = [lr for lr in active if not lr.finish]
+            self._decode(live)
             self.probe.flush()
             latency = time.perf_counter() - t0
             for lr in live:
-                results[lr.req.rid] = GenResult(
-                    rid=lr.req.rid,
-                    output_ids=lr.output,
-                    prompt_tokens=len(lr.req.input_ids or ()) or (lr.req.context_len or 0),
-                    spec_verify_ct=lr.steps,
-                    e2e_latency=latency,
-                    finish_reason=lr.finish,
-                    kv_layout=self._layout_name,
-                    kv_fragmentation=fragmentation(lr.pages),
-                    kv_pages=len(lr.pages),
-                    synthetic_prefill=lr.req.context_len is not None,
-                    reference_ms=lr.reference_ms,
-                )
+                results[lr.req.rid] = self._result(lr, latency)
         finally:
             for lr in live:
                 if lr.pages:
@@ -296,11 +349,38 @@ class Engine:
         self.counters["requests"] += len(reqs)
         return [results[r.rid] for r in reqs]
 
+    def _decode(self, live: list[_Live]) -> None:
+        active = [lr for lr in live if not lr.finish]
+        step = self._step_dflash if self.algorithm == "DFLASH" else self._step_greedy
+        while active:
+            try:
+                step(active)
+            except BaseException:
+                self.probe.abort_step()  # no half record; later steps are recorded again
+                raise
+            active = [lr for lr in active if not lr.finish]
+
+    def _result(self, lr: _Live, latency: float) -> GenResult:
+        return GenResult(
+            rid=lr.req.rid,
+            output_ids=lr.output,
+            prompt_tokens=len(lr.req.input_ids or ()) or (lr.req.context_len or 0),
+            spec_verify_ct=lr.steps,
+            e2e_latency=latency,
+            finish_reason=lr.finish,
+            kv_layout=self._layout_name,
+            kv_fragmentation=fragmentation(lr.pages),
+            kv_pages=len(lr.pages),
+            synthetic_prefill=lr.req.context_len is not None,
+            reference_ms=lr.reference_ms,
+        )
+
     # -- helpers ---------------------------------------------------------------------------
     def _ensure_pages(self, lr: _Live, tokens: int) -> None:
         need = -(-tokens // self.cfg.page_size) - len(lr.pages)
         if need > 0:
             lr.pages.extend(self.allocator.alloc(need))
+            self.page_table.sync(lr.row, lr.pages)
 
     def _release_tail(self, lr: _Live) -> None:
         keep = -(-lr.seq_len // self.cfg.page_size)
@@ -308,6 +388,7 @@ class Engine:
             tail = lr.pages[keep:]
             del lr.pages[keep:]
             self.allocator.free(tail)
+            self.page_table.truncate(lr.row, keep)
 
     def _slots(self, lr: _Live, start: int, n: int) -> list[int]:
         p = self.cfg.page_size
@@ -316,7 +397,8 @@ class Engine:
     def _plan(self, lr: _Live) -> ReadPlan:
         key = (lr.seq_len, len(lr.pages))
         if lr.plan is None or lr.plan_key != key:
-            lr.plan = plan_reads(lr.pages, lr.seq_len, self.cfg.page_size, self.device)
+            p = self.cfg.page_size
+            lr.plan = plan_reads(lr.pages, lr.seq_len, p, self.device, self._h2d.put)
             lr.plan_key = key
         return lr.plan
 
@@ -332,8 +414,6 @@ class Engine:
 
     # -- prefill ---------------------------------------------------------------------------
     def _prefill(self, lr: _Live) -> None:
-        import torch
-
         req = lr.req
         if req.input_ids is not None:
             ids = req.input_ids
@@ -344,6 +424,16 @@ class Engine:
             gen = random.Random(zlib.crc32(f"{req.seed}:last".encode()))
             ids = [gen.randrange(3, self.cfg.vocab_size)]
             self.counters["synthetic_prefill_tokens"] += n - 1
+        logits, fused = self._prefill_chunks(lr, ids)
+        lr.anchor = int(self._d2h.fetch(logits[-1].argmax()))
+        lr.cond = fused[-1].clone()
+        if self.simulate_accept_len is not None:
+            lr.rng = random.Random(zlib.crc32(f"{req.seed}:{req.rid}".encode()))
+        self._finish_tokens(lr, [lr.anchor])
+
+    def _prefill_chunks(self, lr: _Live, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         start = lr.seq_len
         self._ensure_pages(lr, start + len(ids))
         logits = fused = None
@@ -351,21 +441,17 @@ class Engine:
             chunk = ids[s : s + PREFILL_CHUNK]
             pos0 = start + s
             positions = torch.arange(pos0, pos0 + len(chunk), device=self.device)
-            slots = _tensor(self._slots(lr, pos0, len(chunk)), self.device)
-            plan = plan_reads(lr.pages, pos0, self.cfg.page_size, self.device)
+            slots = self._h2d.put(self._slots(lr, pos0, len(chunk)))
+            plan = plan_reads(lr.pages, pos0, self.cfg.page_size, self.device, self._h2d.put)
             reads = PlannedReads([SeqRows(0, len(chunk), plan)])
             logits, fused = self.target.forward(
-                _tensor(chunk, self.device), positions, reads, self.kv, slots
+                self._h2d.put(chunk), positions, reads, self.kv, slots
             )
             if self.drafter is not None:
                 self.drafter.commit_context(fused, positions, self.kv, slots)
             lr.seq_len = pos0 + len(chunk)
         assert logits is not None and fused is not None
-        lr.anchor = int(logits[-1].argmax().item())
-        lr.cond = fused[-1].clone()
-        if self.simulate_accept_len is not None:
-            lr.rng = random.Random(zlib.crc32(f"{req.seed}:{req.rid}".encode()))
-        self._finish_tokens(lr, [lr.anchor])
+        return logits, fused
 
     def _synthetic_fill(self, lr: _Live, n: int) -> None:
         """Fill KV for positions ``[0, n)`` with seeded values, in O(n), without a forward.
@@ -385,7 +471,7 @@ class Engine:
         p = self.cfg.page_size
         bank = self._synth_bank()
         size = bank.shape[0]
-        pages = _tensor(lr.pages, self.device)
+        pages = self._h2d.put(lr.pages)
         slots = (pages[:, None] * p + torch.arange(p, device=self.device)[None, :]).reshape(-1)[:n]
         rng = random.Random(zlib.crc32(f"{lr.req.seed}:synthetic".encode()))
         for layer in range(len(self.kv.k)):
@@ -412,20 +498,23 @@ class Engine:
         Plain torch (one gather and a sum per layer, K and V): no engine code, the same
         bytes and memory pages the decode steps read. Measured after the prefill, outside
         every step; it tracks the memory system's speed for this very layout (huge pages,
-        noisy neighbours), so step times can be judged against it.
+        noisy neighbours), so step times can be judged against it. On the CPU the gathers
+        are small (no page-fault storms); on a GPU they are as large as
+        ``GPU_READ_CHUNK_BYTES`` allows (one per layer and pool for any context the
+        configurations allow), so the figure measures memory, not kernel launches.
         """
         import torch
 
         p = self.cfg.page_size
         n = -(-lr.seq_len // p)
-        pages = _tensor(lr.pages[:n], self.device)
+        pages = self._h2d.put(lr.pages[:n])
+        per = self._reference_chunk_pages()
         times = []
         for _ in range(reps):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             t = time.perf_counter()
             acc = torch.zeros((), device=self.device, dtype=torch.float32)
-            per = max(1, CPU_CHUNK_TOKENS // p)  # small temporaries: no page-fault storms
             for layer in range(self.cfg.num_layers):
                 for pool in (self.kv.k[layer], self.kv.v[layer]):
                     h, _, d = pool.shape
@@ -436,15 +525,90 @@ class Engine:
             times.append((time.perf_counter() - t) * 1e3)
         return sorted(times)[len(times) // 2]
 
+    def _reference_chunk_pages(self) -> int:
+        """Pages per gather of the reference read (see ``_reference_read``)."""
+        p = self.cfg.page_size
+        if self.device.type != "cuda":
+            return max(1, CPU_CHUNK_TOKENS // p)
+        page_bytes = self.kv.k[0].element_size() * self.cfg.num_kv_heads * p * self.cfg.head_dim
+        return max(1, GPU_READ_CHUNK_BYTES // page_bytes)
+
     # -- decode steps ------------------------------------------------------------------------
-    def _count_graph(self, runner: str, replay: bool) -> None:
-        self.probe.count_graph(runner, replay=replay)
-        c = self.graph_counters.setdefault(runner, {"replay": 0, "eager": 0})
-        c["replay" if replay else "eager"] += 1
+    def _count_graph(self, runner: str, use: GraphUse) -> None:
+        self.probe.count_graph(runner, replay=use == "replay", capture=use == "capture")
+        c = self.graph_counters.setdefault(runner, {"replay": 0, "eager": 0, "capture": 0})
+        c[use] += 1
+
+    def _begin(self, batch: list[_Live]) -> None:
+        self.probe.begin_step(
+            context_len=max(lr.seq_len for lr in batch),
+            batch_size=len(batch),
+            rids=[lr.req.rid for lr in batch],
+        )
+
+    def _end(self, produced: int) -> None:
+        self.probe.end_step(accepted_tokens=produced)
+        self.counters["decode_steps"] += 1
+        self.counters["generated_tokens"] += produced
+
+    def _schedule(self, batch: list[_Live], tokens: int, *, draws: bool) -> _StepInputs:
+        """Pages for the step's ``tokens`` per request; the step's inputs in one copy."""
+        for lr in batch:
+            self._ensure_pages(lr, lr.seq_len + tokens)
+        b = len(batch)
+        ints = [lr.seq_len for lr in batch] + [lr.anchor for lr in batch]
+        forced = self._forced_accepts(batch) if draws else None
+        staged = self._h2d.put(ints + (forced or []))
+        return _StepInputs(
+            page_rows=self._page_rows(batch),
+            context_lens=staged[:b],
+            anchors=staged[b : 2 * b],
+            forced=staged[2 * b :] if forced else None,
+            max_context=max(lr.seq_len for lr in batch),
+        )
+
+    def _forced_accepts(self, batch: list[_Live]) -> list[int] | None:
+        """Simulated acceptance (``simulate_accept_len``): accepted drafts per request,
+        drawn on the host before the step (the draws do not depend on the step)."""
+        if self.simulate_accept_len is None:
+            return None
+        m = self.simulate_accept_len
+        out = []
+        for lr in batch:
+            assert lr.rng is not None
+            out.append(int(m) - 1 + (lr.rng.random() < m - int(m)))
+        return out
+
+    def _page_rows(self, batch: list[_Live]) -> torch.Tensor:
+        rows = tuple(lr.row for lr in batch)
+        index = None
+        if rows != tuple(range(len(rows))):
+            index = self._row_index.get(rows)
+            if index is None:
+                index = self._row_index[rows] = self._h2d.put(list(rows))
+        return self.page_table.rows(rows, index)
+
+    def _slot_index(self, page_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Cache locations of ``positions`` ``(B, T)`` through the device page table."""
+        p = self.cfg.page_size
+        return (page_rows.gather(1, positions // p) * p + positions % p).reshape(-1)
+
+    def _count_kv(self, batch: list[_Live], si: _StepInputs, padded: bool) -> None:
+        """KV bytes this verify moves (``kv_read_model``), added to the counters."""
+        per_token = self.cfg.kv_bytes_per_token(self.kv.k[0].element_size())
+        if padded:
+            bucket = page_bucket(max(-(-si.max_context // self.cfg.page_size), 1))
+            tokens = GATHER_PASSES * bucket * self.cfg.page_size * len(batch)
+        else:
+            plans = [self._plan(lr) for lr in batch]
+            tokens = sum(pl.context_len + (GATHER_PASSES - 1) * pl.copied_tokens for pl in plans)
+        self.counters["verify_forwards"] += 1
+        self.counters["kv_read_bytes"] += tokens * per_token
 
     def _verify_forward(
         self,
         batch: list[_Live],
+        si: _StepInputs,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
@@ -453,121 +617,136 @@ class Engine:
         """Target forward over the step's tokens: graph replay when possible, else eager."""
         if self.graphs is not None:
             out = self.graphs.try_replay(
-                runner,
-                tokens,
-                positions,
-                slots,
-                [lr.pages for lr in batch],
-                [lr.seq_len for lr in batch],
+                runner, tokens, positions, slots, si.page_rows, si.context_lens, si.max_context
             )
             if out is not None:
-                self._count_graph(runner, True)
+                self._count_graph(runner, self.graphs.last_use)
+                self._count_kv(batch, si, padded=True)
                 return out
-        self._count_graph(runner, False)
+        self._count_graph(runner, "eager")
+        self._count_kv(batch, si, padded=False)
         t = tokens.numel() // len(batch)
         reads = PlannedReads(
             [SeqRows(i * t, (i + 1) * t, self._plan(lr)) for i, lr in enumerate(batch)]
         )
         return self.target.forward(tokens, positions, reads, self.kv, slots)
 
-    def _step_dflash(self, batch: list[_Live]) -> None:
+    def _draft(self, batch: list[_Live], si: _StepInputs) -> torch.Tensor:
         import torch
 
-        probe, block, dev = self.probe, self.block, self.device
         assert self.drafter is not None
-        probe.begin_step(
-            context_len=max(lr.seq_len for lr in batch),
-            batch_size=len(batch),
-            rids=[lr.req.rid for lr in batch],
-        )
+        cond = torch.stack([lr.cond for lr in batch])
+        drafts: torch.Tensor | None = None
+        use: GraphUse = "eager"
+        if self.graphs is not None:
+            drafts = self.graphs.draft(
+                si.anchors, si.context_lens, cond, si.page_rows, si.max_context
+            )
+            use = self.graphs.last_use
+        self._count_graph("draft", use)
+        if drafts is None:
+            plans = [self._plan(lr) for lr in batch]
+            drafts = self.drafter.draft(
+                si.anchors, si.context_lens, cond, plans, self.kv, self.block
+            )
+        return drafts
+
+    def _accept_dflash(
+        self, batch: list[_Live], si: _StepInputs, logits: torch.Tensor, drafts: torch.Tensor
+    ) -> tuple[torch.Tensor, list[int], int]:
+        """Greedy matching on the device, then the step's one sync: verified tokens and
+        accepted counts come back to the host together. Returns the accepted drafts per
+        request (device and host) and the tokens produced."""
+        import torch
+
+        pred = logits.argmax(dim=-1).view(len(batch), self.block)
+        accepted = si.forced
+        if accepted is None:  # longest prefix of drafts matching the target's tokens
+            accepted = (drafts == pred[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+        host = self._d2h.fetch(torch.cat([pred, accepted[:, None]], dim=1))  # sync point
+        taken, produced = [], 0
+        for lr, row in zip(batch, host):
+            j = row[-1]
+            taken.append(j)
+            before = len(lr.output)
+            self._finish_tokens(lr, row[: j + 1])
+            produced += len(lr.output) - before
+            lr.anchor = row[j]
+            lr.steps += 1
+        return accepted, taken, produced
+
+    def _commit_dflash(
+        self,
+        batch: list[_Live],
+        fused: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        accepted: torch.Tensor,
+        taken: list[int],
+    ) -> None:
+        """Draft KV for the block, the next step's conditioning, the committed lengths.
+
+        Draft K/V is written for every row of the block, not only the accepted ones, so
+        no variable-length index crosses to the device: a rejected row's slot lies at or
+        beyond the request's new length, is masked by every read, and is overwritten
+        when that position is committed (before any read can reach it)."""
+        assert self.drafter is not None
+        self.drafter.commit_context(fused, positions, self.kv, slots)
+        b = len(batch)
+        # a gather makes a new tensor: graph outputs are reused buffers
+        conds = fused.view(b, self.block, -1)[self._aranges[:b], accepted]
+        for i, (lr, j) in enumerate(zip(batch, taken)):
+            lr.cond = conds[i]
+            lr.seq_len += j + 1
+            self._release_tail(lr)
+
+    def _step_dflash(self, batch: list[_Live]) -> None:
+        probe = self.probe
+        self._begin(batch)
         with probe.phase("schedule"):
-            for lr in batch:
-                self._ensure_pages(lr, lr.seq_len + block)
-            anchor_pos = _tensor([lr.seq_len for lr in batch], dev)
-            anchors = _tensor([lr.anchor for lr in batch], dev)
+            si = self._schedule(batch, self.block, draws=True)
         with probe.phase("draft"):
-            cond = torch.stack([lr.cond for lr in batch])
-            drafts = None
-            if self.graphs is not None:
-                drafts = self.graphs.draft(
-                    anchors,
-                    anchor_pos,
-                    cond,
-                    [lr.pages for lr in batch],
-                    [lr.seq_len for lr in batch],
-                )
-            self._count_graph("draft", drafts is not None)
-            if drafts is None:
-                plans = [self._plan(lr) for lr in batch]
-                drafts = self.drafter.draft(anchors, anchor_pos, cond, plans, self.kv, block)
+            drafts = self._draft(batch, si)
         with probe.phase("build_verify_input"):
-            tokens = torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)
-            offs = torch.arange(block, device=dev)
-            positions = (anchor_pos[:, None] + offs[None, :]).reshape(-1)
+            tokens = self._cat_block(si.anchors, drafts)
+            positions = si.context_lens[:, None] + self._aranges[None, : self.block]
         with probe.phase("prepare_for_verify"):
-            slots = _tensor([s for lr in batch for s in self._slots(lr, lr.seq_len, block)], dev)
+            slots = self._slot_index(si.page_rows, positions)
             if self.graphs is None:
                 for lr in batch:
                     self._plan(lr)  # attention metadata for the eager verify
         with probe.phase("verify"):
-            logits, fused = self._verify_forward(batch, tokens, positions, slots, "target_verify")
-        with probe.phase("accept"):
-            pred = logits.argmax(dim=-1).view(len(batch), block).tolist()
-            draft_l = drafts.tolist()
-            taken: list[int] = []
-            produced = 0
-            for lr, p, d in zip(batch, pred, draft_l):
-                j = 0
-                if lr.rng is not None:
-                    m = self.simulate_accept_len or 1.0
-                    j = int(m) - 1 + (lr.rng.random() < m - int(m))
-                else:
-                    while j < block - 1 and d[j] == p[j]:
-                        j += 1
-                taken.append(j)
-                before = len(lr.output)
-                self._finish_tokens(lr, p[: j + 1])
-                produced += len(lr.output) - before
-                lr.anchor = p[j]
-                lr.steps += 1
-        with probe.phase("kv_commit"):
-            rows = [i * block + k for i, j in enumerate(taken) for k in range(j + 1)]
-            idx = _tensor(rows, dev)
-            self.drafter.commit_context(
-                fused.index_select(0, idx),
-                positions.index_select(0, idx),
-                self.kv,
-                slots.index_select(0, idx),
+            logits, fused = self._verify_forward(
+                batch, si, tokens, positions.reshape(-1), slots, "target_verify"
             )
-            for i, (lr, j) in enumerate(zip(batch, taken)):
-                lr.cond = fused[i * block + j].clone()  # graph outputs are reused buffers
-                lr.seq_len += j + 1
-                self._release_tail(lr)
-        probe.end_step(accepted_tokens=produced)
-        self.counters["decode_steps"] += 1
-        self.counters["generated_tokens"] += produced
+        with probe.phase("accept"):
+            accepted, taken, produced = self._accept_dflash(batch, si, logits, drafts)
+        with probe.phase("kv_commit"):
+            self._commit_dflash(batch, fused, positions.reshape(-1), slots, accepted, taken)
+        self._end(produced)
+
+    @staticmethod
+    def _cat_block(anchors: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.cat([anchors[:, None], drafts], dim=1).reshape(-1)
 
     def _step_greedy(self, batch: list[_Live]) -> None:
-        probe, dev = self.probe, self.device
-        probe.begin_step(
-            context_len=max(lr.seq_len for lr in batch),
-            batch_size=len(batch),
-            rids=[lr.req.rid for lr in batch],
-        )
+        probe = self.probe
+        self._begin(batch)
         with probe.phase("schedule"):
-            for lr in batch:
-                self._ensure_pages(lr, lr.seq_len + 1)
-            tokens = _tensor([lr.anchor for lr in batch], dev)
-            positions = _tensor([lr.seq_len for lr in batch], dev)
+            si = self._schedule(batch, 1, draws=False)
         with probe.phase("prepare_for_verify"):
-            slots = _tensor([self._slots(lr, lr.seq_len, 1)[0] for lr in batch], dev)
+            slots = self._slot_index(si.page_rows, si.context_lens[:, None])
             if self.graphs is None:
                 for lr in batch:
                     self._plan(lr)  # attention metadata for the eager forward
         with probe.phase("verify"):
-            logits, _ = self._verify_forward(batch, tokens, positions, slots, "target_decode")
+            logits, _ = self._verify_forward(
+                batch, si, si.anchors, si.context_lens, slots, "target_decode"
+            )
         with probe.phase("accept"):
-            nxt = logits.argmax(dim=-1).tolist()
+            nxt = self._d2h.fetch(logits.argmax(dim=-1))  # the step's one sync point
             produced = 0
             for lr, t in zip(batch, nxt):
                 before = len(lr.output)
@@ -578,9 +757,7 @@ class Engine:
         with probe.phase("kv_commit"):
             for lr in batch:
                 lr.seq_len += 1
-        probe.end_step(accepted_tokens=produced)
-        self.counters["decode_steps"] += 1
-        self.counters["generated_tokens"] += produced
+        self._end(produced)
 
     def mean_accept_length(self) -> float:
         """Tokens produced per decode step over the engine's lifetime."""
@@ -599,7 +776,30 @@ class Engine:
             "counters": dict(self.counters),
             "graph_counters": {k: dict(v) for k, v in self.graph_counters.items()},
             "kv_bytes_per_token": self.cfg.kv_bytes_per_token(self.kv.k[0].element_size()),
+            "kv_read": self.kv_read_model(),
             "kv_free_pages": self.allocator.free_count,
             "kv_total_pages": self.allocator.num_pages,
             "fingerprint": self.fingerprint(),
         }
+
+
+def _check_settings(algorithm: str, block: int, simulate: float | None) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown speculative algorithm {algorithm!r}; choose DFLASH or NONE")
+    if not 2 <= block <= 32:
+        raise ValueError(f"num_draft_tokens must be in [2, 32], got {block}")
+    if simulate is not None and not 1.0 <= simulate <= block:
+        raise ValueError(f"simulate_accept_len must be in [1, {block}], got {simulate}")
+
+
+def _claim_device(device: str) -> torch.device:
+    """``device`` as a torch device; a CUDA device gets an explicit index and becomes
+    the process's current device."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+    return dev

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_specperf.engines.reference.config import ModelConfig
+    from pytest_specperf.engines.reference.staging import HostToDevice
 
 LAYOUTS = ("contiguous", "fragmented")
 
@@ -127,7 +128,12 @@ class PageAllocator:
 
 
 class KVPool:
-    """K and V page pools for every target layer and every drafter layer."""
+    """K and V page pools for every target layer and every drafter layer.
+
+    Zero-initialised: the graph path reads whole padded page buckets and gives the
+    masked slots a softmax weight of exactly 0, and ``0 x NaN`` (uninitialised memory
+    can hold NaN bit patterns) would still be NaN.
+    """
 
     def __init__(self, cfg: ModelConfig, *, device: Any, dtype: Any, tokens: int) -> None:
         import torch
@@ -136,10 +142,10 @@ class KVPool:
         n = cfg.num_layers + cfg.draft_num_layers
         self.page_size = cfg.page_size
         self.k: list[torch.Tensor] = [
-            torch.empty(shape, device=device, dtype=dtype) for _ in range(n)
+            torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)
         ]
         self.v: list[torch.Tensor] = [
-            torch.empty(shape, device=device, dtype=dtype) for _ in range(n)
+            torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)
         ]
         self.num_target_layers = cfg.num_layers
 
@@ -184,3 +190,49 @@ def pool_tokens(cfg: ModelConfig, device: Any, itemsize: int, share: float = 0.6
     fit = int(free * share) // pool_bytes_per_token(cfg, itemsize)
     fit -= fit % cfg.page_size
     return max(cfg.page_size * 64, min(want, fit))
+
+
+class DevicePageTable:
+    """The live requests' page tables on the device, one row per batch slot.
+
+    Updated incrementally (only newly allocated pages are sent, through the pinned
+    staging ring), so a decode step builds no page list on the host: cache locations and
+    the graph path's padded page index are read from here on the device. Entries past a
+    request's pages are stale but valid page ids; every reader masks them by context
+    length.
+    """
+
+    def __init__(self, rows: int, width: int, device: Any, stage: HostToDevice) -> None:
+        import torch
+
+        self.table = torch.zeros((rows, width), dtype=torch.long, device=device)
+        self.width = width
+        self._stage = stage
+        self._synced = [0] * rows
+
+    def truncate(self, row: int, pages: int) -> None:
+        """Row ``row`` keeps only its first ``pages`` entries (pages were released, or a
+        new request takes the row: ``pages=0``)."""
+        self._synced[row] = min(self._synced[row], pages)
+
+    def sync(self, row: int, pages: Sequence[int]) -> None:
+        """Make row ``row`` hold ``pages``: sends the pages appended since the last sync
+        (releases must have been reported with :meth:`truncate`)."""
+        have = self._synced[row]
+        if len(pages) > self.width:
+            raise AllocatorError(
+                f"a request holds {len(pages)} pages, more than the device page table's "
+                f"{self.width}"
+            )
+        if have < len(pages):
+            new = self._stage.put(pages[have:])
+            self.table[row, have : len(pages)].copy_(new, non_blocking=True)
+        self._synced[row] = len(pages)
+
+    def rows(self, rows: Sequence[int], index: torch.Tensor | None) -> torch.Tensor:
+        """The page-table rows of a batch, ``(B, width)``: a view when the rows are
+        ``0..B-1``, else gathered with ``index`` (the rows as a device tensor)."""
+        if list(rows) == list(range(len(rows))):
+            return self.table[: len(rows)]
+        assert index is not None
+        return self.table.index_select(0, index)

@@ -214,7 +214,7 @@ class _Stack:
                     self.block_mask(s.end - s.start, causal),
                     self.chunk_tokens,
                 )
-        x = x + o.view(n, -1) @ w.wo
+        x = x + o.reshape(n, -1) @ w.wo
         m = _rms_norm(x, w.mlp_norm, cfg.rms_eps)
         return x + (torch.nn.functional.silu(m @ w.w_gate) * (m @ w.w_up)) @ w.w_down
 

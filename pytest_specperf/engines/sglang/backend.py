@@ -43,6 +43,7 @@ from pytest_specperf.engines.protocol import (
     RunDirBinding,
 )
 from pytest_specperf.engines.sglang import algorithms, kv_fragment, launcher, metrics, source
+from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
 
@@ -348,6 +349,22 @@ class SGLangBackend(RunDirBinding):
     def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
         return None
 
+    def mapped_phases(self, server_info: dict[str, Any]) -> frozenset[str] | None:
+        """The phases of the hooks the schedulers report installed (``hooks-*.json``),
+        required ones only: an optional hook may not exist in this build. None before a
+        scheduler reported."""
+        reports = self.hook_reports()
+        if not reports:
+            return None
+        return frozenset(
+            str(h["phase"])
+            for r in reports
+            for h in r.get("installed", [])
+            if isinstance(h, dict)
+            and h.get("role") == "phase"
+            and h.get("phase") in PHASES
+            and not h.get("optional")
+        )
 
     def notes(self) -> list[str]:
         return self.describe_hooks()

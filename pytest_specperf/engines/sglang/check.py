@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf import plain_text
 from pytest_specperf.engines.sglang import algorithms, source
 from pytest_specperf.engines.sglang.callgraph import BUILTIN_NAMES, Call, CallGraph, Definition
 from pytest_specperf.engines.sglang.phase_map import (
@@ -542,7 +543,7 @@ def add_parser(sub: Any) -> None:
     c = sub.add_parser(
         "sglang-check",
         help="check the SGLang phase map against SGLang's source (installed or a fork)",
-        description=__doc__,
+        description=plain_text(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument(

@@ -1,0 +1,170 @@
+"""``specperf compare A B``: judge run B against run A with the gate's own rule.
+
+A and B are saved runs: a JSON report (``--specperf-json``), a pytest-benchmark file
+(``--benchmark-json``), or a run of pytest-benchmark's storage named by its number or
+name (``0003``, ``0003_nightly``; ``--storage``). Each case of B is rebuilt from its saved
+steps (``reporting.rebuild``), run A's case becomes its baseline exactly as
+``--specperf-update-baselines`` would have stored it (``judging.judge.as_baseline``), and
+``judging.judge.judge_case`` decides, with the gates and tolerances B was judged with
+(or those given here). A case of B that A lacks is NO_BASELINE; a different engine
+fingerprint is INVALID. Prints the summary table; exits 1 when a case is SLOWER, 2 when a
+run cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from pytest_specperf import plain_text
+from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, is_speculative, judge_case
+from pytest_specperf.judging.verdict import (
+    DEFAULT_STEP_TOLERANCE,
+    DEFAULT_TOLERANCE,
+    Tolerances,
+    Verdict,
+    parse_fraction,
+)
+from pytest_specperf.reporting.rebuild import run_from_case
+from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
+from pytest_specperf.reporting.terminal import case_notes, summary_table
+from pytest_specperf.reporting.view import CaseView
+
+#: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
+DEFAULT_STORAGE = Path(".benchmarks")
+
+
+class RunNotFound(ValueError):
+    """A run argument that names no file and no single run of the storage."""
+
+
+def resolve_run(arg: str, storage: Path) -> Path:
+    """``arg`` as a file, or the one run of ``storage`` whose file name starts with it."""
+    path = Path(arg)
+    if path.is_file():
+        return path
+    found = sorted(storage.glob(f"**/{arg}*.json")) if storage.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise RunNotFound(
+            f"{arg!r}: no such file, and no run named so in {storage} (give a JSON report, "
+            "a pytest-benchmark file, or a run number such as 0003 with --storage DIR)"
+        )
+    names = ", ".join(str(f) for f in found[:5])
+    raise RunNotFound(f"{arg!r} names {len(found)} runs in {storage} ({names}); be more precise")
+
+
+def _tolerances(report: Report, case: CaseReport, given: Tolerances | None) -> Tolerances:
+    """``given``, else the case's own (marker and options included), else the run's."""
+    if given is not None:
+        return given
+    own = Tolerances.from_json(case.data.get("tolerances"))
+    if own is not None:
+        return own
+    return Tolerances(
+        phase=report.tolerance or DEFAULT_TOLERANCE,
+        step=report.step_tolerance or DEFAULT_STEP_TOLERANCE,
+    )
+
+
+def _case(report: Report, c: CaseReport, tolerances: Tolerances) -> Case:
+    gates = c.data.get("gates")
+    return Case(
+        nodeid=str(c.data.get("nodeid") or c.test),
+        test=c.test,
+        key=c.key,
+        run=run_from_case(report.path, c),
+        fingerprint=c.fingerprint,
+        tolerances=tolerances,
+        gates=tuple(str(g) for g in gates) if isinstance(gates, list) and gates else None,
+        speculative=is_speculative(c.fingerprint),
+    )
+
+
+def compare_runs(a: Report, b: Report, given: Tolerances | None = None) -> list[CaseOutcome]:
+    """Every case of ``b`` judged against the same case of ``a`` (``ReportError`` when a
+    case cannot be rebuilt)."""
+    in_a = {(c.test, c.key): c for c in a.cases}
+    outcomes = []
+    for c in b.cases:
+        case = _case(b, c, _tolerances(b, c, given))
+        base_case = in_a.get((c.test, c.key))
+        base = None
+        if base_case is not None:
+            base = as_baseline(_case(a, base_case, case.tolerances))
+        outcomes.append(
+            judge_case(case, base, a.path, missing=f"not in run A ({a.path.name})")
+        )
+    return outcomes
+
+
+def describe_run(label: str, r: Report) -> str:
+    """``A: path (2026-05-01 02:00, commit abc1234)``."""
+    when = (r.datetime or "date unknown")[:16].replace("T", " ")
+    commit = str(r.commit.get("id") or "unknown")[:12]
+    return f"{label}: {r.path} ({when}, commit {commit}, {len(r.cases)} case(s))"
+
+
+def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list[str]:
+    """What ``specperf compare`` prints."""
+    lines = [describe_run("A", a), describe_run("B (judged against A)", b)]
+    cases = [CaseView.of(o, baseline_file=str(a.path)) for o in outcomes]
+    lines += summary_table(cases) if cases else ["run B has no cases"]
+    lines += case_notes(cases)
+    in_b = {(c.test, c.key) for c in b.cases}
+    lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]
+    return lines
+
+
+def _given(args: argparse.Namespace) -> Tolerances | None:
+    if args.tolerance is None and args.step_tolerance is None:
+        return None
+    try:
+        phase = parse_fraction(args.tolerance) if args.tolerance else DEFAULT_TOLERANCE
+        step = (
+            parse_fraction(args.step_tolerance) if args.step_tolerance else DEFAULT_STEP_TOLERANCE
+        )
+    except ValueError as e:
+        raise ValueError(
+            f"tolerance: invalid value {e}; expected a fraction like 0.07 or 7%"
+        ) from None
+    return Tolerances(phase=phase, step=step)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``specperf compare``; 1 when a case of B is SLOWER, 2 when a run cannot be used."""
+    out = out or sys.stdout
+    try:
+        given = _given(args)
+        a = read_report(resolve_run(args.a, args.storage))
+        b = read_report(resolve_run(args.b, args.storage))
+        outcomes = compare_runs(a, b, given)
+    except (ReportError, ValueError) as e:
+        print(f"specperf compare: {e}", file=sys.stderr)
+        return 2
+    for line in compare_lines(a, b, outcomes):
+        print(line, file=out)
+    return 1 if any(o.verdict.verdict is Verdict.SLOWER for o in outcomes) else 0
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser(
+        "compare",
+        help="judge saved run B against saved run A with the gate's verdict rule",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("a", metavar="A", help="the run judged against (file or storage run)")
+    c.add_argument("b", metavar="B", help="the run judged (file or storage run)")
+    c.add_argument(
+        "--storage",
+        type=Path,
+        default=DEFAULT_STORAGE,
+        help="pytest-benchmark storage to find runs named by number (default .benchmarks)",
+    )
+    c.add_argument("--tolerance", metavar="F", help="phase tolerance (default: B's)")
+    c.add_argument("--step-tolerance", metavar="F", help="step tolerance (default: B's)")

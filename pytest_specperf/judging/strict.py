@@ -1,0 +1,94 @@
+"""Strict runs (``--specperf-strict``): why a judged case does not count as judged.
+
+A case counts as judged when its verdict was decided against a baseline (``SAME``,
+``FASTER`` or ``SLOWER``) and the measurement behind it is whole: every phase the backend
+maps recorded time, and a GPU run has its telemetry. ``unjudged`` lists what is missing;
+the plugin fails such a case under ``--specperf-strict`` and counts it out of the
+summary's "judged N of M cases".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.verdict import Verdict
+from pytest_specperf.probe.phases import PHASES
+
+#: Verdicts that decide a case; every other verdict leaves it unjudged.
+DECIDED = (Verdict.SAME, Verdict.FASTER, Verdict.SLOWER)
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """One reason a case was not judged: ``label`` for the summary, ``detail`` for the
+    failure message."""
+
+    label: str
+    detail: str
+
+
+def silent_phases(outcome: CaseOutcome, mapped: Iterable[str]) -> list[str]:
+    """Mapped phases that are zero in every measured step (their hooks did not fire)."""
+    run = outcome.run
+    out = []
+    for p in PHASES:
+        if p not in mapped:
+            continue
+        samples = run.samples.get(p, ())
+        if samples and not any(samples):
+            out.append(p)
+    return out
+
+
+def _verdict_problem(outcome: CaseOutcome) -> Unjudged | None:
+    v = outcome.verdict.verdict
+    if v in DECIDED:
+        return None
+    reasons = "; ".join(outcome.verdict.reasons)
+    return Unjudged(v.value, f"{v.value}: {reasons}" if reasons else v.value)
+
+
+def unjudged(
+    outcome: CaseOutcome,
+    *,
+    mapped: Iterable[str] | None,
+    gpu_run: bool,
+    recording: bool = False,
+    telemetry_note: str | None = None,
+) -> tuple[Unjudged, ...]:
+    """Why ``outcome`` does not count as judged; empty when it does.
+
+    ``mapped``: the phases the backend maps (None: it cannot say, nothing is checked).
+    ``gpu_run``: a CUDA run, which must have telemetry (``telemetry_note`` says why there
+    was none, when no sampler ran). ``recording``: an update run, where the case is
+    recorded rather than compared, so only the measurement is checked.
+    """
+    out: list[Unjudged] = []
+    if not recording:
+        problem = _verdict_problem(outcome)
+        if problem is not None:
+            out.append(problem)
+    silent = silent_phases(outcome, mapped) if mapped is not None else []
+    if silent:
+        out.append(
+            Unjudged(
+                f"no time recorded for {', '.join(silent)}",
+                f"phase(s) {', '.join(silent)} mapped by the backend recorded 0 ms in all "
+                f"{outcome.run.steps} steps: their hooks did not fire (check the server's "
+                "hook report and phase map)",
+            )
+        )
+    t = outcome.run.telemetry
+    if gpu_run and (t is None or not t.available):
+        reason = (t.reason if t is not None else telemetry_note) or "no telemetry was sampled"
+        reason = reason.removeprefix("telemetry unavailable: ")
+        out.append(
+            Unjudged(
+                "telemetry unavailable",
+                f"telemetry unavailable on a GPU run: {reason} (NVML comes with "
+                'pip install "pytest-specperf[gpu]")',
+            )
+        )
+    return tuple(out)

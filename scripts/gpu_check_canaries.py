@@ -1,0 +1,246 @@
+"""Engine parts of ``gpu_check.py``: load, canaries, layouts and bandwidth, probe cost.
+
+Each function takes the in-process medium engine (graphs already captured for 32k and
+46k by the earlier parts) and returns a JSON-safe dictionary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_check_engine import (
+    CANARY_STEPS,
+    CTXS,
+    DEVICE,
+    HEAD_CTX,
+    LOAD_SECONDS,
+    SMALL_CTX,
+    Nvml,
+    annotating_probe,
+    calibrate_with_clock,
+    copy_rate,
+    decode,
+    device_info,
+    graph_counts,
+    median,
+    peak_of,
+    phase_table,
+    probe_swapped,
+    save_trace,
+)
+
+#: Tokens per canary request: about 10 steps at the engine's acceptance.
+CANARY_TOKENS = 31
+
+
+def load_and_calibration(eng: Any) -> dict[str, Any]:
+    """``_sleep`` calibration with the SM clock, then ``LOAD_SECONDS`` of back-to-back
+    decode at 46k sampled by NVML/GPM restricted to the decode steps, then again."""
+    from pytest_specperf.telemetry import TelemetrySampler
+
+    dev = device_info()
+    nv = Nvml(dev.nvml_index or 0)
+    at_start = calibrate_with_clock(nv)
+    sampler = TelemetrySampler(dev.nvml_index or 0, uuid=dev.uuid)
+    sampler.start()
+    t0, recs, seed = time.monotonic(), [], 100
+    try:
+        while time.monotonic() - t0 < LOAD_SECONDS:
+            _, more = decode(eng, HEAD_CTX, 1200, seed=seed)
+            recs += more
+            seed += 1
+        sampler.add_windows((r.wall_ns, r.wall_ns + r.step_ns) for r in recs)
+    finally:
+        summary = sampler.stop()
+    return {
+        "calibration_at_start": at_start,
+        "calibration_after_load": calibrate_with_clock(nv),
+        "load_s": round(time.monotonic() - t0, 3),
+        "decode_steps": len(recs),
+        "decode_s": sum(r.step_ns for r in recs) / 1e9,
+        "telemetry_decode_only": summary.to_dict(),
+        "state_after_load": nv.state(),
+    }
+
+
+def _arms(eng: Any, probes: dict[str, Any], blocks: int, seed0: int) -> dict[str, list[Any]]:
+    """Interleaved blocks of ~10 steps per arm, same seeds in every arm."""
+    out: dict[str, list[Any]] = {name: [] for name in probes}
+    for b in range(blocks):
+        order = list(probes) if b % 2 == 0 else list(reversed(probes))
+        for name in order:
+            with probe_swapped(eng, probes[name]):
+                _, recs = decode(eng, HEAD_CTX, CANARY_TOKENS, seed=seed0 + b)
+            out[name] += recs
+    return out
+
+
+def _device_ms(recs: list[Any], phase: str) -> float | None:
+    return median([r.device_ns[phase] / 1e6 for r in recs if r.device_ns])
+
+
+def canary_verify(eng: Any) -> dict[str, Any]:
+    """``verify=1.10``: the change in device verify time over ~``CANARY_STEPS`` steps."""
+    from pytest_specperf.probe import StepProbe
+    from pytest_specperf.probe.inject import Injector, parse_inject
+
+    inj = Injector(parse_inject("verify=1.10"), device=DEVICE)  # calibrated here, warm
+    probes = {
+        "off": StepProbe(None, use_cuda=True),
+        "on": StepProbe(None, use_cuda=True, injector=inj),
+    }
+    with probe_swapped(eng, probes["on"]):
+        decode(eng, HEAD_CTX, CANARY_TOKENS, seed=40)  # the feedback's first estimate
+        probes["on"].take_completed()
+    arms = _arms(eng, probes, blocks=CANARY_STEPS // 10, seed0=41)
+    off, on = _device_ms(arms["off"], "verify"), _device_ms(arms["on"], "verify")
+    return {
+        "steps": {k: len(v) for k, v in arms.items()},
+        "device_verify_ms": {"off": off, "on": on},
+        "ratio": on / off if on and off else None,
+        "expected_ratio": 1.10,
+        "device_step_ms": {k: phase_table(v)["step"]["device_ms"] for k, v in arms.items()},
+        "cycles_per_ns": {"calibrations": inj.calibrations, "corrected": inj.cycles_per_ns},
+        "baseline_estimate_ms": (inj.baseline_ns("verify") or 0) / 1e6,
+    }
+
+
+def canary_host_stall(eng: Any) -> dict[str, Any]:
+    """``host_stall=2``: the change in unaccounted time, and the bottleneck verdict."""
+    from pytest_specperf.probe import StepProbe
+    from pytest_specperf.probe.inject import Injector, parse_inject
+    from pytest_specperf.telemetry import StepFigures, classify
+
+    probes = {
+        "off": StepProbe(None, use_cuda=True),
+        "on": StepProbe(None, use_cuda=True, injector=Injector(parse_inject("host_stall=2"))),
+    }
+    arms = _arms(eng, probes, blocks=CANARY_STEPS // 10, seed0=60)
+    out: dict[str, Any] = {"steps": {k: len(v) for k, v in arms.items()}}
+    for name, recs in arms.items():
+        table = phase_table(recs)
+        figures = StepFigures(
+            step_ms=table["step"]["host_ms"],
+            host_ms={p: v["host_ms"] for p, v in table.items() if p not in ("step", "unaccounted")},
+            device_ms={p: v["device_ms"] for p, v in table.items()
+                       if p not in ("step", "unaccounted") and v.get("device_ms") is not None},
+            unaccounted_ms=table["unaccounted"]["host_ms"],
+        )
+        verdict = classify(figures)
+        out[name] = {"unaccounted_ms": table["unaccounted"]["host_ms"],
+                     "step_ms": table["step"], "bottleneck": verdict.kind,
+                     "describe": verdict.describe()}
+    off, on = out["off"]["unaccounted_ms"], out["on"]["unaccounted_ms"]
+    out["unaccounted_change_ms"] = on - off if on is not None and off is not None else None
+    out["expected_change_ms"] = 2.0
+    return out
+
+
+def layouts(eng: Any) -> dict[str, Any]:
+    """Per phase host/device medians and the verify's KV-read bandwidth at 32k and 46k,
+    contiguous and fragmented, against the peak and a copy measured here."""
+    from pytest_specperf.telemetry.bandwidth import kv_read_bytes
+
+    peak = peak_of(device_info())
+    copy = copy_rate(1 << 30, 0.3)
+    model = eng.kv_read_model()
+    out: dict[str, Any] = {"copy": copy, "peak_gb_per_s": peak.bytes_per_s / 1e9 if peak else None,
+                           "kv_read_model": model}
+    for ctx in CTXS:
+        for layout in ("contiguous", "fragmented"):
+            decode(eng, ctx, CANARY_TOKENS, seed=80, layout=layout)  # warm: graphs, pages
+            r, recs = decode(eng, ctx, 3 * CANARY_TOKENS, seed=81, layout=layout)
+            verify = _device_ms(recs, "verify")
+            moved = kv_read_bytes(model, ctx, 1, r.kv_fragmentation)
+            gbs = moved / (verify / 1e3) / 1e9 if verify and moved else None
+            out[f"{ctx}/{layout}"] = {
+                "steps": len(recs),
+                "fragmentation": r.kv_fragmentation,
+                "phases": phase_table(recs),
+                "graphs": graph_counts(recs),
+                "verify_kv_bytes_moved": moved,
+                "context_kv_bytes": model["bytes_per_token"] * ctx,
+                "verify_gb_per_s": gbs,
+                "share_of_peak": gbs * 1e9 / peak.bytes_per_s if gbs and peak else None,
+                "share_of_copy": gbs / copy["moved_gb_per_s"] if gbs else None,
+                "reference_read_ms": r.reference_ms,
+            }
+    return out
+
+
+def probe_on_off(eng: Any, pairs: int = 8) -> dict[str, Any]:
+    """Decode time per step with the probe on and off, interleaved (ABBA)."""
+    import torch
+
+    from pytest_specperf.probe import NullProbe, StepProbe
+
+    original = eng._decode
+    last = [0.0]
+
+    def timed(live: Any) -> None:
+        torch.cuda.synchronize(DEVICE)
+        t = time.perf_counter()
+        original(live)
+        torch.cuda.synchronize(DEVICE)
+        last[0] = time.perf_counter() - t
+
+    probes = {"off": NullProbe(), "on": StepProbe(None, use_cuda=True)}
+    per_step: dict[str, list[float]] = {"off": [], "on": []}
+    eng._decode = timed
+    try:
+        for i in range(pairs):
+            for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                with probe_swapped(eng, probes[name]):
+                    r, _ = decode(eng, HEAD_CTX, 3 * CANARY_TOKENS, seed=90)
+                per_step[name].append(last[0] * 1e3 / max(r.spec_verify_ct, 1))
+    finally:
+        del eng._decode
+    off, on = median(per_step["off"]), median(per_step["on"])
+    return {"ms_per_step": per_step, "ratio_on_off": on / off if on and off else None,
+            "pairs": pairs, "goal": "at most 1.01"}
+
+
+def small_trace(eng: Any, out: Path) -> dict[str, Any]:
+    """A small CUDA kineto trace (a few steps at 4k) for the kernel-attribution tests."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from pytest_specperf.telemetry.kineto import device_ops, phase_activity
+
+    with probe_swapped(eng, annotating_probe()):
+        decode(eng, SMALL_CTX, 9, seed=3)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _, recs = decode(eng, SMALL_CTX, 9, seed=3)
+    path = out / "traces/cuda-small.json.gz"
+    trace = save_trace(prof, path)
+    ops = device_ops(trace)
+    return {"path": str(path), "steps": len(recs), "device_ops": len(ops),
+            "phases": {p: a.to_dict() for p, a in phase_activity(ops).items()},
+            "device_ns": [r.device_ns for r in recs]}
+
+
+def dflash_vs_none(eng: Any) -> dict[str, Any]:
+    """Tokens per second of DFLASH (this engine) and NONE (a second engine with the same
+    weights) decoding at 46k."""
+    import torch
+
+    from pytest_specperf.engines.reference.engine import Engine
+    from pytest_specperf.probe import StepProbe
+
+    none = Engine(eng.cfg, device=DEVICE, algorithm="NONE", probe=StepProbe(None, use_cuda=True))
+    out: dict[str, Any] = {}
+    try:
+        for name, e in (("DFLASH", eng), ("NONE", none)):
+            decode(e, HEAD_CTX, 33, seed=70)  # warm: graphs for this bucket
+            r, recs = decode(e, HEAD_CTX, 129, seed=71)
+            seconds = sum(x.step_ns for x in recs) / 1e9
+            tokens = r.completion_tokens - 1
+            out[name] = {"tokens": tokens, "steps": len(recs), "decode_s": seconds,
+                         "tokens_per_s": tokens / seconds if seconds else None}
+    finally:
+        del none
+        torch.cuda.empty_cache()
+    d, n = out["DFLASH"]["tokens_per_s"], out["NONE"]["tokens_per_s"]
+    out["ratio"] = d / n if d and n else None
+    return out

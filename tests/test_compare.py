@@ -1,0 +1,163 @@
+"""``specperf compare``: saved runs judged again by the gate's own code.
+
+Runs are built from synthetic step records through the real summarizing and judging code
+(``make_run`` in conftest), written as reports, read back and rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_specperf import compare
+from pytest_specperf.judging.judge import Case, as_baseline, judge_case
+from pytest_specperf.judging.verdict import Tolerances, Verdict
+from pytest_specperf.reporting.rebuild import run_from_case
+from pytest_specperf.reporting.report import read_report, report_payload, write_report
+from pytest_specperf.telemetry.summary import MetricSummary, TelemetrySummary
+
+TEST = "perf_tests/t.py::test_d"
+KEY = "ctx=8192 kv=contiguous bs=1"
+TOL = Tolerances(phase=0.07, step=0.25)
+
+
+def _case(run, fp, key=KEY, gates=None):
+    return Case(nodeid=f"{TEST}[x]", test=TEST, key=key, run=run, fingerprint=fp,
+                tolerances=TOL, gates=gates)
+
+
+def _write(path: Path, *cases) -> Path:
+    outcomes = [judge_case(c, None, Path("b.yaml")) for c in cases]
+    header = {"tolerance": 0.07, "step_tolerance": 0.25, "datetime": "2026-05-01T02:00:00+00:00",
+              "commit_info": {"id": "abc1234def", "dirty": False}}
+    write_report(path, report_payload(header, outcomes))
+    return path
+
+
+def _args(a: Path, b: Path, **kw) -> argparse.Namespace:
+    return argparse.Namespace(a=str(a), b=str(b), storage=Path("."), tolerance=None,
+                              step_tolerance=None, **kw)
+
+
+def test_a_rebuilt_run_has_the_summaries_the_gate_computed(tmp_path, make_run, reference_fp):
+    run = make_run(steps=32, factors={"verify": 1.1})
+    path = _write(tmp_path / "r.json", _case(run, reference_fp))
+    rebuilt = run_from_case(path, read_report(path).cases[0])
+    assert rebuilt.steps == run.steps and rebuilt.blocks == run.blocks
+    assert set(rebuilt.summaries) == set(run.summaries)  # step/ref, verify/rest, ... too
+    for name, s in run.summaries.items():
+        r = rebuilt.summaries[name]
+        assert r.n == s.n and math.isclose(r.value, s.value, rel_tol=1e-9), name
+        assert all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(r.blocks, s.blocks)), name
+
+
+def test_compare_gives_the_verdicts_the_gate_gives(tmp_path, make_run, reference_fp):
+    base, now = make_run(steps=32), make_run(steps=32, factors={"verify": 1.3}, seed=1)
+    a = _write(tmp_path / "a.json", _case(base, reference_fp))
+    b = _write(tmp_path / "b.json", _case(now, reference_fp))
+    [got] = compare.compare_runs(read_report(a), read_report(b))
+    gate = judge_case(_case(now, reference_fp), as_baseline(_case(base, reference_fp)), a)
+    assert got.verdict.verdict is gate.verdict.verdict is Verdict.SLOWER
+    assert got.verdict.culprit == gate.verdict.culprit == "verify"
+    pairs = zip(got.verdict.metrics, gate.verdict.metrics, strict=True)
+    for m, g in pairs:
+        assert (m.metric, m.verdict) == (g.metric, g.verdict)
+        assert math.isclose(m.change, g.change, rel_tol=1e-6, abs_tol=1e-9), m.metric
+        assert math.isclose(m.noise, g.noise, rel_tol=1e-6, abs_tol=1e-9), m.metric
+
+
+def test_cli_exits_1_on_slower_and_prints_the_summary_table(tmp_path, make_run, reference_fp):
+    a = _write(tmp_path / "a.json", _case(make_run(steps=32), reference_fp))
+    b = _write(tmp_path / "b.json", _case(make_run(steps=32, factors={"verify": 1.3}), reference_fp))
+    out = io.StringIO()
+    assert compare.run(_args(a, b), out) == 1
+    text = out.getvalue()
+    assert "step ms (base -> now)" in text and "verify +" in text
+    assert "test_d ctx=8192 kv=contiguous bs=1" in text and "SLOWER" in text
+    assert compare.run(_args(a, a), io.StringIO()) == 0  # a run against itself: SAME
+
+
+def test_gates_and_tolerances_come_from_the_saved_case(tmp_path, make_run, reference_fp):
+    base, now = make_run(steps=32), make_run(steps=32, factors={"verify": 1.3})
+    a = _write(tmp_path / "a.json", _case(base, reference_fp, gates=("draft",)))
+    b = _write(tmp_path / "b.json", _case(now, reference_fp, gates=("draft",)))
+    [got] = compare.compare_runs(read_report(a), read_report(b))
+    assert [m.metric for m in got.verdict.metrics] == ["draft"]
+    wide = compare.compare_runs(read_report(a), read_report(a), Tolerances(0.5, 0.9))
+    assert wide[0].tolerances == Tolerances(0.5, 0.9)
+
+
+def test_other_engine_is_invalid_and_missing_cases_are_named(tmp_path, make_run, reference_fp):
+    other = {**reference_fp, "dtype": "bfloat16"}  # same engine, another build of it
+    a = _write(tmp_path / "a.json", _case(make_run(), reference_fp),
+               _case(make_run(), reference_fp, key="ctx=1 kv=contiguous bs=1"))
+    b = _write(tmp_path / "b.json", _case(make_run(), other),
+               _case(make_run(), reference_fp, key="ctx=2 kv=contiguous bs=1"))
+    outs = compare.compare_runs(read_report(a), read_report(b))
+    assert [o.verdict.verdict for o in outs] == [Verdict.INVALID, Verdict.NO_BASELINE]
+    assert "engine fingerprint differs" in outs[0].verdict.reasons[0]
+    assert "not in run A (a.json)" in outs[1].verdict.reasons[0]
+    lines = compare.compare_lines(read_report(a), read_report(b), outs)
+    assert f"only in A: {TEST} ctx=1 kv=contiguous bs=1" in lines
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"schema_version": 9, "cases": []}', "schema_version 9 is not one"),
+        ('{"schema_version": 1, "cases": [', "not JSON (truncated or corrupt?)"),
+        ('{"schema_version": 1, "cases": [{"test": "t", "key": "k", "verdict": "SAME", '
+         '"step_ms": {"median": 1}}]}', "t k: samples"),
+    ],
+)
+def test_unusable_runs_exit_2_naming_the_file(tmp_path, make_run, reference_fp, capsys,
+                                              content, message):
+    good = _write(tmp_path / "good.json", _case(make_run(), reference_fp))
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    assert compare.run(_args(good, bad), io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "bad.json" in err and message in err
+
+
+def test_runs_are_found_by_number_in_the_storage(tmp_path, make_run, reference_fp, capsys):
+    store = tmp_path / ".benchmarks" / "Linux-CPython-3.11-64bit"
+    store.mkdir(parents=True)
+    _write(store / "0001_first.json", _case(make_run(), reference_fp))
+    _write(store / "0002_second.json", _case(make_run(), reference_fp))
+    assert compare.resolve_run("0002", tmp_path / ".benchmarks").name == "0002_second.json"
+    with pytest.raises(compare.RunNotFound, match="names 2 runs"):
+        compare.resolve_run("000", tmp_path / ".benchmarks")
+    with pytest.raises(compare.RunNotFound, match="no such file"):
+        compare.resolve_run("0009", tmp_path / ".benchmarks")
+    args = _args(Path("0001"), Path("0002"))
+    args.storage = tmp_path / ".benchmarks"
+    assert compare.run(args, io.StringIO()) == 0
+
+
+def test_a_throttled_run_is_invalid_in_compare_too(tmp_path, make_run, reference_fp):
+    """The telemetry round-trips, so the gate's validity rules hold for saved runs."""
+    import dataclasses
+
+    tele = TelemetrySummary(available=True, samples=10, reason_samples=10,
+                            throttle_reasons={"sw_thermal_slowdown": 9},
+                            metrics={"sm_util_pct": MetricSummary(50.0, 40.0, 60.0, 10)})
+    assert TelemetrySummary.from_dict(json.loads(json.dumps(tele.to_dict()))) == tele
+    hot = dataclasses.replace(make_run(), telemetry=tele)
+    a = _write(tmp_path / "a.json", _case(make_run(), reference_fp))
+    b = _write(tmp_path / "b.json", _case(hot, reference_fp))
+    [o] = compare.compare_runs(read_report(a), read_report(b))
+    assert o.verdict.verdict is Verdict.INVALID
+    assert any("throttled" in r for r in o.verdict.reasons)
+
+
+def test_telemetry_reader_names_bad_fields():
+    with pytest.raises(ValueError, match="telemetry"):
+        TelemetrySummary.from_dict({"available": True, "metrics": {"x": {"median": "a"}}})
+    with pytest.raises(ValueError, match="telemetry: expected an object"):
+        TelemetrySummary.from_dict({"metrics": {}})
