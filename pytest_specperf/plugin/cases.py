@@ -35,7 +35,7 @@ from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
+from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
 from pytest_specperf.reporting.view import CaseView
@@ -261,7 +261,9 @@ def strict_failure(config: pytest.Config, outcome: CaseOutcome,
         lines.append(f"  {detail}")
         if p.label == Verdict.UNSTABLE.value:
             undecided = outcome.verdict.worst(Verdict.UNSTABLE)
-            lines += [f"    {unstable_advice(m)}" for m in undecided]
+            s = get_session(config).settings
+            budget = None if s.update_baselines else s.max_time_s
+            lines += [f"    {unstable_advice(m, max_time_s=budget)}" for m in undecided]
     return "\n".join(lines)
 
 
