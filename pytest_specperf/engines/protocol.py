@@ -37,6 +37,8 @@ class BackendSettings:
     server_args: tuple[str, ...] = ()
     inject: str | None = None
     nvtx: bool = False
+    #: kernel sampling interval for the server's probe (None: the server's default)
+    kernel_every: int | None = None
 
 
 @dataclass(frozen=True)

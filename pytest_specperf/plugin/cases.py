@@ -30,7 +30,7 @@ from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.plugin.fixtures import SpecperfHandle
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
-from pytest_specperf.reporting.terminal import failure_message, phase_table
+from pytest_specperf.reporting.terminal import diagnosis_lines, failure_message, phase_table
 
 #: Parameters that are already part of the case key (or are the layout fixture).
 _KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
@@ -79,6 +79,7 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
         server_pid=_pid(srv.server_info.get("pid")),
+        budgets=s.budgets().over(opts.budgets),
     )
 
 
@@ -160,16 +161,20 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
             f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
             f"eagerly at {outcome.where}: {dict(run.graphs)}"
         )
-    if v is Verdict.SLOWER and not sess.settings.update_baselines:
-        if sess.settings.profile_on_regression:
+    regression = v is Verdict.SLOWER and not sess.settings.update_baselines
+    if regression or outcome.over_budget:  # a budget fails the case even in an update
+        if regression and sess.settings.profile_on_regression:
             note = _profile(sess, item, handle, outcome)
             outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
-        failures.append(failure_message(outcome, sess.display_path(outcome.baseline_path)))
+        where = sess.display_path(outcome.baseline_path)
+        failures.append(failure_message(outcome, where, regression=regression))
         return outcome, failures
     if v is Verdict.INVALID:
         reasons = "; ".join(outcome.verdict.reasons)
         item.warn(SpecperfWarning(f"{outcome.key}: INVALID: {reasons}"))
-    section = "\n".join([f"{outcome.key}: {v.value}", *phase_table(outcome)])
+    section = "\n".join(
+        [f"{outcome.key}: {v.value}", *diagnosis_lines(outcome), "", *phase_table(outcome)]
+    )
     item.add_report_section("call", "specperf", section)
     return outcome, failures
 

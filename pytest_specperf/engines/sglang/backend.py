@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.env import (
-    ENV_INJECT,
-    ENV_NVTX,
     ENV_PHASE_MAP,
     ENV_RUN_DIR,
     ENV_SGLANG_PLUGIN,
+    probe_env,
 )
 from pytest_specperf.engines.protocol import (
     BackendSettings,
@@ -243,10 +242,12 @@ class SGLangBackend(RunDirBinding):
         )
         self.bind(run_dir)
         env = launcher.build_env(self.run_dir, os.environ)
-        if settings.inject:
-            env[ENV_INJECT] = settings.inject  # the scheduler's probe slows phases down
-        if settings.nvtx:
-            env[ENV_NVTX] = "1"
+        # the scheduler's probe: canary slowdowns, NVTX ranges, kernel sampling
+        env.update(
+            probe_env(
+                inject=settings.inject, nvtx=settings.nvtx, kernel_every=settings.kernel_every
+            )
+        )
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=1200.0, name="sglang server")
 
     # -- per case --------------------------------------------------------------------------
