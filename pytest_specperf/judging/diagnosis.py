@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_specperf.judging.metrics import (
+    RUNQ_STEP,
     STEP,
     STEP_PARTS,
     active_form,
@@ -60,6 +61,7 @@ def figures_of(
         active_source=source,
         top_kernel=top,
         context_len=run.context_len,
+        runq_ms=s[RUNQ_STEP].median if RUNQ_STEP in s else None,
     ).with_telemetry(run.telemetry)
 
 

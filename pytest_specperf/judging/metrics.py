@@ -72,6 +72,8 @@ DEVICE_STEP: Final = "device.step"
 #: share of the step something worked: on a GPU the device (union of kernels and copies,
 #: sampled steps), on a CPU the probe's thread (its CPU time)
 ACTIVE_SHARE: Final = "active_share"
+#: time the probe's thread was runnable but had no CPU during the step (a busy machine)
+RUNQ_STEP: Final = "runq.step"
 
 _REST_SUFFIX: Final = "/rest"
 _DEVICE_PREFIX: Final = "device."

@@ -19,6 +19,7 @@ from pytest_specperf.judging.metrics import (
     ACTIVE_SHARE,
     DEVICE_BUSY,
     DEVICE_STEP,
+    RUNQ_STEP,
     STEP,
     STEP_PARTS,
     STEP_PER_REF,
@@ -192,7 +193,7 @@ def _empty_samples(
     if use_ref:
         names.append(STEP_PER_REF)
     if cpu:
-        names += [cpu_form(p) for p in STEP_PARTS]
+        names += [cpu_form(p) for p in STEP_PARTS] + [RUNQ_STEP]
     if active is not None:
         names += [active_form(p) for p in STEP_PARTS] + [ACTIVE_SHARE]
     return {n: [] for n in names}
@@ -215,8 +216,10 @@ def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
     step = r.step_cpu_ns or 0
     for p in PHASES:
         out[cpu_form(p)].append(cpu.get(p, 0) / 1e6)
-    out[cpu_form(UNACCOUNTED)].append(max(step - total, 0) / 1e6)
+    # one thread's CPU time cannot exceed the wall time it lies in (clock reads aside)
+    out[cpu_form(UNACCOUNTED)].append(max(min(step - total, r.unaccounted_ns), 0) / 1e6)
     out[cpu_form(STEP)].append(step / 1e6)
+    out[RUNQ_STEP].append(r.step_runq_ns / 1e6 if r.step_runq_ns is not None else math.nan)
 
 
 def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None:

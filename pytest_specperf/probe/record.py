@@ -32,7 +32,9 @@ class StepRecord:
     and ``unaccounted_ns`` add up to ``step_ns``. ``cpu_ns`` is the CPU time of the
     probe's thread in each phase (``thread_time_ns``, exclusive in the same way) and
     ``step_cpu_ns`` over the whole step: wall minus CPU time is time the thread waited
-    (``None`` in version 1 records). ``kernels`` is set on sampled steps only.
+    (``None`` in version 1 records); ``step_runq_ns`` is the part of that wait the thread
+    was runnable but had no CPU (a busy machine; Linux schedstat, else None). ``kernels``
+    is set on sampled steps only.
     """
 
     step: int
@@ -53,6 +55,7 @@ class StepRecord:
     labels: dict[str, str] = field(default_factory=dict)
     cpu_ns: dict[str, int] | None = None
     step_cpu_ns: int | None = None
+    step_runq_ns: int | None = None
     kernels: KernelSample | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -76,6 +79,7 @@ class StepRecord:
             "labels": self.labels,
             "cpu_ns": self.cpu_ns,
             "step_cpu_ns": self.step_cpu_ns,
+            "step_runq_ns": self.step_runq_ns,
             "kernels": self.kernels.to_json() if self.kernels is not None else None,
         }
 
@@ -117,9 +121,11 @@ def _v2_fields(data: dict[str, Any]) -> dict[str, Any]:
     """The fields version 2 added (absent, hence None, in a version 1 record)."""
     cpu = data.get("cpu_ns")
     step_cpu = data.get("step_cpu_ns")
+    runq = data.get("step_runq_ns")
     kernels = data.get("kernels")
     return {
         "cpu_ns": None if cpu is None else {str(k): int(v) for k, v in cpu.items()},
         "step_cpu_ns": None if step_cpu is None else int(step_cpu),
+        "step_runq_ns": None if runq is None else int(runq),
         "kernels": None if kernels is None else KernelSample.from_json(kernels),
     }

@@ -21,6 +21,7 @@ the device's active time inside each phase.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,38 @@ if TYPE_CHECKING:
 
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
+
+
+class _RunQueue:
+    """Time the calling thread spent runnable but not running (waiting for a CPU), from
+    ``/proc/thread-self/schedstat`` (Linux); None where the kernel does not report it."""
+
+    __slots__ = ("_fds",)
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int | None] = {}
+
+    def wait_ns(self) -> int | None:
+        tid = threading.get_native_id()
+        fd = self._fds.get(tid, -1)
+        if fd == -1:
+            try:
+                fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                fd = None
+            self._fds[tid] = fd
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
 _INDEX = {name: i for i, name in enumerate(PHASES)}
 
 
@@ -159,6 +192,7 @@ class StepProbe:
         self._step_annotation: Any = None
         self._decode_no = 0  # decode steps begun: sampling counts these only
         self._sample_cost = 0
+        self._runq = _RunQueue()
         self._reset()
 
     # -- step lifecycle -------------------------------------------------------------
@@ -188,6 +222,7 @@ class StepProbe:
         if self._sampler is not None and mode == "decode":
             self._start_sampling()
         self._step_ev0 = self._event() if self._torch is not None else None
+        self._q0 = self._runq.wait_ns()
         self._t0 = _perf_ns()
         self._c0 = _thread_ns()
 
@@ -243,6 +278,7 @@ class StepProbe:
             return
         c1 = _thread_ns()
         t1 = _perf_ns()
+        q1 = self._runq.wait_ns()
         step_ns = t1 - self._t0
         while self._stack:  # a phase left open by an exception: close it at the step end
             idx = self._stack[-1][0]
@@ -252,7 +288,8 @@ class StepProbe:
         if self._nvtx is not None:
             self._nvtx.range_pop()
         kernels = self._stop_sampling() if self._sampling else None
-        record = self._record(step_ns, c1 - self._c0, accepted_tokens, kernels)
+        runq = q1 - self._q0 if q1 is not None and self._q0 is not None else None
+        record = self._record(step_ns, c1 - self._c0, runq, accepted_tokens, kernels)
         self._step_no += 1
         if self._torch is None:
             self._emit(record)
@@ -262,7 +299,12 @@ class StepProbe:
         self._resolve(block=False)
 
     def _record(
-        self, step_ns: int, step_cpu_ns: int, accepted_tokens: int, kernels: KernelSample | None
+        self,
+        step_ns: int,
+        step_cpu_ns: int,
+        runq_ns: int | None,
+        accepted_tokens: int,
+        kernels: KernelSample | None,
     ) -> StepRecord:
         host = dict(zip(PHASES, self._host))
         return StepRecord(
@@ -282,6 +324,7 @@ class StepProbe:
             labels=self._labels,
             cpu_ns=dict(zip(PHASES, self._cpu)),
             step_cpu_ns=step_cpu_ns,
+            step_runq_ns=runq_ns,
             kernels=kernels,
         )
 
@@ -419,5 +462,6 @@ class StepProbe:
 
     def close(self) -> None:
         self.flush()
+        self._runq.close()
         if self._sink is not None:
             self._sink.close()

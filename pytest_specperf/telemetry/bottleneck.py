@@ -52,7 +52,11 @@ phase whether it worked or waited, in words with the numbers:
 
 On a CPU (``active_source="cpu"``) the thread's CPU time plays the device's part: a phase
 whose CPU time is under half its wall time waited ("the thread waited inside verify"), one
-near its wall time worked. Phases under ``MIN_LINE_SHARE`` of the step get no line.
+near its wall time worked. On a busy machine a working thread also waits for a CPU: the
+step's run-queue time (``runq_ms``, Linux schedstat) is shared out over the parts of the
+step by the time each spent off the CPU (wall minus CPU time: the only place run-queue
+time can be) and counted as work that could not run; the line says how much it was.
+Phases under ``MIN_LINE_SHARE`` of the step get no line.
 """
 
 from __future__ import annotations
@@ -137,6 +141,8 @@ class StepFigures:
     #: per phase (and ``unaccounted``): its largest kernel and that kernel's ms per step
     top_kernel: Mapping[str, tuple[str, float]] = field(default_factory=dict)
     context_len: int | None = None
+    #: time per step the probe's thread was runnable without a CPU (a busy machine), ms
+    runq_ms: float | None = None
 
     def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
         """Copy with the utilization medians of ``summary`` filled in (where measured)."""
@@ -194,6 +200,8 @@ class Bottleneck:
             text = f"host only (no device timing): step {step:.1f} ms"
             if "step_active_share" in f:
                 text += f", CPU time {_pct(f['step_active_share'])} of it"
+            if f.get("runq_share", 0.0) >= 0.01:
+                text += f", waiting for a CPU {_pct(f['runq_share'])} (a busy machine)"
             text += f", unaccounted {unacc:.1f} ms ({_pct(unacc_share)})"
             return text + (f"; largest phases: {top}" if top else "")
         active = ""
@@ -450,6 +458,10 @@ def _activity_figures(figures: StepFigures, unacc: float, out: dict[str, float])
     """``cpu_ms.<part>``, and per part ``active_ms``, ``idle_ms``, ``active_share``."""
     for part, ms in figures.cpu_ms.items():
         out[f"cpu_ms.{part}"] = ms
+    runq = _finite(figures.runq_ms)
+    if runq is not None:
+        out["runq_ms"] = runq
+        out["runq_share"] = runq / figures.step_ms
     if figures.active_source is None:
         return
     for part in (*PHASES, UNACCOUNTED):
@@ -504,10 +516,7 @@ def _phase_line(
 ) -> str:
     share = active / span if span > 0 else 0.0
     if figures.active_source == "cpu":
-        head = f"{part}: span {span:.1f} ms, CPU {active:.1f} ms ({_pct(share)}): "
-        if share < t.idle_share:
-            return head + f"the thread waited inside {part} (waits, not work)"
-        return head + "busy on the CPU (work, not waits)" + _top(figures, part)
+        return _cpu_phase_line(figures, part, span, active, t)
     if share < t.idle_share:
         return (
             f"{part}: span {span:.1f} ms, device active {active:.1f} ms ({_pct(share)}): "
@@ -520,6 +529,32 @@ def _phase_line(
         f"{roof}: {_kernel_kind(figures, part, active, t)}{_top(figures, part)}"
     )
 
+
+
+def _runq_part(figures: StepFigures, span: float, cpu: float) -> float:
+    """The step's run-queue time that falls in a part (``span`` ms wall, ``cpu`` ms CPU):
+    shared out by time off the CPU, where alone a thread can wait for one."""
+    runq = _finite(figures.runq_ms)
+    step_cpu = _finite(figures.cpu_ms.get(STEP_KEY))
+    if runq is None or step_cpu is None:
+        return 0.0
+    off, step_off = max(span - cpu, 0.0), figures.step_ms - step_cpu
+    if step_off <= 0:
+        return 0.0
+    return min(runq * off / step_off, off)
+
+
+def _cpu_phase_line(
+    figures: StepFigures, part: str, span: float, active: float, t: Thresholds
+) -> str:
+    share = active / span if span > 0 else 0.0
+    runq = _runq_part(figures, span, active)
+    head = f"{part}: span {span:.1f} ms, CPU {active:.1f} ms ({_pct(share)})"
+    if runq >= MIN_LINE_SHARE * span:
+        head += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+    if span > 0 and (active + runq) / span < t.idle_share:
+        return head + f": the thread waited inside {part} (waits, not work)"
+    return head + ": busy on the CPU (work, not waits)" + _top(figures, part)
 
 
 def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str | None:
@@ -535,15 +570,14 @@ def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str 
         )
     share = active / unacc if unacc > 0 else 0.0
     if figures.active_source == "cpu":
-        if share >= t.idle_share:
-            return (
-                f"{head} outside every phase, CPU busy {active:.1f} ms ({_pct(share)}): host "
-                "stall (work outside the mapped phases)" + _top(figures, UNACCOUNTED)
-            )
-        return (
-            f"{head} outside every phase, CPU {active:.1f} ms ({_pct(share)}): the thread "
-            "waited outside every phase"
-        )
+        runq = _runq_part(figures, unacc, active)
+        text = f"{head} outside every phase, CPU {active:.1f} ms ({_pct(share)})"
+        if runq >= MIN_LINE_SHARE * unacc:
+            text += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+        if unacc > 0 and (active + runq) / unacc >= t.idle_share:
+            stall = ": host stall (work outside the mapped phases)"
+            return text + stall + _top(figures, UNACCOUNTED)
+        return text + ": the thread waited outside every phase"
     if share < t.idle_share:
         cpu = _finite(figures.cpu_ms.get(UNACCOUNTED))
         host = f"; host thread CPU {cpu:.1f} ms of it" if cpu is not None else ""
