@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
+#: A phase entered within this much wall time of the probe's last CPU-clock read reuses
+#: that read (the thread's CPU clock is a system call, the wall clock is not): the CPU
+#: time of so short a gap is counted in the phase instead of outside it.
+CPU_REUSE_NS = 20_000
+#: A phase shorter than this (wall time) is taken as busy for its whole span instead of
+#: reading the CPU clock at its end: a wait worth reporting lasts far longer.
+CPU_SHORT_NS = 50_000
+#: The run-queue time (``/proc`` schedstat, two reads) is taken on every this-many-th step.
+RUNQ_EVERY = 4
 
 
 class _RunQueue:
@@ -222,9 +231,9 @@ class StepProbe:
         if self._sampler is not None and mode == "decode":
             self._start_sampling()
         self._step_ev0 = self._event() if self._torch is not None else None
-        self._q0 = self._runq.wait_ns()
-        self._t0 = _perf_ns()
-        self._c0 = _thread_ns()
+        self._q0 = self._runq.wait_ns() if self._step_no % RUNQ_EVERY == 0 else None
+        self._t0 = self._last_t = _perf_ns()
+        self._c0 = self._last_c = _thread_ns()
 
     def abort_step(self) -> None:
         """Forget a step that raised (no record); the next ``begin_step`` starts clean."""
@@ -278,7 +287,7 @@ class StepProbe:
             return
         c1 = _thread_ns()
         t1 = _perf_ns()
-        q1 = self._runq.wait_ns()
+        q1 = self._runq.wait_ns() if self._q0 is not None else None
         step_ns = t1 - self._t0
         while self._stack:  # a phase left open by an exception: close it at the step end
             idx = self._stack[-1][0]
@@ -354,7 +363,9 @@ class StepProbe:
             self._dev_spans.append(_DeviceSpan(index, self._event(), None, parent))
         annotation = self._annotate(index) if self._sampling else None
         t = _perf_ns()
-        self._stack.append([index, t, 0, pos, _thread_ns(), 0, annotation])
+        if t - self._last_t > CPU_REUSE_NS:
+            self._last_t, self._last_c = t, _thread_ns()
+        self._stack.append([index, t, 0, pos, self._last_c, 0, annotation])
 
     def _exit(self, index: int, now: int | None = None, cpu_now: int = 0) -> None:
         if not self._in_step or not self._depth[index]:
@@ -365,9 +376,15 @@ class StepProbe:
         if self._injector is not None and now is None:
             frame = next(f for f in reversed(self._stack) if f[0] == index)
             self._injector.stretch(PHASES[index], _perf_ns() - frame[1] - frame[2])
-        if now is None:
-            c = _thread_ns()
+        if now is None:  # the clocks at the phase's end; a short phase counts as busy
+            top = self._stack[-1]
             t = _perf_ns()
+            if top[0] == index and t - top[1] < CPU_SHORT_NS:
+                c = top[4] + t - top[1]
+            else:
+                c = _thread_ns()
+                t = _perf_ns()
+            self._last_c, self._last_t = c, t
         else:
             c, t = cpu_now, now
         # Pop up to and including this phase (inner phases left open by an exception).
@@ -376,7 +393,9 @@ class StepProbe:
             incl = t - t_enter
             incl_c = c - c_enter
             self._host[idx] += incl - child
-            self._cpu[idx] += incl_c - child_c
+            excl_c = incl_c - child_c
+            if excl_c > 0:
+                self._cpu[idx] += excl_c
             self._depth[idx] = 0
             if pos >= 0:
                 self._dev_spans[pos].end = self._event()
