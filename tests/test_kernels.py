@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pytest_specperf.probe import StepProbe
+from pytest_specperf.probe.kernel_sampler import KernelSampler
 from pytest_specperf.probe.kernels import (
     STEP_KEY,
     Activity,
@@ -31,7 +33,7 @@ from pytest_specperf.probe.kernels import (
     top_kernels,
     union_ns,
 )
-from pytest_specperf.probe.kineto import parse_trace
+from pytest_specperf.probe.kineto import device_event_count, parse_events, parse_trace
 from pytest_specperf.probe.phases import UNACCOUNTED
 
 CUDA_TRACE = Path(__file__).parent / "data" / "kineto_cuda_step.json"
@@ -124,7 +126,7 @@ def test_cuda_shaped_trace_gives_each_phase_the_union_of_what_it_launched():
 
 
 # -- a real kineto trace, recorded here on the CPU -------------------------------------------
-def _record_cpu_trace(tmp_path: Path) -> dict:
+def _record_cpu_profile():
     torch = pytest.importorskip("torch")
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
@@ -138,8 +140,12 @@ def _record_cpu_trace(tmp_path: Path) -> dict:
             time.sleep(0.005)  # a wait: no op runs
             torch.relu(x @ x)
         x + 1  # outside every phase
+    return prof
+
+
+def _record_cpu_trace(tmp_path: Path) -> dict:
     path = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(path))
+    _record_cpu_profile().export_chrome_trace(str(path))
     return json.loads(path.read_text())
 
 
@@ -162,6 +168,102 @@ def test_recorded_cpu_trace_attributes_ops_to_their_phase(tmp_path):
     assert sample.active_ns(STEP_KEY) == sum(
         sample.active_ns(k) for k in ("draft", "verify", UNACCOUNTED)
     )
+
+
+def test_event_objects_and_the_exported_trace_give_the_same_sample(tmp_path):
+    """The sampler's fast path (the profiler's event objects) against the Chrome export of
+    the same recorded profile."""
+    prof = _record_cpu_profile()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    (exported,) = parse_trace(json.loads(path.read_text())).samples()
+    (live,) = parse_events(prof.profiler.kineto_results.events()).samples()
+    assert live.phases.keys() == exported.phases.keys()
+    for key, p in live.phases.items():
+        q = exported.phases[key]
+        assert abs(p.active_ns - q.active_ns) <= 10 * max(len(q.top), 1)  # us rounding
+        assert [(t.name, t.calls) for t in p.top] == [(t.name, t.calls) for t in q.top]
+
+
+@dataclass
+class FakeKinetoEvent:
+    """A profiler event object as ``kineto_results.events()`` yields them (test double)."""
+
+    _name: str
+    _type: str
+    _start: int
+    _end: int
+    _corr: int = 0
+    _linked: int = 0
+    _thread: int = 1
+
+    def name(self) -> str:
+        return self._name
+
+    def activity_type(self) -> str:
+        return self._type
+
+    def start_ns(self) -> int:
+        return self._start
+
+    def end_ns(self) -> int:
+        return self._end
+
+    def correlation_id(self) -> int:
+        return self._corr
+
+    def linked_correlation_id(self) -> int:
+        return self._linked
+
+    def start_thread_id(self) -> int:
+        return self._thread
+
+
+def test_event_objects_link_kernels_through_their_cpu_op_or_annotation():
+    ev = [
+        FakeKinetoEvent("specperf.step", "user_annotation", 0, 10_000, _corr=1),
+        FakeKinetoEvent("specperf.verify", "user_annotation", 1000, 6000, _corr=2),
+        FakeKinetoEvent("aten::mm", "cpu_op", 1100, 1300, _corr=3),
+        FakeKinetoEvent("cudaLaunchKernel", "cuda_runtime", 1150, 1200, _corr=900, _thread=4242),
+        FakeKinetoEvent("gemm_kernel", "kernel", 2000, 4000, _corr=900, _linked=3, _thread=7),
+        # a graph replay inside the annotation: linked to the annotation itself
+        FakeKinetoEvent("graph_kernel", "kernel", 4000, 5000, _corr=901, _linked=2, _thread=7),
+        # launched by another thread's op: not the probe's
+        FakeKinetoEvent("aten::add", "cpu_op", 1500, 1600, _corr=4, _thread=2),
+        FakeKinetoEvent("other_kernel", "kernel", 1600, 9000, _corr=902, _linked=4, _thread=8),
+        FakeKinetoEvent("copy", "gpu_memcpy", 7000, 7500, _corr=903, _linked=1, _thread=7),
+    ]
+    assert device_event_count(ev) == 4
+    (sample,) = parse_events(ev).samples()
+    assert sample.active_ns("verify") == 3000
+    assert {t.name for t in sample.phases["verify"].top} == {"gemm_kernel", "graph_kernel"}
+    # linked to the step's annotation, outside every phase
+    assert sample.active_ns(UNACCOUNTED) == 500
+    assert sample.active_ns(STEP_KEY) == 3500
+
+
+def test_sampling_interval_and_cost_budget():
+    s = KernelSampler(3, cuda=True)
+    pattern = []
+    for _ in range(12):
+        due = s.due()
+        pattern.append(due)
+        # 10 ms steps; a sample costs 0.2 ms (2% of a step) outside the steps
+        s.note_step(10_000_000, 200_000 if due else None)
+    # the first sample is free; then every 3rd step while 1% of the steps' time covers it:
+    # 3 steps earn 0.3 ms, a sample spends 0.2 ms
+    assert pattern == [True, False, False] * 4
+    expensive = KernelSampler(1, cuda=True)
+    taken = 0
+    for _ in range(100):
+        due = expensive.due()
+        taken += due
+        expensive.note_step(10_000_000, 5_000_000 if due else None)  # half a step per sample
+    # 1% of 100 steps of 10 ms is 10 ms: two charged samples (and the free first one)
+    assert 2 <= taken <= 4
+    assert not KernelSampler(0, cuda=False).due()
+    with pytest.raises(ValueError, match="must be >= 0"):
+        KernelSampler(-1, cuda=False)
 
 
 def test_probe_samples_every_nth_decode_step_with_the_live_profiler():

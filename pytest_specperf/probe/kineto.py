@@ -11,6 +11,12 @@ event (``"ph": "X"``; ``ts`` and ``dur`` in microseconds):
 * ``cpu_op``: host ops; the outermost ones of the probe's thread are the CPU activities.
 
 Launches from other threads than the probe's are not attributed (their phase is unknown).
+
+:func:`parse_events` reads the same from the profiler's own event objects
+(``prof.profiler.kineto_results.events()``), without writing and reading a JSON file (the
+sampler's fast path): there a device activity is linked only through its
+``linked_correlation_id`` to the CPU op or annotation that issued it, whose thread ids are
+the profiler's own, like the annotations'.
 """
 
 from __future__ import annotations
@@ -149,9 +155,36 @@ def _outermost_ops(events: Iterable[_Event], threads: set[_Thread]) -> list[Acti
     return out
 
 
-def parse_trace(trace: Mapping[str, Any]) -> ParsedTrace:
-    """Windows and activities of a kineto Chrome trace (``ValueError`` if it is not one)."""
-    events = _events(trace)
+def _from_event(e: Any) -> _Event:
+    """One profiler event object (``_KinetoEvent``) as a trace event."""
+    cat = str(e.activity_type())
+    if cat in DEVICE_CATEGORIES:
+        args = {"External id": e.linked_correlation_id()}
+    elif cat in ("cpu_op", "user_annotation"):
+        args = {"External id": e.correlation_id()}
+    else:
+        args = {}
+    return _Event(
+        cat=cat,
+        name=str(e.name()),
+        start_ns=int(e.start_ns()),
+        end_ns=int(e.end_ns()),
+        thread=(None, e.start_thread_id()),
+        args=args,
+    )
+
+
+def device_event_count(events: Iterable[Any]) -> int:
+    """How many kernels, copies and memsets a list of profiler event objects holds."""
+    return sum(1 for e in events if str(e.activity_type()) in DEVICE_CATEGORIES)
+
+
+def parse_events(events: Iterable[Any]) -> ParsedTrace:
+    """Windows and activities from the profiler's event objects (see the module docstring)."""
+    return _parsed([_from_event(e) for e in events])
+
+
+def _parsed(events: list[_Event]) -> ParsedTrace:
     steps, phases, threads = _windows(events)
     return ParsedTrace(
         steps=tuple(steps),
@@ -159,3 +192,8 @@ def parse_trace(trace: Mapping[str, Any]) -> ParsedTrace:
         cuda=tuple(_device(events, threads)),
         cpu=tuple(_outermost_ops(events, threads)),
     )
+
+
+def parse_trace(trace: Mapping[str, Any]) -> ParsedTrace:
+    """Windows and activities of a kineto Chrome trace (``ValueError`` if it is not one)."""
+    return _parsed(_events(trace))

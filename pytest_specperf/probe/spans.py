@@ -199,7 +199,6 @@ class StepProbe:
         self._sampler = KernelSampler(kernel_every, cuda=use_cuda) if kernel_every else None
         self._sampling = False
         self._step_annotation: Any = None
-        self._decode_no = 0  # decode steps begun: sampling counts these only
         self._sample_cost = 0
         self._runq = _RunQueue()
         self._reset()
@@ -253,9 +252,7 @@ class StepProbe:
     # -- kernel sampling (every N-th step only) -----------------------------------------
     def _start_sampling(self) -> None:
         assert self._sampler is not None
-        due = self._sampler.due(self._decode_no)
-        self._decode_no += 1
-        if not due:
+        if not self._sampler.due():
             return
         t = _perf_ns()
         self._sampling = self._sampler.start()
@@ -297,6 +294,8 @@ class StepProbe:
         if self._nvtx is not None:
             self._nvtx.range_pop()
         kernels = self._stop_sampling() if self._sampling else None
+        if self._sampler is not None and self._mode == "decode":
+            self._sampler.note_step(step_ns, kernels.cost_ns if kernels is not None else None)
         runq = q1 - self._q0 if q1 is not None and self._q0 is not None else None
         record = self._record(step_ns, c1 - self._c0, runq, accepted_tokens, kernels)
         self._step_no += 1
