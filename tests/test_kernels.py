@@ -235,6 +235,7 @@ def test_event_objects_link_kernels_through_their_cpu_op_or_annotation():
     ]
     assert device_event_count(ev) == 4
     (sample,) = parse_events(ev).samples()
+    assert parse_events(ev, "cuda").samples() == [sample]  # the reduced read, same sample
     assert sample.active_ns("verify") == 3000
     assert {t.name for t in sample.phases["verify"].top} == {"gemm_kernel", "graph_kernel"}
     # linked to the step's annotation, outside every phase

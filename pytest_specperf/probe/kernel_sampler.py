@@ -54,6 +54,7 @@ class KernelSampler:
         self._since = 0  # decode steps since the last sample
         self._credit_ns = 0.0  # BUDGET_SHARE of the steps' time, less the samples' cost
         self._samples = 0
+        self._typical_ns = 0.0  # running mean of unsampled steps (the profiler's in-step cost)
 
     def due(self) -> bool:
         """Whether the next decode step is sampled (interval passed, budget not spent)."""
@@ -64,14 +65,21 @@ class KernelSampler:
         return self._since + 1 >= self.every and self._credit_ns >= 0
 
     def note_step(self, step_ns: int, cost_ns: int | None) -> None:
-        """Account one decode step: its time earns credit, a sample's cost spends it."""
+        """Account one decode step: its time earns credit, a sample's cost spends it (the
+        time outside the step, ``cost_ns``, and what the profiler added inside the step:
+        its excess over the running mean of unsampled steps)."""
         self._since += 1
-        self._credit_ns += BUDGET_SHARE * step_ns
-        if cost_ns is not None:
-            if self._samples:  # the first sample (kineto's start-up) is not charged
-                self._credit_ns -= cost_ns
-            self._samples += 1
-            self._since = 0
+        if cost_ns is None:
+            self._credit_ns += BUDGET_SHARE * step_ns
+            old = self._typical_ns
+            self._typical_ns = step_ns if not old else 0.9 * old + 0.1 * step_ns
+            return
+        typical = self._typical_ns or step_ns
+        self._credit_ns += BUDGET_SHARE * typical
+        if self._samples:  # the first sample (kineto's start-up) is not charged
+            self._credit_ns -= cost_ns + max(step_ns - typical, 0.0)
+        self._samples += 1
+        self._since = 0
 
     def _disable(self, why: str) -> None:
         self.disabled = why
@@ -121,7 +129,7 @@ class KernelSampler:
 
     def _read(self, prof: Any) -> KernelSample | None:
         events = prof.profiler.kineto_results.events()
-        parsed = parse_events(events)
+        parsed = parse_events(events, self.source)
         if self.source == "cuda" and not parsed.cuda and device_event_count(events):
             parsed = self._exported(prof)  # device events the fast path cannot link
         samples = parsed.samples(self.source)
