@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pytest_specperf.judging.metrics import (
-    RUNQ_STEP,
+    RUNQ_SHARE,
     STEP,
     STEP_PARTS,
     active_form,
@@ -28,6 +28,15 @@ def _medians(s: Mapping[str, Summary], form: str) -> dict[str, float]:
     """``{part: median}`` of ``cpu.<part>`` or ``active.<part>`` where measured."""
     name = {"cpu": cpu_form, "active": active_form}[form]
     return {p: s[name(p)].median for p in STEP_PARTS if name(p) in s}
+
+
+def _runq_ms(s: Mapping[str, Summary]) -> float | None:
+    """Run-queue time per step: the median share of off-CPU time the thread waited for a
+    CPU (steps that read it) times the median step's off-CPU time."""
+    share, cpu = s.get(RUNQ_SHARE), s.get(cpu_form(STEP))
+    if share is None or cpu is None:
+        return None
+    return share.median * max(s[STEP].median - cpu.median, 0.0)
 
 
 def figures_of(
@@ -61,7 +70,7 @@ def figures_of(
         active_source=source,
         top_kernel=top,
         context_len=run.context_len,
-        runq_ms=s[RUNQ_STEP].median if RUNQ_STEP in s else None,
+        runq_ms=_runq_ms(s),
     ).with_telemetry(run.telemetry)
 
 

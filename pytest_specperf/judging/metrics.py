@@ -72,8 +72,9 @@ DEVICE_STEP: Final = "device.step"
 #: share of the step something worked: on a GPU the device (union of kernels and copies,
 #: sampled steps), on a CPU the probe's thread (its CPU time)
 ACTIVE_SHARE: Final = "active_share"
-#: time the probe's thread was runnable but had no CPU during the step (a busy machine)
-RUNQ_STEP: Final = "runq.step"
+#: share of a step's off-CPU time (wall minus the thread's CPU time) the probe's thread was
+#: runnable but had no CPU (a busy machine); on the steps that read it
+RUNQ_SHARE: Final = "runq.share"
 
 _REST_SUFFIX: Final = "/rest"
 _DEVICE_PREFIX: Final = "device."

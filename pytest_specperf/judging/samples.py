@@ -19,7 +19,7 @@ from pytest_specperf.judging.metrics import (
     ACTIVE_SHARE,
     DEVICE_BUSY,
     DEVICE_STEP,
-    RUNQ_STEP,
+    RUNQ_SHARE,
     STEP,
     STEP_PARTS,
     STEP_PER_REF,
@@ -193,7 +193,7 @@ def _empty_samples(
     if use_ref:
         names.append(STEP_PER_REF)
     if cpu:
-        names += [cpu_form(p) for p in STEP_PARTS] + [RUNQ_STEP]
+        names += [cpu_form(p) for p in STEP_PARTS] + [RUNQ_SHARE]
     if active is not None:
         names += [active_form(p) for p in STEP_PARTS] + [ACTIVE_SHARE]
     return {n: [] for n in names}
@@ -219,7 +219,9 @@ def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
     # one thread's CPU time cannot exceed the wall time it lies in (clock reads aside)
     out[cpu_form(UNACCOUNTED)].append(max(min(step - total, r.unaccounted_ns), 0) / 1e6)
     out[cpu_form(STEP)].append(step / 1e6)
-    out[RUNQ_STEP].append(r.step_runq_ns / 1e6 if r.step_runq_ns is not None else math.nan)
+    off = r.step_ns - step
+    runq = r.step_runq_ns
+    out[RUNQ_SHARE].append(min(runq / off, 1.0) if runq is not None and off > 0 else math.nan)
 
 
 def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None:
