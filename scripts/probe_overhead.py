@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The probe's own cost, resolved to well under 1% on a shared machine.
 
-    python scripts/probe_overhead.py [--context 8192] [--tokens 129] [--reps 41]
-        [--threads 1] [--control 1%] [--json out.json]
+    python scripts/probe_overhead.py [--context 8192] [--tokens 200] [--reps 10]
+        [--processes 8] [--threads 1] [--control 1%] [--json out.json]
 
 Method (README, "Measured figures"): the reference engine decodes the same request again
 and again in one process, with the probe switched **between every two decode steps**
@@ -28,7 +28,12 @@ most of the noise of wall time; the probe's cost is CPU work (and the cache miss
 causes, which stall the CPU and so count too). A generate's figure is the **median** of its
 steps (a burst of contention hits a few steps, not the median); the per-repetition ratios
 ``on/off`` and ``control/off`` (adjacent runs: the machine's drift cancels) are summarized
-by their geometric mean and a 95% bootstrap interval (seeded). The probe's own cost is
+by their geometric mean and a 95% bootstrap interval (seeded). Fresh processes differ from
+each other by more than the repetitions of one process do (code and data land at other
+addresses, the probe's objects in other cache sets): with ``--processes K`` the script runs
+itself in K fresh processes, one after the other, and the verdict is taken across them
+(the geometric mean of the K per-process ratios, and a 95% bootstrap interval over the
+processes). The probe's own cost is
 also timed alone, in CPU time: a microbenchmark of begin/7 phases/end with the sink, once
 with warm caches and once with 16 MB of memory touched inside every phase (the model's
 work between two probe calls evicts the probe's code and data from the caches, which is
@@ -58,16 +63,26 @@ from pytest_specperf.probe import PHASES, NullProbe, RunDirSink, StepProbe
 ARMS = ("off", "on", "control")
 
 
+def _work(iterations: int) -> int:
+    x = 1
+    for _ in range(iterations):
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+    return x
+
+
 class ControlProbe(NullProbe):
-    """No probe, but a known CPU cost per decode step: the positive control."""
+    """No probe, but a known CPU cost per decode step: the positive control (a fixed amount
+    of integer work, no system calls, sized once from its measured CPU time)."""
 
     def __init__(self, spin_ns: int) -> None:
-        self.spin_ns = spin_ns
+        n = 200_000
+        t = time.thread_time_ns()
+        _work(n)
+        per_iteration = (time.thread_time_ns() - t) / n
+        self.iterations = max(int(spin_ns / per_iteration), 1)
 
     def end_step(self, *, accepted_tokens: int) -> None:
-        end = time.thread_time_ns() + self.spin_ns
-        while time.thread_time_ns() < end:
-            pass
+        _work(self.iterations)
 
 
 def geo_ci(ratios: list[float], seed: int = 1, n_boot: int = 10000) -> tuple[float, float, float]:
@@ -195,16 +210,56 @@ def summarize(out: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     return res
 
 
+def across_processes(args: argparse.Namespace) -> None:
+    """Run this script in ``--processes`` fresh processes and judge across them."""
+    import subprocess
+
+    per: list[dict[str, Any]] = []
+    for i in range(args.processes):
+        out = os.path.join(tempfile.mkdtemp(prefix="specperf-overhead-"), "run.json")
+        cmd = [sys.executable, __file__, "--processes", "1", "--json", out]
+        cmd += [f"--{k}={v}" for k, v in _passed(args).items()]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(out) as fh:
+            per.append(json.load(fh))
+        r = per[-1]["on/off cpu"]["ratio"]
+        print(f"process {i + 1}/{args.processes}: on/off {r:.4f}", file=sys.stderr, flush=True)
+    res: dict[str, Any] = {"processes": per, "context": args.context, "reps": args.reps}
+    print(f"probe overhead at {args.context} tokens across {args.processes} fresh processes x "
+          f"{args.reps} repetitions (CPU time per decode step; load average now "
+          f"{os.getloadavg()[0]:.2f})")  # fmt: skip
+    for arm in ("on", "control"):
+        ratios = [p[f"{arm}/off cpu"]["ratio"] for p in per]
+        g, lo, hi = geo_ci(ratios)
+        res[f"{arm}/off cpu"] = {"ratio": g, "ci95": [lo, hi], "per_process": ratios}
+        print(f"    {arm}/off {g:.4f} (95% CI {lo:.4f}-{hi:.4f}; per process "
+              + ", ".join(f"{r:.4f}" for r in ratios) + ")")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+def _passed(args: argparse.Namespace) -> dict[str, Any]:
+    keep = ("context", "tokens", "reps", "threads", "interleave")
+    out: dict[str, Any] = {k: getattr(args, k) for k in keep}
+    out["control"] = f"{args.control * 100:g}%"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--tokens", type=int, default=129)
-    ap.add_argument("--reps", type=int, default=41)
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--control", type=lambda s: float(s.rstrip("%")) / 100, default=0.01)
     ap.add_argument("--interleave", choices=("step", "request"), default="step")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.processes > 1:
+        across_processes(args)
+        return
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
     eng = Engine(get_config("tiny"))

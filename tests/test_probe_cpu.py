@@ -160,3 +160,23 @@ def test_v1_records_have_no_activity():
     run = _run(recs)
     assert run.active_source is None and run.kernels is None
     assert cpu_form("verify") not in run.summaries and ACTIVE_SHARE not in run.summaries
+
+
+def test_cpu_clocks_are_read_on_every_other_decode_step():
+    probe = StepProbe(None)
+    probe.begin_step(context_len=1, batch_size=1, rids=[], mode="prefill")
+    probe.end_step(accepted_tokens=0)
+    for _ in range(4):
+        probe.begin_step(context_len=1, batch_size=1, rids=[])
+        with probe.phase("verify"):
+            time.sleep(0.002)
+        probe.end_step(accepted_tokens=1)
+    recs = probe.take_completed()
+    assert [r.cpu_ns is not None for r in recs] == [False, True, False, True, False]
+    assert [r.step_cpu_ns is not None for r in recs] == [False, True, False, True, False]
+    run = _run(recs[1:])
+    s = run.summaries
+    assert run.active_source == "cpu"
+    assert s[cpu_form("verify")].n == 2  # the steps that read the clock
+    assert s[ACTIVE_SHARE].n == 2 and s[ACTIVE_SHARE].median < 0.5  # slept
+    assert s["verify"].n == 4  # wall times on every step

@@ -202,7 +202,7 @@ def _empty_samples(
 def active_source(records: Sequence[StepRecord], device: bool) -> str | None:
     """``device`` on a GPU run with kernel samples, ``cpu`` on a CPU run with CPU times,
     None otherwise (version 1 records; a GPU run without kernel samples)."""
-    if not records or any(r.cpu_ns is None for r in records):
+    if not any(r.cpu_ns is not None for r in records):
         return None
     if not device:
         return "cpu"
@@ -210,8 +210,13 @@ def active_source(records: Sequence[StepRecord], device: bool) -> str | None:
 
 
 def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
-    """The thread's CPU time per phase, outside every phase, and over the step (ms)."""
-    cpu = r.cpu_ns or {}
+    """The thread's CPU time per phase, outside every phase, and over the step (ms; NaN on
+    a step that did not read it)."""
+    if r.cpu_ns is None:
+        for name in [*(cpu_form(p) for p in STEP_PARTS), RUNQ_SHARE]:
+            out[name].append(math.nan)
+        return
+    cpu = r.cpu_ns
     total = sum(cpu.get(p, 0) for p in PHASES)
     step = r.step_cpu_ns or 0
     for p in PHASES:
@@ -229,8 +234,10 @@ def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None
     if source == "cpu":
         for p in STEP_PARTS:
             out[active_form(p)].append(out[cpu_form(p)][-1])
-        share = (r.step_cpu_ns or 0) / r.step_ns if r.step_ns else 0.0
-        out[ACTIVE_SHARE].append(min(share, 1.0))
+        if r.step_cpu_ns is None or not r.step_ns:
+            out[ACTIVE_SHARE].append(math.nan)
+        else:
+            out[ACTIVE_SHARE].append(min(r.step_cpu_ns / r.step_ns, 1.0))
         return
     k = r.kernels
     for p in ALL_PHASES:
@@ -272,7 +279,7 @@ def samples_from_records(
     """
     device = bool(records) and all(r.device_ns is not None for r in records)
     use_ref = bool(reference) and blocks is not None and all(b in (reference or {}) for b in blocks)
-    cpu = bool(records) and all(r.cpu_ns is not None for r in records)
+    cpu = any(r.cpu_ns is not None for r in records)
     active = active_source(records, device)
     out = _empty_samples(device, use_ref, cpu, active)
     for i, r in enumerate(records):

@@ -11,10 +11,11 @@ Phase times are exclusive. A phase entered while another is open pauses the oute
 and re-entering an open phase (a hooked method calling its hooked parent) counts once, so
 the phases plus ``unaccounted`` always add up to the step.
 
-Beside wall time, every span reads the CPU time of the calling thread
-(``thread_time_ns``): wall minus CPU time is time the thread waited inside the phase
-(a sleep, a lock, a blocking device sync that yields). With ``kernel_every=N`` every
-N-th step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
+On every ``CPU_EVERY``-th decode step the spans also read the CPU time of the calling
+thread (``thread_time_ns``): wall minus CPU time is time the thread waited inside the phase
+(a sleep, a lock, a blocking device sync that yields); the step also reads the thread's
+run-queue time (waiting for a CPU on a busy machine). With ``kernel_every=N`` every N-th
+decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
 the device's active time inside each phase.
 """
 
@@ -43,8 +44,13 @@ CPU_REUSE_NS = 20_000
 #: A phase shorter than this (wall time) is taken as busy for its whole span instead of
 #: reading the CPU clock at its end: a wait worth reporting lasts far longer.
 CPU_SHORT_NS = 50_000
-#: The run-queue time (``/proc`` schedstat, two reads) is taken on every this-many-th step.
-RUNQ_EVERY = 4
+#: The thread's CPU time is read on every this-many-th decode step, its run-queue time
+#: (two ``/proc`` schedstat reads, the dearest of the probe's reads) on every
+#: ``RUNQ_EVERY``-th (a multiple: those steps have CPU times too). In a real step these
+#: reads cost several times what they cost in a tight loop (the model's work evicts the
+#: caches between them).
+CPU_EVERY = 2
+RUNQ_EVERY = 8
 
 
 class _RunQueue:
@@ -201,6 +207,8 @@ class StepProbe:
         self._step_annotation: Any = None
         self._sample_cost = 0
         self._runq = _RunQueue()
+        self._decode_steps = 0
+        self._cpu_on = False
         self._reset()
 
     # -- step lifecycle -------------------------------------------------------------
@@ -230,9 +238,12 @@ class StepProbe:
         if self._sampler is not None and mode == "decode":
             self._start_sampling()
         self._step_ev0 = self._event() if self._torch is not None else None
-        self._q0 = self._runq.wait_ns() if self._step_no % RUNQ_EVERY == 0 else None
+        n = self._decode_steps if mode == "decode" else -1
+        self._decode_steps += mode == "decode"
+        self._cpu_on = n >= 0 and n % CPU_EVERY == 0
+        self._q0 = self._runq.wait_ns() if n >= 0 and n % RUNQ_EVERY == 0 else None
         self._t0 = self._last_t = _perf_ns()
-        self._c0 = self._last_c = _thread_ns()
+        self._c0 = self._last_c = _thread_ns() if self._cpu_on else 0
 
     def abort_step(self) -> None:
         """Forget a step that raised (no record); the next ``begin_step`` starts clean."""
@@ -282,7 +293,7 @@ class StepProbe:
         if self._in_step > 1:
             self._in_step -= 1
             return
-        c1 = _thread_ns()
+        c1 = _thread_ns() if self._cpu_on else 0
         t1 = _perf_ns()
         q1 = self._runq.wait_ns() if self._q0 is not None else None
         step_ns = t1 - self._t0
@@ -330,8 +341,8 @@ class StepProbe:
             rank=self._rank,
             pid=self._pid,
             labels=self._labels,
-            cpu_ns=dict(zip(PHASES, self._cpu)),
-            step_cpu_ns=step_cpu_ns,
+            cpu_ns=dict(zip(PHASES, self._cpu)) if self._cpu_on else None,
+            step_cpu_ns=step_cpu_ns if self._cpu_on else None,
             step_runq_ns=runq_ns,
             kernels=kernels,
         )
@@ -362,7 +373,7 @@ class StepProbe:
             self._dev_spans.append(_DeviceSpan(index, self._event(), None, parent))
         annotation = self._annotate(index) if self._sampling else None
         t = _perf_ns()
-        if t - self._last_t > CPU_REUSE_NS:
+        if self._cpu_on and t - self._last_t > CPU_REUSE_NS:
             self._last_t, self._last_c = t, _thread_ns()
         self._stack.append([index, t, 0, pos, self._last_c, 0, annotation])
 
@@ -378,7 +389,9 @@ class StepProbe:
         if now is None:  # the clocks at the phase's end; a short phase counts as busy
             top = self._stack[-1]
             t = _perf_ns()
-            if top[0] == index and t - top[1] < CPU_SHORT_NS:
+            if not self._cpu_on:
+                c = 0
+            elif top[0] == index and t - top[1] < CPU_SHORT_NS:
                 c = top[4] + t - top[1]
             else:
                 c = _thread_ns()
