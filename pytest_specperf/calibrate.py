@@ -248,7 +248,7 @@ class CalibrateOptions:
                 inj = parse_inject(f)
             except ValueError as e:
                 raise ValueError(f"--inject {f!r}: {e}") from None
-            if len(inj.factors) != 1 or inj.host_stall_ms:
+            if len(inj.factors) != 1 or inj.host_stall_ms or inj.waits_ms:
                 raise ValueError(f"--inject {f!r}: give one PHASE=FACTOR per --inject")
         if args.resume and args.work_dir is None:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")

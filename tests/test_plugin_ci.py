@@ -122,7 +122,7 @@ def test_strict_update_records_whole_measurements(pytester):
     # the passing case's report section carries the bottleneck verdict and phase table
     result.stdout.fnmatch_lines([
         "*ctx=1024 kv=contiguous bs=1: NO_BASELINE",
-        "bottleneck: host only (no device timing): step * ms, unaccounted * ms (*)*",
+        "bottleneck: host only (no device timing): step * ms, CPU time * of it, unaccounted * ms (*)*",
         "phase*base ms*now ms*change*share*",
     ])  # fmt: skip
     data = yaml.safe_load((pytester.path / "baselines" / "test-box.yaml").read_text())

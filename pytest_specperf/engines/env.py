@@ -23,6 +23,13 @@ ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entr
 ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
 ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
 ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
+ENV_KERNEL_EVERY = "SPECPERF_KERNEL_EVERY"  # profile every N-th decode step's kernels (0: off)
+
+#: Kernel sampling interval on a CUDA device when none is given (every 16th decode step:
+#: two sampled steps in a 32-step case). Off on a CPU unless asked for.
+DEFAULT_KERNEL_EVERY_CUDA = 16
+#: Largest accepted sampling interval.
+MAX_KERNEL_EVERY = 1_000_000
 
 #: Step-record label that names the injected slowdown (records of canary runs).
 INJECT_LABEL = "inject"
@@ -41,6 +48,8 @@ class ProbeSetup:
     nvtx: bool = False
     #: The injected slowdown in ``--specperf-inject`` syntax ("" when none).
     inject: str = ""
+    #: Profile every N-th decode step's kernels (0: off).
+    kernel_every: int = 0
 
     def build(
         self, sink: RunDirSink | None, *, use_cuda: bool, rank: int = 0
@@ -57,6 +66,7 @@ class ProbeSetup:
             labels=dict(self.labels),
             injector=self.injector,
             nvtx=self.nvtx,
+            kernel_every=self.kernel_every,
         )
 
 
@@ -69,8 +79,9 @@ def probe_setup(
     """Read ``SPECPERF_INJECT`` and ``SPECPERF_NVTX`` into a probe setup for ``device``.
 
     ``labels`` are the process's own step-record labels; an injected slowdown adds the
-    ``inject`` label. Raises :class:`ProbeEnvError` naming the variable and its value
-    when the injection spec does not parse.
+    ``inject`` label. ``SPECPERF_KERNEL_EVERY`` sets the kernel-sampling interval (default:
+    ``DEFAULT_KERNEL_EVERY_CUDA`` on a CUDA device, off on a CPU). Raises
+    :class:`ProbeEnvError` naming the variable and its value when one does not parse.
     """
     env = os.environ if environ is None else environ
     out = dict(labels or {})
@@ -86,7 +97,45 @@ def probe_setup(
         injector = Injector(spec, device=device)
         text = str(spec)
         out[INJECT_LABEL] = text
-    return ProbeSetup(labels=out, injector=injector, nvtx=env.get(ENV_NVTX) == "1", inject=text)
+    return ProbeSetup(
+        labels=out,
+        injector=injector,
+        nvtx=env.get(ENV_NVTX) == "1",
+        inject=text,
+        kernel_every=kernel_every_from_env(env, device),
+    )
+
+
+def kernel_every_from_env(env: Mapping[str, str], device: str) -> int:
+    """``SPECPERF_KERNEL_EVERY`` as an interval (0: off); the device's default when unset."""
+    text = env.get(ENV_KERNEL_EVERY, "").strip()
+    if not text:
+        return DEFAULT_KERNEL_EVERY_CUDA if str(device).startswith("cuda") else 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_KERNEL_EVERY:
+        raise ProbeEnvError(
+            f"{ENV_KERNEL_EVERY}={text!r}: expected an integer in [0, {MAX_KERNEL_EVERY}] "
+            "(0: no kernel sampling)"
+        )
+    return value
+
+
+def probe_env(
+    *, inject: str | None = None, nvtx: bool = False, kernel_every: int | None = None
+) -> dict[str, str]:
+    """The environment that configures a launched server's probe (what ``probe_setup``
+    reads back): the injected slowdown, NVTX ranges, the kernel-sampling interval."""
+    env: dict[str, str] = {}
+    if inject:
+        env[ENV_INJECT] = inject
+    if nvtx:
+        env[ENV_NVTX] = "1"
+    if kernel_every is not None:
+        env[ENV_KERNEL_EVERY] = str(kernel_every)
+    return env
 
 
 def run_dir_from_env(environ: Mapping[str, str] | None = None) -> str | None:

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEFAULT_POINT_GATES,
     MIN_PHASE_SHARE,
     STEP,
+    is_stored,
 )
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
@@ -60,6 +62,8 @@ class Case:
     peak_bandwidth_bytes_per_s: float | None = None
     #: the server process that measured the case (recorded with a baseline run)
     server_pid: int | None = None
+    #: absolute limits checked whatever the baseline says (None: none)
+    budgets: Budgets | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,18 @@ class CaseOutcome:
     #: the gates and tolerances the case was judged with (None: default gates)
     gates: tuple[str, ...] | None = None
     tolerances: Tolerances | None = None
+    #: every budget set for the case, checked on its run
+    budgets: tuple[BudgetCheck, ...] = ()
+
+    @property
+    def over_budget(self) -> tuple[BudgetCheck, ...]:
+        """The budgets the run breached (or could not be checked against)."""
+        return tuple(b for b in self.budgets if b.failed)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the case fails its test: a regression, or a budget breached."""
+        return self.verdict.verdict is Verdict.SLOWER or bool(self.over_budget)
 
     @property
     def where(self) -> str:
@@ -196,6 +212,7 @@ def judge_case(
         time_went=time_went(run, base.metrics if base is not None else None),
         gates=case.gates,
         tolerances=case.tolerances,
+        budgets=check_budgets(run, case.budgets),
     )
 
 
@@ -219,7 +236,7 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
 def as_baseline(case: Case) -> CaseBaseline:
     """What an update stores for ``case``: one run, with its utilization medians."""
     run = case.run
-    metrics: dict[str, Summary] = dict(run.summaries)
+    metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
     for name, u in run.utilizations.items():
         metrics[name] = Summary.compact(u.median, (), u.n)
     return CaseBaseline.from_run(

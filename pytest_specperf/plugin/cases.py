@@ -37,7 +37,7 @@ from pytest_specperf.plugin.fixtures import SpecperfHandle
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
-from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.reporting.view import CaseView, diagnosis_lines
 
 #: Parameters that are already part of the case key (or are the layout fixture).
 _KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
@@ -87,6 +87,7 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
         server_pid=_pid(srv.server_info.get("pid")),
         kv_traffic=_mapping(srv.server_info.get("kv_read")),
+        budgets=s.budgets().over(opts.budgets),
     )
 
 
@@ -177,19 +178,21 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
             f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
             f"eagerly and {run.captures} captured at {outcome.where}: {graphs}"
         )
-    if v is Verdict.SLOWER and not sess.settings.update_baselines:
-        if sess.settings.profile_on_regression:
+    regression = v is Verdict.SLOWER and not sess.settings.update_baselines
+    if regression or outcome.over_budget:  # a budget fails the case even in an update
+        if regression and sess.settings.profile_on_regression:
             note = _profile(sess, item, handle, outcome)
             outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
-        failures.append(failure_message(outcome, sess.display_path(outcome.baseline_path)))
+        where = sess.display_path(outcome.baseline_path)
+        failures.append(failure_message(outcome, where, regression=regression))
         return outcome, failures
     if v is Verdict.INVALID:
         reasons = "; ".join(outcome.verdict.reasons)
         item.warn(SpecperfWarning(f"{outcome.key}: INVALID: {reasons}"))
-    lines = [f"{outcome.key}: {v.value}"]
-    if outcome.bottleneck is not None:
-        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
-    item.add_report_section("call", "specperf", "\n".join([*lines, *phase_table(outcome)]))
+    section = "\n".join(
+        [f"{outcome.key}: {v.value}", *diagnosis_lines(outcome), "", *phase_table(outcome)]
+    )
+    item.add_report_section("call", "specperf", section)
     return outcome, failures
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.engines.env import MAX_KERNEL_EVERY
 from pytest_specperf.engines.protocol import BackendSettings
+from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -191,6 +193,40 @@ def _seconds(raw: Any, source: str, config: pytest.Config) -> float:
     return value
 
 
+def _kernel_every(raw: Any, source: str, config: pytest.Config) -> int | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None  # the server's default: every 16th decode step on a GPU, off on a CPU
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        v = -1
+    if not 0 <= v <= MAX_KERNEL_EVERY:
+        raise _usage(source, raw, f"an integer in [0, {MAX_KERNEL_EVERY}] (0: no sampling)")
+    return v
+
+
+def _budget(name: str) -> Parse:
+    def parse(raw: Any, source: str, config: pytest.Config) -> float | None:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        try:
+            return parse_budget(name, raw)
+        except ValueError:
+            raise _usage(source, raw, budget_expectation(name)) from None
+
+    return parse
+
+
+_BUDGET_HELP = {
+    "max_unaccounted_share": "largest share of the step outside every named phase",
+    "min_active_share": "smallest share of the step the device was active (GPU, kernel "
+    "samples) or the probe's thread used CPU (CPU)",
+    "max_step_ms": "largest median step time in milliseconds",
+    "min_accept_len": "smallest mean accepted tokens per step",
+    "min_tokens_per_s": "smallest mean tokens per second of step time",
+}
+
+
 @dataclass(frozen=True)
 class _Opt:
     flag: str
@@ -339,6 +375,24 @@ OPTIONS: tuple[_Opt, ...] = (
         ini_default=str(DEFAULT_LONG_CONTEXT_MIN),
     ),
     _Opt(
+        "--specperf-kernel-every",
+        "profile the kernels of every N-th decode step in the server (torch.profiler/kineto; "
+        "CUPTI on a GPU) for the device's active time per phase and the top kernels; 0: off "
+        "(default: 16 on a GPU, off on a CPU, where N > 0 samples torch CPU ops)",
+        _kernel_every,
+        metavar="N",
+    ),
+    *(
+        _Opt(
+            "--specperf-" + name.replace("_", "-"),
+            f"budget: {_BUDGET_HELP[name]} ({budget_expectation(name)}); a case beyond it "
+            "fails whatever its baseline says (the marker keyword of the same name wins)",
+            _budget(name),
+            metavar="LIMIT",
+        )
+        for name in BUDGETS
+    ),
+    _Opt(
         "--specperf-ready-timeout",
         "seconds a launched server may take to answer /health_generate (default "
         f"{DEFAULT_READY_TIMEOUT_S:.0f})",
@@ -401,6 +455,12 @@ class Settings:
     profile_on_regression: bool
     long_context_min: int
     ready_timeout_s: float
+    kernel_every: int | None = None
+    max_unaccounted_share: float | None = None
+    min_active_share: float | None = None
+    max_step_ms: float | None = None
+    min_accept_len: float | None = None
+    min_tokens_per_s: float | None = None
 
     def backend_settings(self, parallel: int = 1) -> BackendSettings:
         """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
@@ -411,7 +471,12 @@ class Settings:
             inject=str(self.inject) if self.inject else None,
             nvtx=self.nvtx,
             parallel=parallel,
+            kernel_every=self.kernel_every,
         )
+
+    def budgets(self) -> Budgets:
+        """The run's budgets (ini or command line); a marker's keywords override them."""
+        return Budgets(**{name: getattr(self, name) for name in BUDGETS})
 
 
 #: Option dest -> ``Settings`` field, where the two names differ.
@@ -442,6 +507,11 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
         raise pytest.UsageError(
             f"{sources['inject']} cannot be combined with --specperf-update-baselines: an "
             "injected slowdown must never become a baseline; drop one of the two"
+        )
+    if s.kernel_every is not None and s.server_url:
+        raise pytest.UsageError(
+            f"{sources['kernel_every']} applies when the plugin launches the server; with "
+            "--specperf-server-url, set SPECPERF_KERNEL_EVERY in the server's environment"
         )
     if s.inject is not None and s.server_url:
         raise pytest.UsageError(

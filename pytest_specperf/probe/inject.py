@@ -10,7 +10,14 @@ phase is only the launch cost), calibrated at start and clock-corrected as it ru
 
 ``host_stall=MS`` stalls the host for ``MS`` milliseconds once per step, between two
 phases and outside all of them, so the device idles and the time lands in
-``unaccounted``: the incident that motivated this project.
+``unaccounted``: the incident that motivated this project. The stall is busy (the
+thread spins), so the thread's CPU time grows with it.
+
+``PHASE_wait=MS`` (``verify_wait=20``) makes the phase's thread sleep ``MS`` milliseconds
+inside the phase, just before it ends: the phase's wall time grows, its CPU time does not,
+and on a GPU the device idles inside the phase's span. It is the shape of a phase that
+waits instead of working (a lock, a blocking copy, a poll), the question the founding
+incident asked.
 
 The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable;
 records of injected steps carry the label ``inject=<spec>``.
@@ -30,6 +37,8 @@ from typing import Any, Protocol
 from pytest_specperf.probe.phases import PHASES, VERIFY
 
 HOST_STALL = "host_stall"
+#: ``<phase>_wait=MS``: the phase's thread sleeps MS milliseconds inside the phase.
+WAIT_SUFFIX = "_wait"
 #: The phase before which the host stall happens: the host is late to launch the verify.
 STALL_BEFORE = VERIFY
 MAX_FACTOR = 10.0
@@ -54,47 +63,69 @@ NOMINAL_CYCLES_PER_NS = 1.5
 class InjectSpec:
     factors: dict[str, float] = field(default_factory=dict)
     host_stall_ms: float = 0.0
+    #: phase -> milliseconds its thread sleeps inside it
+    waits_ms: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         parts = [f"{p}={f:g}" for p, f in sorted(self.factors.items())]
+        parts += [f"{p}{WAIT_SUFFIX}={ms:g}" for p, ms in sorted(self.waits_ms.items())]
         if self.host_stall_ms:
             parts.append(f"{HOST_STALL}={self.host_stall_ms:g}")
         return ",".join(parts)
 
 
+def _milliseconds(name: str, value: str, x: float) -> float:
+    if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
+        raise ValueError(f"{name}: {value.strip()} ms must be in (0, {MAX_STALL_MS:g}]")
+    return x
+
+
+def _factor(name: str, value: str, x: float) -> float:
+    if not 1.0 < x <= MAX_FACTOR:
+        raise ValueError(
+            f"{name}: factor {value.strip()} must be in (1, {MAX_FACTOR:g}] "
+            "(a slowdown: 1.10 makes the phase 10% slower)"
+        )
+    return x
+
+
+def _part(part: str) -> tuple[str, str, float]:
+    name, sep, value = part.strip().partition("=")
+    name = name.strip()
+    if not sep:
+        raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
+    try:
+        return name, value, float(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+
+
 def parse_inject(text: str) -> InjectSpec:
-    """Parse ``PHASE=FACTOR[,PHASE=FACTOR...][,host_stall=MS]``; ValueError names the fix."""
+    """Parse ``PHASE=FACTOR``, ``PHASE_wait=MS`` and ``host_stall=MS``, comma-separated;
+    ``ValueError`` names the fix."""
     factors: dict[str, float] = {}
+    waits: dict[str, float] = {}
     stall = 0.0
     if not text.strip():
         raise ValueError("empty spec; expected PHASE=FACTOR such as verify=1.10")
     for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
-        name = name.strip()
-        if not sep:
-            raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
-        try:
-            x = float(value)
-        except ValueError:
-            raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+        name, value, x = _part(part)
+        phase = name.removesuffix(WAIT_SUFFIX)
         if name == HOST_STALL:
-            if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
-                raise ValueError(f"host_stall: {value.strip()} ms must be in (0, {MAX_STALL_MS:g}]")
-            stall = x
-        elif name in PHASES:
-            if not 1.0 < x <= MAX_FACTOR:
-                raise ValueError(
-                    f"{name}: factor {value.strip()} must be in (1, {MAX_FACTOR:g}] "
-                    "(a slowdown: 1.10 makes the phase 10% slower)"
-                )
-            if name in factors:
+            stall = _milliseconds(name, value, x)
+        elif name in PHASES or (name.endswith(WAIT_SUFFIX) and phase in PHASES):
+            target = factors if name in PHASES else waits
+            if phase in target:
                 raise ValueError(f"{name} is given twice")
-            factors[name] = x
+            target[phase] = (
+                _factor(name, value, x) if name in PHASES else _milliseconds(name, value, x)
+            )
         else:
             raise ValueError(
-                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)}, or host_stall=MS"
+                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)} (PHASE=FACTOR "
+                f"or PHASE{WAIT_SUFFIX}=MS), or {HOST_STALL}=MS"
             )
-    return InjectSpec(factors, stall)
+    return InjectSpec(factors, stall, waits)
 
 
 class SleepDevice(Protocol):
@@ -157,6 +188,9 @@ class Injector:
             _spin(self.spec.host_stall_ms * 1e6)
 
     def stretch(self, phase: str, elapsed_ns: int) -> None:
+        wait = self.spec.waits_ms.get(phase)
+        if wait is not None:
+            time.sleep(wait / 1e3)  # the thread waits: wall time grows, CPU time does not
         factor = self.spec.factors.get(phase)
         if factor is None:
             return

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.env import ENV_INJECT, ENV_NVTX
+from pytest_specperf.engines.env import probe_env
 from pytest_specperf.engines.protocol import (
     BackendSettings,
     BackendUnavailable,
@@ -91,9 +91,9 @@ class ReferenceBackend(RunDirBinding):
         if not any(a.split("=", 1)[0] == "--threads" for a in settings.server_args):
             cmd += ["--threads", str(default_threads(settings.parallel))]
         cmd += list(settings.server_args)
-        env = {ENV_INJECT: settings.inject} if settings.inject else {}
-        if settings.nvtx:
-            env[ENV_NVTX] = "1"
+        env = probe_env(
+            inject=settings.inject, nvtx=settings.nvtx, kernel_every=settings.kernel_every
+        )
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=120.0, name="reference server")
 
     def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:

@@ -161,8 +161,10 @@ class ProbeRuntime:
         meta_suffix: str | None = None,
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
+        kernel_every: int = 0,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._kernel_every = kernel_every
         self.rank = rank
         self.labels = dict(labels or {})
         self._use_cuda = use_cuda
@@ -207,6 +209,7 @@ class ProbeRuntime:
                 labels=self.labels,
                 injector=self._injector,
                 nvtx=self._nvtx,
+                kernel_every=self._kernel_every,
             )
         return self._probe
 

@@ -87,6 +87,7 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
         labels=dict(setup.labels),
         injector=setup.injector,
         nvtx=setup.nvtx,
+        kernel_every=setup.kernel_every,
     )
     pm, refused = _effective_map(version, algo)
 
