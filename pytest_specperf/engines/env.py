@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_specperf.probe import NullProbe, RunDirSink, StepProbe
+    from pytest_specperf.probe.inject import InjectControl
     from pytest_specperf.probe.spans import PhaseInjector
 
 ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
@@ -23,9 +24,6 @@ ENV_SGLANG_PLUGIN = "SPECPERF_SGLANG_PLUGIN"  # "1": our sglang.srt.plugins entr
 ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"  # user phase-map extension file for SGLang forks
 ENV_INJECT = "SPECPERF_INJECT"  # canary slowdowns, same syntax as --specperf-inject
 ENV_NVTX = "SPECPERF_NVTX"  # "1": an NVTX range per phase (Nsight Systems)
-
-#: Step-record label that names the injected slowdown (records of canary runs).
-INJECT_LABEL = "inject"
 
 
 class ProbeEnvError(ValueError):
@@ -41,6 +39,8 @@ class ProbeSetup:
     nvtx: bool = False
     #: The injected slowdown in ``--specperf-inject`` syntax ("" when none).
     inject: str = ""
+    #: The run directory's control file, which switches the injection of a running server.
+    control: InjectControl | None = None
 
     def build(
         self, sink: RunDirSink | None, *, use_cuda: bool, rank: int = 0
@@ -57,6 +57,7 @@ class ProbeSetup:
             labels=dict(self.labels),
             injector=self.injector,
             nvtx=self.nvtx,
+            control=self.control,
         )
 
 
@@ -65,20 +66,24 @@ def probe_setup(
     device: str,
     labels: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
 ) -> ProbeSetup:
     """Read ``SPECPERF_INJECT`` and ``SPECPERF_NVTX`` into a probe setup for ``device``.
 
     ``labels`` are the process's own step-record labels; an injected slowdown adds the
-    ``inject`` label. Raises :class:`ProbeEnvError` naming the variable and its value
-    when the injection spec does not parse.
+    ``inject`` label. With ``run_dir``, the probe also takes injections from the control
+    file there (``probe.inject.InjectControl``), the environment's spec while there is
+    none. Raises :class:`ProbeEnvError` naming the variable and its value when the
+    injection spec does not parse.
     """
+    from pytest_specperf.probe.inject import INJECT_LABEL, InjectControl, Injector, parse_inject
+
     env = os.environ if environ is None else environ
     out = dict(labels or {})
-    injector: PhaseInjector | None = None
+    injector: Injector | None = None
     text = env.get(ENV_INJECT, "").strip()
+    spec = None
     if text:
-        from pytest_specperf.probe.inject import Injector, parse_inject
-
         try:
             spec = parse_inject(text)
         except ValueError as e:
@@ -86,7 +91,14 @@ def probe_setup(
         injector = Injector(spec, device=device)
         text = str(spec)
         out[INJECT_LABEL] = text
-    return ProbeSetup(labels=out, injector=injector, nvtx=env.get(ENV_NVTX) == "1", inject=text)
+    control = InjectControl(run_dir, device=device, base=spec) if run_dir is not None else None
+    return ProbeSetup(
+        labels=out,
+        injector=injector,
+        nvtx=env.get(ENV_NVTX) == "1",
+        inject=text,
+        control=control,
+    )
 
 
 def run_dir_from_env(environ: Mapping[str, str] | None = None) -> str | None:

@@ -23,7 +23,12 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
         sess.errors.append("baselines not written: the run was interrupted")
         return True
     try:
-        sess.written = write_baselines(sess.baseline_path, sess.device().to_dict(), sess.to_record)
+        sess.written = write_baselines(
+            sess.baseline_path,
+            sess.device().to_dict(),
+            sess.to_record,
+            max_bytes=sess.settings.baseline_max_bytes,
+        )
     except (BaselineError, OSError) as e:
         sess.errors.append(f"baselines not written: {e}")
         return False

@@ -171,6 +171,23 @@ def _seconds(raw: Any, source: str, config: pytest.Config) -> float:
     return value
 
 
+#: Largest accepted --specperf-baseline-max-mb, in MiB.
+MAX_BASELINE_MB = 65536.0
+
+
+def _baseline_max_bytes(raw: Any, source: str, config: pytest.Config) -> int | None:
+    """MiB -> bytes; None leaves the limit to SPECPERF_BASELINE_MAX_MB or the default."""
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 0 < mb <= MAX_BASELINE_MB:  # NaN fails too
+        raise _usage(source, raw, f"a size in MiB in (0, {MAX_BASELINE_MB:g}], e.g. 32")
+    return max(1, int(mb * 1024 * 1024))
+
+
 @dataclass(frozen=True)
 class _Opt:
     flag: str
@@ -201,6 +218,13 @@ OPTIONS: tuple[_Opt, ...] = (
         "baseline directory (default: baselines/ at the rootdir)",
         _baselines_dir,
         metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-baseline-max-mb",
+        "largest baseline file read or written, in MiB (default 8, or "
+        "SPECPERF_BASELINE_MAX_MB); a larger file is refused before it is parsed",
+        _baseline_max_bytes,
+        metavar="MIB",
     ),
     _Opt(
         "--specperf-update-baselines",
@@ -270,7 +294,8 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "--specperf-inject",
         "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
-        "unaccounted); injected runs are labelled and never recorded as baselines",
+        "unaccounted); injected runs are labelled and never recorded as baselines; an "
+        "attached server takes it through the control file in its run directory",
         _inject,
         metavar="PHASE=FACTOR[,...]",
     ),
@@ -347,6 +372,7 @@ def _raw(config: pytest.Config, o: _Opt) -> tuple[Any, str]:
 class Settings:
     backend: str
     baselines_dir: Path
+    baseline_max_bytes: int | None
     update_baselines: bool
     device_slug: str | None
     tolerance: float
@@ -378,6 +404,7 @@ class Settings:
 #: Option dest -> ``Settings`` field, where the two names differ.
 _FIELD = {
     "specperf_baselines": "baselines_dir",
+    "specperf_baseline_max_mb": "baseline_max_bytes",
     "specperf_device": "device_slug",
     "specperf_json": "json_path",
     "specperf_server_arg": "server_args",
@@ -402,12 +429,6 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
         raise pytest.UsageError(
             f"{sources['inject']} cannot be combined with --specperf-update-baselines: an "
             "injected slowdown must never become a baseline; drop one of the two"
-        )
-    if s.inject is not None and s.server_url:
-        raise pytest.UsageError(
-            f"{sources['inject']} needs a server launched by the plugin; with "
-            "--specperf-server-url, start the server with SPECPERF_INJECT set in its "
-            "environment instead"
         )
 
 

@@ -10,6 +10,10 @@ does not block) or by ``flush()``, which the caller invokes after the measured w
 Phase times are exclusive. A phase entered while another is open pauses the outer one,
 and re-entering an open phase (a hooked method calling its hooked parent) counts once, so
 the phases plus ``unaccounted`` always add up to the step.
+
+With an ``InjectControl`` the probe looks at its run directory's control file once every
+``CONTROL_EVERY_STEPS`` steps, before the step's clock starts, and switches the canary
+injection (and the records' ``inject`` label) when the file changed.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_specperf.probe.inject import CONTROL_EVERY_STEPS, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
 
 if TYPE_CHECKING:
+    from pytest_specperf.probe.inject import InjectControl
     from pytest_specperf.probe.sink import RunDirSink
 
 _perf_ns = time.perf_counter_ns
@@ -130,12 +136,15 @@ class StepProbe:
         labels: dict[str, str] | None = None,
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
+        control: InjectControl | None = None,
     ) -> None:
         self._sink = sink
         self._rank = rank
         self._pid = os.getpid()
         self._labels = dict(labels or {})
         self._injector = injector
+        self._control = control
+        self._until_control = 1  # steps until the control file is looked at (first: now)
         self._spans = [_Span(self, i) for i in range(len(PHASES))]
         self._by_name = dict(zip(PHASES, self._spans))
         self._torch: Any = None
@@ -167,6 +176,11 @@ class StepProbe:
         self._in_step += 1
         if self._in_step > 1:
             return  # a nested step hook (a worker calling another hooked worker)
+        if self._control is not None:
+            self._until_control -= 1
+            if self._until_control <= 0:
+                self._until_control = CONTROL_EVERY_STEPS
+                self._apply_control(self._control)
         self._reset()
         self._ctx = context_len
         self._batch = batch_size
@@ -177,6 +191,21 @@ class StepProbe:
             self._nvtx.range_push(f"specperf.step ctx={context_len} bs={batch_size}")
         self._step_ev0 = self._event() if self._torch is not None else None
         self._t0 = _perf_ns()
+
+    def _apply_control(self, control: InjectControl) -> None:
+        """Switch the injection and the records' labels if the control file changed."""
+        change = control.poll()
+        if change is None:
+            return
+        self._injector = change.injector
+        labels = {
+            k: v for k, v in self._labels.items() if k not in (INJECT_LABEL, INJECT_ERROR_LABEL)
+        }
+        if change.label:
+            labels[INJECT_LABEL] = change.label
+        if change.error:
+            labels[INJECT_ERROR_LABEL] = change.error
+        self._labels = labels  # a new dict: records already made keep theirs
 
     def abort_step(self) -> None:
         """Forget a step that raised (no record); the next ``begin_step`` starts clean."""

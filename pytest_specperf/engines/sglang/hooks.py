@@ -45,6 +45,7 @@ from typing import Any
 
 from pytest_specperf.engines.sglang import kv_fragment
 from pytest_specperf.engines.sglang.phase_map import HookEntry
+from pytest_specperf.probe.inject import InjectControl
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RunDirSink
 from pytest_specperf.probe.spans import PhaseInjector, StepProbe
@@ -161,6 +162,7 @@ class ProbeRuntime:
         meta_suffix: str | None = None,
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
+        control: InjectControl | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rank = rank
@@ -168,6 +170,7 @@ class ProbeRuntime:
         self._use_cuda = use_cuda
         self._injector = injector
         self._nvtx = nvtx
+        self._control = control
         self.meta_suffix = meta_suffix or f"pid{os.getpid()}"
         self.sink: DeferredSink | None = (
             DeferredSink(self.run_dir, rank=rank) if self.run_dir is not None else None
@@ -207,6 +210,7 @@ class ProbeRuntime:
                 labels=self.labels,
                 injector=self._injector,
                 nvtx=self._nvtx,
+                control=self._control,
             )
         return self._probe
 
