@@ -147,3 +147,21 @@ def test_an_update_over_the_limit_writes_nothing(pytester) -> None:
     result.stdout.fnmatch_lines(["*baselines not written: *test-box.yaml: the updated file would be "
                                  "*over the 0.000999* MiB limit; nothing was written*"])  # fmt: skip
     assert not (pytester.path / "baselines" / "test-box.yaml").exists()
+
+
+def test_ctrl_c_is_held_while_torch_imports() -> None:
+    """A KeyboardInterrupt inside torch's import aborts the process or is lost: SIGINT
+    waits until the import is done, then interrupts as usual."""
+    import os
+    import time
+
+    from pytest_specperf.telemetry.loader import ctrl_c_deferred
+
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # an interrupt would be raised here without the deferral
+            reached = True
+        time.sleep(0.05)
+    assert reached

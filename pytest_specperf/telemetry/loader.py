@@ -12,6 +12,9 @@ import, so every import of ``pynvml`` made by this package goes through
 imports torch under a filter that ignores that one message (matched by text, so torch's own
 warnings are left alone).
 
+torch's import does not survive a ``KeyboardInterrupt`` raised inside it (the process aborts,
+or the interrupt is lost), so :func:`import_torch` holds Ctrl-C until the import is done.
+
 Nothing here caches a module in a global: Python's ``sys.modules`` already does, so a second
 call is a dictionary lookup. A failed import is retried on every call (cheap, and it lets a
 test inject a fake module).
@@ -19,8 +22,13 @@ test inject a fake module).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import sys
+import threading
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 from typing import NamedTuple
 
@@ -74,7 +82,7 @@ def import_torch() -> ModuleType | None:
     The ``pynvml`` shim's deprecation warning (raised from inside ``torch.cuda``) is ignored
     for the duration of the import so that ``-W error`` runs survive.
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), ctrl_c_deferred():
         warnings.filterwarnings(
             "ignore", message=PYNVML_DEPRECATION_MESSAGE, category=FutureWarning
         )
@@ -82,6 +90,27 @@ def import_torch() -> ModuleType | None:
             return importlib.import_module("torch")
         except Exception:
             return None
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold SIGINT until the block ends, then take it (a ``KeyboardInterrupt`` right after).
+
+    Only on the main thread of a POSIX process: SIGINT is blocked for this thread, which
+    is the one Python delivers it to; a no-op elsewhere.
+    """
+    if (
+        not hasattr(signal, "pthread_sigmask")
+        or sys.platform == "win32"
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def nvml_error_text(exc: BaseException) -> str:
