@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import signal
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -94,23 +93,23 @@ def import_torch() -> ModuleType | None:
 
 @contextlib.contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
-    """Hold SIGINT until the block ends, then take it (a ``KeyboardInterrupt`` right after).
-
-    Only on the main thread of a POSIX process: SIGINT is blocked for this thread, which
-    is the one Python delivers it to; a no-op elsewhere.
-    """
-    if (
-        not hasattr(signal, "pthread_sigmask")
-        or sys.platform == "win32"
-        or threading.current_thread() is not threading.main_thread()
-    ):
+    """Hold Ctrl-C until the block ends, then act on it (a ``KeyboardInterrupt`` right
+    after the block). Only on the main thread, where Python runs signal handlers: while the
+    block runs, SIGINT is only noted, whichever thread the operating system handed it to."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    noted: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, old)
+        if noted and old is not signal.SIG_IGN:
+            if callable(old):
+                old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+            else:
+                raise KeyboardInterrupt
 
 
 def nvml_error_text(exc: BaseException) -> str:
