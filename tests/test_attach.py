@@ -106,13 +106,13 @@ def test_calibrate_against_one_running_server(pytester, server, tmp_path) -> Non
     pytester.makepyfile(test_case=CASE)
     work, out = tmp_path / "cal", tmp_path / "cal.json"
     cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "-k", "1",
-           "--inject", "verify=1.5", "--server-url", client.base_url,
+           "--inject", "verify=3", "--server-url", client.base_url,
            "--work-dir", str(work), "--json", str(out), "--", "test_case.py", *ARGS[:-1]]  # fmt: skip
     proc = subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = json.loads(out.read_text())
     rows = {r["condition"]: r for r in summary["conditions"]}
-    assert rows["verify=1.5"]["detected"] == 1 and rows["verify=1.5"]["named_right"] == 1
+    assert rows["verify=3"]["detected"] == 1 and rows["verify=3"]["named_right"] == 1
     assert all(r["runs"] == 1 for r in rows.values())
     logs = {p.name: p.read_text() for p in work.glob("*.log")}
     injected = {name for name, text in logs.items() if "canary injection active" in text}
