@@ -165,3 +165,32 @@ def test_ctrl_c_is_held_while_torch_imports() -> None:
             reached = True
         time.sleep(0.05)
     assert reached
+
+
+class FakeSession:
+    """Only what ``baseline_step_ms`` asks of a session: its baseline file."""
+
+    def __init__(self, bf):
+        self._bf = bf
+
+    def baselines(self):
+        return self._bf
+
+
+class FakeItem:
+    nodeid = "perf_tests/t.py::test_d"
+
+
+def test_the_first_deadline_comes_from_the_baselines_step_time(tmp_path, make_case, reference_fp):
+    from pytest_specperf.judging.baselines import load_baselines, write_baselines
+    from pytest_specperf.judging.metrics import STEP
+    from pytest_specperf.plugin.cases import baseline_step_ms
+
+    case = make_case()  # perf_tests/t.py::test_d, ctx=8192 kv=contiguous bs=1
+    path = tmp_path / "b.yaml"
+    write_baselines(path, {"name": "box"}, [case])
+    sess = FakeSession(load_baselines(path))
+    got = baseline_step_ms(sess, FakeItem(), reference_fp, "ctx=8192 kv=contiguous bs=1")
+    assert got == pytest.approx(case.metrics[STEP].value) and got > 40  # synthetic ~48 ms
+    assert baseline_step_ms(sess, FakeItem(), reference_fp, "ctx=1 kv=contiguous bs=1") is None
+    assert baseline_step_ms(FakeSession(None), FakeItem(), reference_fp, "x") is None
