@@ -198,3 +198,19 @@ def test_attach_errors_say_what_is_wrong_within_the_deadline(pytester, url, says
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"*specperf: cannot start the reference server: cannot attach to {url}: {says}"])
     result.stdout.no_fnmatch_line("*During handling of the above exception*")
+
+
+def test_a_server_whose_probe_cannot_switch_fails_the_session_and_is_left_as_it_was(
+    pytester, tmp_path
+) -> None:
+    proc, client = launch_reference(tmp_path, "--no-probe")  # no probe: nothing reads the file
+    try:
+        result = _attached(pytester, client.base_url, "--specperf-inject=verify=1.5")
+    finally:
+        proc.stop()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "*cannot start the reference server: switching the injection: the server ran * decode "
+        "steps for request * but the probe recorded 0*"
+    ])  # fmt: skip
+    assert not (tmp_path / "run" / CONTROL_FILE).exists()

@@ -53,7 +53,11 @@ def take_control(server: ModelServer, spec: InjectSpec | None) -> bool:
             f"cannot write {server.run_dir / CONTROL_FILE} ({e.strerror or e}): --specperf-inject "
             "with --specperf-server-url needs write access to the server's run directory"
         ) from None
-    _sync(server, str(spec))
+    try:
+        _sync(server, str(spec))
+    except BaseException:
+        remove_control(server.run_dir)  # not confirmed: leave the server as it was
+        raise
     return True
 
 
