@@ -227,7 +227,8 @@ class Decoder:
         except (ServerUnreachable, ServerHTTPError) as e:
             raise self._failure(e, rids[0], deadline_s) from None
         body = self._body(case, max_new_tokens, seed, rids)
-        fut = self._pool.submit(client.generate, body, timeout=deadline_s - (time.monotonic() - t0))
+        left = max(deadline_s - (time.monotonic() - t0), 1.0)
+        fut = self._pool.submit(client.generate, body, timeout=left)
         mine: list[StepRecord] = []
         while True:
             done = fut.done()
