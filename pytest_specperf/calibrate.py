@@ -7,6 +7,11 @@ run that does not fail naming the injected phase is a miss), optionally ``K`` A/
 repetitions with a CPU hog on one core (UNSTABLE is the right answer there; SLOWER is
 not). Conditions are interleaved round-robin, so that slow drift of the machine hits
 every condition alike. It prints a table and writes JSON.
+
+With ``--server-url URL`` every run attaches to that one running server instead (a big
+model is loaded once): the baseline is recorded against it, and each repetition's pytest
+process switches the server's injection through the control file in its run directory
+(``--specperf-inject`` in attach mode), removing it again when it ends.
 """
 
 from __future__ import annotations
@@ -227,6 +232,7 @@ class CalibrateOptions:
     work_dir: Path | None
     resume: bool
     suite: tuple[str, ...]
+    server_url: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CalibrateOptions:
@@ -252,6 +258,7 @@ class CalibrateOptions:
                 raise ValueError(f"--inject {f!r}: give one PHASE=FACTOR per --inject")
         if args.resume and args.work_dir is None:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
+        url = _server_url(args.server_url)
         return cls(
             repetitions=args.repetitions,
             injects=tuple(args.inject or DEFAULT_FACTORS),
@@ -262,7 +269,19 @@ class CalibrateOptions:
             work_dir=args.work_dir,
             resume=bool(args.resume),
             suite=tuple(args.pytest_args or DEFAULT_SUITE),
+            server_url=url,
         )
+
+
+def _server_url(url: str | None) -> str | None:
+    if url is None:
+        return None
+    from pytest_specperf.server.client import check_url
+
+    try:
+        return check_url(url)
+    except ValueError as e:
+        raise ValueError(f"--server-url: {e}") from None
 
 
 def _tolerances(tol: str | None, step_tol: str | None) -> tuple[float, float] | None:
@@ -287,19 +306,22 @@ class Calibration:
         self.work.mkdir(parents=True, exist_ok=True)
         self.baselines = self.work / "baselines"
         self.t0 = time.monotonic()
-        self.tolerance_args: list[str] = []
+        #: options every run gets: the tolerances asked for, the server to attach to
+        self.common_args: list[str] = []
         if opts.tolerances is not None:
-            self.tolerance_args = [
+            self.common_args += [
                 f"--specperf-tolerance={opts.tolerances[0]}",
                 f"--specperf-step-tolerance={opts.tolerances[1]}",
             ]
+        if opts.server_url is not None:
+            self.common_args += ["--specperf-server-url", opts.server_url]
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
         report_path = self.work / f"{tag}.json"
         cmd = [
             sys.executable, "-m", "pytest", *self.opts.suite, "-q", "-p", "no:cacheprovider",
             "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
-            *self.tolerance_args, *extra,
+            *self.common_args, *extra,
         ]  # fmt: skip
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
@@ -655,6 +677,12 @@ def add_parser(sub: Any) -> None:
         "--step-tolerance",
         metavar="F",
         help="step tolerance to run and judge at, as --specperf-step-tolerance",
+    )
+    c.add_argument(
+        "--server-url",
+        metavar="URL",
+        help="calibrate against this running server (attach mode): baseline and every "
+        "repetition on it, injections switched through its run directory's control file",
     )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_specperf.probe import NullProbe, RunDirSink, StepProbe
+    from pytest_specperf.probe.inject import InjectControl
     from pytest_specperf.probe.spans import PhaseInjector
 
 ENV_RUN_DIR = "SPECPERF_RUN_DIR"  # where the probe sink writes step records
@@ -30,9 +31,6 @@ ENV_KERNEL_EVERY = "SPECPERF_KERNEL_EVERY"  # profile every N-th decode step's k
 DEFAULT_KERNEL_EVERY_CUDA = 16
 #: Largest accepted sampling interval.
 MAX_KERNEL_EVERY = 1_000_000
-
-#: Step-record label that names the injected slowdown (records of canary runs).
-INJECT_LABEL = "inject"
 
 
 class ProbeEnvError(ValueError):
@@ -50,6 +48,8 @@ class ProbeSetup:
     inject: str = ""
     #: Profile every N-th decode step's kernels (0: off).
     kernel_every: int = 0
+    #: The run directory's control file, which switches the injection of a running server.
+    control: InjectControl | None = None
 
     def build(
         self, sink: RunDirSink | None, *, use_cuda: bool, rank: int = 0
@@ -67,6 +67,7 @@ class ProbeSetup:
             injector=self.injector,
             nvtx=self.nvtx,
             kernel_every=self.kernel_every,
+            control=self.control,
         )
 
 
@@ -75,21 +76,25 @@ def probe_setup(
     device: str,
     labels: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
 ) -> ProbeSetup:
     """Read ``SPECPERF_INJECT`` and ``SPECPERF_NVTX`` into a probe setup for ``device``.
 
     ``labels`` are the process's own step-record labels; an injected slowdown adds the
-    ``inject`` label. ``SPECPERF_KERNEL_EVERY`` sets the kernel-sampling interval (default:
+    ``inject`` label. With ``run_dir``, the probe also takes injections from the control
+    file there (``probe.inject.InjectControl``), the environment's spec while there is
+    none. ``SPECPERF_KERNEL_EVERY`` sets the kernel-sampling interval (default:
     ``DEFAULT_KERNEL_EVERY_CUDA`` on a CUDA device, off on a CPU). Raises
     :class:`ProbeEnvError` naming the variable and its value when one does not parse.
     """
+    from pytest_specperf.probe.inject import INJECT_LABEL, InjectControl, Injector, parse_inject
+
     env = os.environ if environ is None else environ
     out = dict(labels or {})
-    injector: PhaseInjector | None = None
+    injector: Injector | None = None
     text = env.get(ENV_INJECT, "").strip()
+    spec = None
     if text:
-        from pytest_specperf.probe.inject import Injector, parse_inject
-
         try:
             spec = parse_inject(text)
         except ValueError as e:
@@ -97,12 +102,14 @@ def probe_setup(
         injector = Injector(spec, device=device)
         text = str(spec)
         out[INJECT_LABEL] = text
+    control = InjectControl(run_dir, device=device, base=spec) if run_dir is not None else None
     return ProbeSetup(
         labels=out,
         injector=injector,
         nvtx=env.get(ENV_NVTX) == "1",
         inject=text,
         kernel_every=kernel_every_from_env(env, device),
+        control=control,
     )
 
 

@@ -37,6 +37,7 @@ from pytest_specperf.judging.verdict import (
     judge_gate,
     noisiest_phase,
 )
+from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bottleneck import Bottleneck
 from pytest_specperf.telemetry.gates import invalid_reasons
@@ -228,7 +229,8 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
     if run.injected:
         return (
             f"refusing to record {key} as a baseline: the server injected a canary "
-            f"slowdown ({run.injected}); restart it without SPECPERF_INJECT"
+            f"slowdown ({run.injected}); restart it without SPECPERF_INJECT, or remove "
+            f"{CONTROL_FILE} from its run directory"
         )
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 import shlex
 from collections.abc import Mapping
@@ -50,7 +51,12 @@ def test_id(item: pytest.Item) -> str:
 
 def case_key(item: pytest.Item, run: DecodeRun) -> str:
     """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
-    key = f"ctx={run.context_len} kv={run.kv_layout.label} bs={run.batch_size}"
+    return case_key_of(item, run.context_len, run.kv_layout.label, run.batch_size)
+
+
+def case_key_of(item: pytest.Item, context_len: int, layout: str, batch_size: int) -> str:
+    """The key of a case of ``item`` before it runs (see :func:`case_key`)."""
+    key = f"ctx={context_len} kv={layout} bs={batch_size}"
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
@@ -115,6 +121,22 @@ def _baseline(
     if found is not None:
         return found, ""
     return None, f"no baseline for {case.key} ({identity.key}) in {where}"
+
+
+def baseline_step_ms(
+    sess: SpecperfSession, item: pytest.Item, fingerprint: dict[str, Any], key: str
+) -> float | None:
+    """The baseline's median step time (ms) of a case about to run, for its deadlines;
+    None without a usable one (the judge reports an unusable baseline after the run)."""
+    try:
+        bf = sess.baselines()
+        found = bf.lookup(identity_of(fingerprint), test_id(item), key) if bf else None
+    except (BaselineError, ValueError):
+        return None
+    step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None
+    if step is None or not math.isfinite(step.value) or step.value <= 0:
+        return None
+    return step.value
 
 
 def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:

@@ -55,7 +55,9 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
     ok = True
     for path, device, cases in groups:
         try:
-            sess.written.append(write_baselines(path, device, cases))
+            sess.written.append(
+                write_baselines(path, device, cases, max_bytes=sess.settings.baseline_max_bytes)
+            )
         except (BaselineError, OSError) as e:
             sess.errors.append(f"baselines not written: {e}")
             ok = False

@@ -225,6 +225,21 @@ _BUDGET_HELP = {
     "min_accept_len": "smallest mean accepted tokens per step",
     "min_tokens_per_s": "smallest mean tokens per second of step time",
 }
+#: Largest accepted --specperf-baseline-max-mb, in MiB.
+MAX_BASELINE_MB = 65536.0
+
+
+def _baseline_max_bytes(raw: Any, source: str, config: pytest.Config) -> int | None:
+    """MiB -> bytes; None leaves the limit to SPECPERF_BASELINE_MAX_MB or the default."""
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 0 < mb <= MAX_BASELINE_MB:  # NaN fails too
+        raise _usage(source, raw, f"a size in MiB in (0, {MAX_BASELINE_MB:g}], e.g. 32")
+    return max(1, int(mb * 1024 * 1024))
 
 
 @dataclass(frozen=True)
@@ -257,6 +272,13 @@ OPTIONS: tuple[_Opt, ...] = (
         "baseline directory (default: baselines/ at the rootdir)",
         _baselines_dir,
         metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-baseline-max-mb",
+        "largest baseline file read or written, in MiB (default 8, or "
+        "SPECPERF_BASELINE_MAX_MB); a larger file is refused before it is parsed",
+        _baseline_max_bytes,
+        metavar="MIB",
     ),
     _Opt(
         "--specperf-update-baselines",
@@ -341,7 +363,8 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "--specperf-inject",
         "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
-        "unaccounted); injected runs are labelled and never recorded as baselines",
+        "unaccounted); injected runs are labelled and never recorded as baselines; an "
+        "attached server takes it through the control file in its run directory",
         _inject,
         metavar="PHASE=FACTOR[,...]",
     ),
@@ -436,6 +459,7 @@ def _raw(config: pytest.Config, o: _Opt) -> tuple[Any, str]:
 class Settings:
     backend: str
     baselines_dir: Path
+    baseline_max_bytes: int | None
     update_baselines: bool
     device_slug: str | None
     tolerance: float
@@ -482,6 +506,7 @@ class Settings:
 #: Option dest -> ``Settings`` field, where the two names differ.
 _FIELD = {
     "specperf_baselines": "baselines_dir",
+    "specperf_baseline_max_mb": "baseline_max_bytes",
     "specperf_device": "device_slug",
     "specperf_json": "json_path",
     "specperf_markdown": "markdown_path",
@@ -512,12 +537,6 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
         raise pytest.UsageError(
             f"{sources['kernel_every']} applies when the plugin launches the server; with "
             "--specperf-server-url, set SPECPERF_KERNEL_EVERY in the server's environment"
-        )
-    if s.inject is not None and s.server_url:
-        raise pytest.UsageError(
-            f"{sources['inject']} needs a server launched by the plugin; with "
-            "--specperf-server-url, start the server with SPECPERF_INJECT set in its "
-            "environment instead"
         )
 
 

@@ -19,19 +19,26 @@ and on a GPU the device idles inside the phase's span. It is the shape of a phas
 waits instead of working (a lock, a blocking copy, a poll), the question the founding
 incident asked.
 
-The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable;
-records of injected steps carry the label ``inject=<spec>``.
+The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable, or
+reaches a running server through the control file ``inject.control`` in its run directory
+(:class:`InjectControl`: the probe looks at it once every ``CONTROL_EVERY_STEPS`` steps,
+at a step boundary, and a spec there replaces the environment's; ``none`` turns injection
+off). Records of injected steps carry the label ``inject=<spec>``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import stat
 import statistics
+import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_specperf.probe.phases import PHASES, VERIFY
@@ -57,6 +64,18 @@ CALIBRATION_WARMUP_MS = 50.0
 CALIBRATION_REPS = 5
 CALIBRATION_CYCLES = 2_000_000
 NOMINAL_CYCLES_PER_NS = 1.5
+#: Step-record label that names the injected slowdown (records of canary runs).
+INJECT_LABEL = "inject"
+#: Step-record label of a control file the probe could not use (what was wrong with it).
+INJECT_ERROR_LABEL = "inject_error"
+#: The control file in a server's run directory: a spec, or ``none`` for no injection.
+CONTROL_FILE = "inject.control"
+#: Control-file text that turns injection off (the environment's spec too).
+NO_INJECTION = "none"
+#: The probe looks at the control file (one ``os.stat``) once every this many steps.
+CONTROL_EVERY_STEPS = 16
+#: Largest control file read; a spec is a few dozen bytes.
+MAX_CONTROL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -314,3 +333,111 @@ class CudaSleep:
         if self._events:
             return self._events.pop()
         return self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+# -- the control file: injection switched in a running server ------------------------------
+
+
+def parse_control(text: str) -> InjectSpec | None:
+    """A control file's text: ``none`` (or nothing) -> None, else a spec (ValueError)."""
+    text = text.strip()
+    if not text or text == NO_INJECTION:
+        return None
+    return parse_inject(text)
+
+
+def write_control(run_dir: str | os.PathLike[str], spec: InjectSpec | None) -> Path:
+    """Write the control file of the server whose probe writes to ``run_dir``, atomically
+    (a temporary file renamed over it): ``spec``, or ``none`` to turn injection off."""
+    target = Path(run_dir) / CONTROL_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{CONTROL_FILE}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{spec if spec is not None else NO_INJECTION}\n")
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def remove_control(run_dir: str | os.PathLike[str]) -> bool:
+    """Remove the control file (the server's probe goes back to its environment's spec);
+    whether there was one."""
+    try:
+        os.unlink(Path(run_dir) / CONTROL_FILE)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ControlChange:
+    """What the probe applies after the control file changed."""
+
+    injector: Injector | None
+    #: the spec now injected ("" when none): the ``inject`` label of the next records
+    label: str
+    #: why the control file could not be used ("" when it could)
+    error: str = ""
+
+
+class InjectControl:
+    """The injection of a running server, switched by the control file in its run directory.
+
+    ``poll`` costs one ``os.stat`` when nothing changed; the file is read only when its
+    identity (inode, size, modification time) differs from the last one seen. Without a
+    file the environment's spec (``base``) applies.
+    """
+
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, device: Any = None, base: InjectSpec | None = None
+    ) -> None:
+        self.path = Path(run_dir) / CONTROL_FILE
+        self._device = device
+        self._base = base
+        self._seen: tuple[int, int, int] | None = None  # the file last applied; None: none
+
+    def poll(self) -> ControlChange | None:
+        """The change to apply, or None when the control file is as last seen."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:  # no file (or an unreadable directory): the environment's spec
+            if self._seen is None:
+                return None
+            self._seen = None
+            return self._change(self._base)
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        try:
+            spec = parse_control(_read_control(self.path, st))
+        except ValueError as e:
+            return ControlChange(None, "", f"{CONTROL_FILE}: {e}"[:200])
+        return self._change(spec)
+
+    def _change(self, spec: InjectSpec | None) -> ControlChange:
+        if spec is None:
+            return ControlChange(None, "")
+        return ControlChange(Injector(spec, device=self._device), str(spec))
+
+
+def _read_control(path: Path, st: os.stat_result) -> str:
+    """The text of a control file: a small regular file, never through a link."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > MAX_CONTROL_BYTES:
+        raise ValueError(f"{st.st_size} bytes, over {MAX_CONTROL_BYTES}")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError(f"cannot open ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(MAX_CONTROL_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None

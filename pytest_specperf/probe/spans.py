@@ -17,6 +17,10 @@ thread (``thread_time_ns``): wall minus CPU time is time the thread waited insid
 run-queue time (waiting for a CPU on a busy machine). With ``kernel_every=N`` every N-th
 decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
 the device's active time inside each phase.
+
+With an ``InjectControl`` the probe looks at its run directory's control file once every
+``CONTROL_EVERY_STEPS`` steps, before the step's clock starts, and switches the canary
+injection (and the records' ``inject`` label) when the file changed.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_specperf.probe.inject import CONTROL_EVERY_STEPS, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.kernel_sampler import KernelSampler
 from pytest_specperf.probe.kernels import KernelSample
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
 
 if TYPE_CHECKING:
+    from pytest_specperf.probe.inject import InjectControl
     from pytest_specperf.probe.sink import RunDirSink
 
 _perf_ns = time.perf_counter_ns
@@ -188,6 +194,7 @@ class StepProbe:
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
         kernel_every: int = 0,
+        control: InjectControl | None = None,
     ) -> None:
         """``kernel_every``: profile every N-th step's kernels (CPU ops without CUDA); 0 off."""
         self._sink = sink
@@ -195,6 +202,8 @@ class StepProbe:
         self._pid = os.getpid()
         self._labels = dict(labels or {})
         self._injector = injector
+        self._control = control
+        self._until_control = 1  # steps until the control file is looked at (first: now)
         self._spans = [_Span(self, i) for i in range(len(PHASES))]
         self._by_name = dict(zip(PHASES, self._spans))
         self._torch: Any = None
@@ -235,6 +244,11 @@ class StepProbe:
         self._in_step += 1
         if self._in_step > 1:
             return  # a nested step hook (a worker calling another hooked worker)
+        if self._control is not None:
+            self._until_control -= 1
+            if self._until_control <= 0:
+                self._until_control = CONTROL_EVERY_STEPS
+                self._apply_control(self._control)
         self._reset()
         self._ctx = context_len
         self._batch = batch_size
@@ -252,6 +266,21 @@ class StepProbe:
         self._q0 = self._runq.wait_ns() if n >= 0 and n % RUNQ_EVERY == 0 else None
         self._t0 = self._last_t = _perf_ns()
         self._c0 = self._last_c = _thread_ns() if self._cpu_on else 0
+
+    def _apply_control(self, control: InjectControl) -> None:
+        """Switch the injection and the records' labels if the control file changed."""
+        change = control.poll()
+        if change is None:
+            return
+        self._injector = change.injector
+        labels = {
+            k: v for k, v in self._labels.items() if k not in (INJECT_LABEL, INJECT_ERROR_LABEL)
+        }
+        if change.label:
+            labels[INJECT_LABEL] = change.label
+        if change.error:
+            labels[INJECT_ERROR_LABEL] = change.error
+        self._labels = labels  # a new dict: records already made keep theirs
 
     def abort_step(self) -> None:
         """Forget a step that raised (no record); the next ``begin_step`` starts clean."""

@@ -36,6 +36,19 @@ def default_threads(parallel: int = 1) -> int:
     return max(1, (cores - parallel) // max(parallel, 1))
 
 
+def _positive(obj: Any, name: str, *, where: str = "/server_info config") -> int:
+    """A positive integer field the capacity check needs; ``BackendUnavailable`` naming the
+    field when the server does not report it (never a silent skip of every case)."""
+    value = obj.get(name) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        got = f"{value!r}" if isinstance(obj, dict) and obj else "nothing"
+        raise BackendUnavailable(
+            f"the server's {where} has no usable {name} (got {got}): cannot tell which "
+            "contexts fit; is it a reference server of this pytest-specperf version?"
+        )
+    return value
+
+
 class ReferenceBackend(RunDirBinding):
     name = "reference"
     server_info_fields = ("fingerprint", "config", "run_dir")
@@ -122,7 +135,9 @@ class ReferenceBackend(RunDirBinding):
         self, server_info: dict[str, Any], context_len: int, batch_size: int
     ) -> str | None:
         cfg = server_info.get("config") or {}
-        max_ctx = int(cfg.get("max_context_len") or 0)
+        max_ctx = _positive(cfg, "max_context_len")
+        page = _positive(cfg, "page_size")
+        pages = _positive(server_info, "kv_total_pages", where="/server_info")
         block = int(server_info.get("speculative_num_draft_tokens") or 1)
         need = context_len + 512 + block  # room for the decode steps of a case
         if need > max_ctx:
@@ -130,8 +145,6 @@ class ReferenceBackend(RunDirBinding):
                 f"context {context_len} exceeds the {cfg.get('name')} config's maximum "
                 f"context of {max_ctx} tokens"
             )
-        pages = int(server_info.get("kv_total_pages") or 0)
-        page = int(cfg.get("page_size") or 1)
         if batch_size * -(-need // page) > pages:
             return (
                 f"{batch_size} x {context_len} tokens of KV do not fit in the pool of "

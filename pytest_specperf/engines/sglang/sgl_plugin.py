@@ -79,8 +79,9 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
 
     version = installed_version()
     algo = _algorithm(ctx)
-    # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup
-    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo))
+    # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup; the run
+    # dir's control file switches injections while the server runs (attach-mode canaries)
+    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo), run_dir=run_dir)
     rt = ProbeRuntime(
         run_dir,
         rank=_int(ctx.get("tp_rank")),
@@ -88,6 +89,7 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
         injector=setup.injector,
         nvtx=setup.nvtx,
         kernel_every=setup.kernel_every,
+        control=setup.control,
     )
     pm, refused = _effective_map(version, algo)
 
