@@ -17,7 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_specperf.probe import PHASES, RunDirSink, StepProbe
+from probe_micro import empty_steps_us
+
+from pytest_specperf.probe import RunDirSink, StepProbe
 from pytest_specperf.probe import spans as spans_mod
 from pytest_specperf.probe.inject import (
     CONTROL_EVERY_STEPS,
@@ -40,16 +42,7 @@ def stat_ns(path: Path, n: int) -> float:
 def step_us(steps: int, control: bool) -> float:
     run_dir = tempfile.mkdtemp(prefix="specperf-ctl-")
     probe = StepProbe(RunDirSink(run_dir), control=InjectControl(run_dir) if control else None)
-    t = time.perf_counter()
-    for _ in range(steps):
-        probe.begin_step(context_len=8192, batch_size=1, rids=["r"])
-        for ph in PHASES:
-            with probe.phase(ph):
-                pass
-        probe.end_step(accepted_tokens=3)
-    cost = (time.perf_counter() - t) / steps * 1e6
-    probe.close()
-    return cost
+    return empty_steps_us(probe, steps)
 
 
 def spread(xs: list[float]) -> str:

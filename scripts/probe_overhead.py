@@ -55,6 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from probe_micro import empty_steps_us
 
 from pytest_specperf.engines.reference.config import get_config
 from pytest_specperf.engines.reference.engine import Engine, GenRequest
@@ -133,16 +134,7 @@ def generate(eng: Engine, ctx: int, tokens: int) -> None:
 def microbenchmark(n: int = 20000) -> float:
     """The probe's own cost per step (us), caches warm: begin, 7 phases, end, sink."""
     probe = StepProbe(RunDirSink(tempfile.mkdtemp(prefix="specperf-micro-")))
-    t = time.process_time_ns()
-    for _ in range(n):
-        probe.begin_step(context_len=8192, batch_size=1, rids=["r"])
-        for ph in PHASES:
-            with probe.phase(ph):
-                pass
-        probe.end_step(accepted_tokens=3)
-    cost = (time.process_time_ns() - t) / n / 1e3
-    probe.close()
-    return cost
+    return empty_steps_us(probe, n, clock=time.process_time_ns)
 
 
 def cold_microbenchmark(n: int = 400) -> float:

@@ -9,13 +9,13 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rawhttp import launch_reference
+from e2e import SHORT_RUN
+from rawhttp import launch_reference, serve
 
 from pytest_specperf.probe.inject import CONTROL_FILE, parse_inject, write_control
 from pytest_specperf.reporting.report import read_report
@@ -32,8 +32,7 @@ def test_decode(specperf):
     run = specperf.decode(context_len=2048)
     print("INJECTED", run.injected)
 """
-ARGS = ("--specperf-steps=8", "--specperf-warmup-steps=2", "--specperf-device=test-box",
-        "-p", "no:cacheprovider", "-p", "no:randomly", "-s")  # fmt: skip
+ARGS = (*SHORT_RUN, "-s")
 
 
 @pytest.fixture(scope="module")
@@ -162,16 +161,6 @@ class _CannotGenerate(_Quiet):
             self._json(503, {"error": {"message": "model still loading"}})
 
 
-def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
 @pytest.fixture
 def url(request) -> Iterator[str]:
     kind = request.param
@@ -186,7 +175,7 @@ def url(request) -> Iterator[str]:
             s.listen(8)
             yield f"http://127.0.0.1:{s.getsockname()[1]}"
     else:
-        yield from _serve({"404": _NotFound, "other": _OtherJSON, "busy": _CannotGenerate}[kind])
+        yield from serve({"404": _NotFound, "other": _OtherJSON, "busy": _CannotGenerate}[kind])
 
 
 @pytest.mark.parametrize(("url", "says"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from e2e import SHORT_RUN
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,17 +25,7 @@ import pytest
 def test_decode(specperf, context_len):
     specperf.decode(context_len=context_len)
 """
-ARGS = (
-    "--specperf-steps=8",
-    "--specperf-warmup-steps=2",
-    "--specperf-device=test-box",
-    "--specperf-json=report.json",
-    "-rP",
-    "-p",
-    "no:cacheprovider",
-    "-p",
-    "no:randomly",
-)
+ARGS = (*SHORT_RUN, "--specperf-json=report.json", "-rP")
 
 
 def _run(pytester, inject: str, budget: str = ""):

@@ -6,7 +6,10 @@ Two kinds of trace, and which is which:
   ops; the same Chrome export and the same reader as on a GPU);
 * ``tests/data/kineto_cuda_step.json``, **hand-made** in the shape of a CUDA trace
   (``cuda_runtime`` launches, kernels, a memcpy, a memset, correlation ids): no GPU was
-  available to record one. Replace it with a recorded one when a GPU is.
+  available to record one. Replace it with a recorded one when a GPU is (``gpu-check``
+  leaves one in ``OUT/traces/cuda-small.json.gz``);
+* ``TWO_STEPS`` below, a smaller hand-made CUDA-shaped trace over two steps, for the
+  totals over several steps that the GPU check reports.
 """
 
 from __future__ import annotations
@@ -15,17 +18,21 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pytest_specperf.probe import StepProbe
 from pytest_specperf.probe.kernel_sampler import KernelSampler
 from pytest_specperf.probe.kernels import (
+    ANNOTATION_PREFIX,
+    STEP_ANNOTATION,
     STEP_KEY,
     Activity,
     KernelSample,
     KernelTotal,
     PhaseKernels,
+    PhaseTotals,
     Window,
     attribute,
     owner,
@@ -125,6 +132,73 @@ def test_cuda_shaped_trace_gives_each_phase_the_union_of_what_it_launched():
     assert "accept" not in sample.phases  # its window launched nothing
 
 
+def _x(cat: str, name: str, ts: float, dur: float, *, tid: int = 1, **args: Any) -> dict[str, Any]:
+    pid = 0 if cat == "kernel" else 1
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
+
+
+# Step 0: a draft graph replay, two verify kernels that overlap, a kernel launched between
+# phases, a kernel whose launch is not in the trace. Step 1: one verify kernel.
+TWO_STEPS = {"traceEvents": [
+    _x("user_annotation", "specperf.step", 0, 100),
+    _x("user_annotation", "specperf.draft", 5, 20),
+    _x("cuda_runtime", "cudaGraphLaunch", 10, 2, correlation=1),
+    _x("user_annotation", "specperf.verify", 30, 50),
+    _x("cuda_runtime", "cudaLaunchKernel", 35, 1, correlation=2),
+    _x("cuda_runtime", "cudaLaunchKernel", 40, 1, correlation=3),
+    _x("cuda_runtime", "cudaLaunchKernel", 90, 1, correlation=4),
+    _x("kernel", "draft_gemm", 15, 10, tid=7, correlation=1),
+    _x("kernel", "gather", 40, 30, tid=7, correlation=2),
+    _x("kernel", "attention", 60, 20, tid=7, correlation=3),
+    _x("kernel", "commit", 95, 3, tid=7, correlation=4),
+    _x("kernel", "orphan", 200, 5, tid=7, correlation=99),
+    {"ph": "f", "cat": "ac2g", "name": "flow", "id": 2},
+    _x("user_annotation", "specperf.step", 300, 100),
+    _x("user_annotation", "specperf.verify", 310, 50),
+    _x("cuda_runtime", "cudaLaunchKernel", 320, 1, correlation=5),
+    _x("kernel", "attention", 330, 40, tid=7, correlation=5),
+]}  # fmt: skip
+
+
+def test_kernels_are_attributed_to_the_phase_that_launched_them():
+    first, second = parse_trace(TWO_STEPS).samples()
+    # the graph replay's kernel carries the correlation of its cudaGraphLaunch
+    assert first.phases["draft"].top == (KernelTotal("draft_gemm", 1, 10 * US),)
+    assert {t.name for t in first.phases["verify"].top} == {"gather", "attention"}
+    assert first.phases[UNACCOUNTED].top == (KernelTotal("commit", 1, 3 * US),)  # between phases
+    names = {t.name for s in (first, second) for p in s.phases.values() for t in p.top}
+    assert "orphan" not in names  # its launch is not in the trace: no phase, no step
+    assert second.phases.keys() == {"verify", STEP_KEY}
+
+
+def test_phase_totals_sum_and_union_over_the_steps():
+    totals = parse_trace(TWO_STEPS).totals()
+    verify = totals["verify"]
+    assert (verify.ops, verify.kernel_ns) == (3, (30 + 20 + 40) * US)
+    assert verify.active_ns == (40 + 40) * US  # 40..80 us (the kernels overlap), 330..370 us
+    assert verify.top == (KernelTotal("attention", 2, 60 * US), KernelTotal("gather", 1, 30 * US))
+    assert totals["draft"] == PhaseTotals(
+        1, 10 * US, 10 * US, (KernelTotal("draft_gemm", 1, 10 * US),)
+    )
+    assert totals[UNACCOUNTED].ops == 1
+    assert totals[STEP_KEY].ops == 5 and totals[STEP_KEY].active_ns == (10 + 40 + 3 + 40) * US
+    assert parse_trace(TWO_STEPS).totals(top=1)["verify"].top == verify.top[:1]
+    assert totals["verify"].to_json()["top"][0] == {
+        "name": "attention",
+        "calls": 2,
+        "total_ns": 60 * US,
+    }
+
+
 # -- a real kineto trace, recorded here on the CPU -------------------------------------------
 def _record_cpu_profile():
     torch = pytest.importorskip("torch")
@@ -132,11 +206,11 @@ def _record_cpu_profile():
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.randn(256, 256)
-    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function("specperf.step"):
-        with record_function("specperf.draft"):
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function(STEP_ANNOTATION):
+        with record_function(ANNOTATION_PREFIX + "draft"):
             for _ in range(3):
                 x @ x
-        with record_function("specperf.verify"):
+        with record_function(ANNOTATION_PREFIX + "verify"):
             time.sleep(0.005)  # a wait: no op runs
             torch.relu(x @ x)
         x + 1  # outside every phase
@@ -151,8 +225,17 @@ def _record_cpu_trace(tmp_path: Path) -> dict:
 
 def test_recorded_cpu_trace_attributes_ops_to_their_phase(tmp_path):
     trace = _record_cpu_trace(tmp_path)
+    # the format the attribution relies on: record_function ranges are user annotations
+    cats = {
+        e["name"]: e.get("cat")
+        for e in trace["traceEvents"]
+        if str(e.get("name", "")).startswith(ANNOTATION_PREFIX)
+    }
+    assert cats == dict.fromkeys(
+        [STEP_ANNOTATION, "specperf.draft", "specperf.verify"], "user_annotation"
+    )
     parsed = parse_trace(trace)
-    assert parsed.source == "cpu" and len(parsed.steps) == 1
+    assert parsed.source == "cpu" and len(parsed.steps) == 1 and parsed.cuda == ()
     windows = {w.key: w for w in parsed.phases}
     (sample,) = parsed.samples()
     draft = sample.phases["draft"]

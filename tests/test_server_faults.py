@@ -119,6 +119,16 @@ def _measuring(s: Session, within: float = 60.0) -> None:
     raise AssertionError("the case never reached its measured blocks")
 
 
+def _mid_measurement(tmp_path: Path, kind: str, attempt: int) -> Session:
+    """A session whose case is measuring, at a moment under a second into its measured
+    blocks (seeded by ``kind`` and ``attempt``)."""
+    rng = random.Random(f"{kind}-{attempt}")
+    s = _start(tmp_path)
+    _measuring(s)
+    time.sleep(rng.uniform(0.0, 1.0))
+    return s
+
+
 def _group(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group ``pgid``."""
     out = []
@@ -178,10 +188,7 @@ def test_sigint_during_a_case_leaves_no_server_and_the_baseline_whole(
 
 @needs_proc
 def test_killed_server_fails_the_case_naming_the_signal(tmp_path, attempt) -> None:
-    rng = random.Random(f"killed-{attempt}")
-    s = _start(tmp_path)
-    _measuring(s)
-    time.sleep(rng.uniform(0.0, 1.0))
+    s = _mid_measurement(tmp_path, "killed", attempt)
     os.killpg(s.pid, signal.SIGKILL)
     rc, out, dt = _finish(s, timeout=60)
     gone = _gone(s.pid)
@@ -196,10 +203,7 @@ def test_killed_server_fails_the_case_naming_the_signal(tmp_path, attempt) -> No
 
 @needs_proc
 def test_frozen_server_fails_the_case_within_its_deadline(tmp_path, attempt) -> None:
-    rng = random.Random(f"frozen-{attempt}")
-    s = _start(tmp_path)
-    _measuring(s)
-    time.sleep(rng.uniform(0.0, 1.0))
+    s = _mid_measurement(tmp_path, "frozen", attempt)
     os.kill(s.pid, signal.SIGSTOP)
     try:
         rc, out, dt = _finish(s, timeout=300)

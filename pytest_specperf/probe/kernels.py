@@ -19,6 +19,8 @@ window holding its launch, or to ``unaccounted`` when it was launched outside ev
 (GPU work the phase map does not cover). A phase's *active* time is the union of its
 activities' intervals: overlapping kernels (several streams) count once, so the active
 time never exceeds the wall time they cover. ``step`` is the union over the whole step.
+:func:`phase_totals` gives the same per phase over several steps of one trace, with each
+phase's operation count and summed time (the GPU check's kernel-vs-span comparison).
 """
 
 from __future__ import annotations
@@ -99,6 +101,25 @@ class KernelSample:
 
 
 @dataclass(frozen=True)
+class PhaseTotals:
+    """A phase's activities over several steps: count, summed time, active (union) time and
+    largest kernels."""
+
+    ops: int
+    kernel_ns: int
+    active_ns: int
+    top: tuple[KernelTotal, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ops": self.ops,
+            "kernel_ns": self.kernel_ns,
+            "active_ns": self.active_ns,
+            "top": [{"name": t.name, "calls": t.calls, "total_ns": t.total_ns} for t in self.top],
+        }
+
+
+@dataclass(frozen=True)
 class Activity:
     """One kernel, copy or op: its interval and the host time of its launch (ns)."""
 
@@ -158,6 +179,11 @@ def attribute(
     return out
 
 
+def phases_in(phases: Iterable[Window], step: Window) -> list[Window]:
+    """The phase windows that start inside ``step``."""
+    return [w for w in phases if step.start_ns <= w.start_ns <= step.end_ns]
+
+
 def top_kernels(activities: Iterable[Activity], n: int = TOP_KERNELS) -> tuple[KernelTotal, ...]:
     """The ``n`` names with the largest summed time: calls and total per name."""
     sums: dict[str, list[int]] = {}
@@ -181,3 +207,30 @@ def summarize_step(
     every = [a for acts in by_key.values() for a in acts]
     out[STEP_KEY] = PhaseKernels(union_ns((a.start_ns, a.end_ns) for a in every))
     return KernelSample(source, MappingProxyType(out))
+
+
+def phase_totals(
+    activities: Sequence[Activity],
+    phases: Sequence[Window],
+    steps: Iterable[Window],
+    n: int = TOP_KERNELS,
+) -> dict[str, PhaseTotals]:
+    """Over ``steps``: per phase (and ``unaccounted``; ``step`` for all of them) the
+    activities launched in it, their summed and active time and the ``n`` largest names."""
+    by_key: dict[str, list[Activity]] = {}
+    for step in steps:
+        for key, acts in attribute(activities, phases_in(phases, step), step).items():
+            by_key.setdefault(key, []).extend(acts)
+    every = [a for acts in by_key.values() for a in acts]
+    out = {key: _totals(acts, n) for key, acts in by_key.items()}
+    out[STEP_KEY] = _totals(every, n)
+    return out
+
+
+def _totals(acts: Sequence[Activity], n: int) -> PhaseTotals:
+    return PhaseTotals(
+        ops=len(acts),
+        kernel_ns=sum(a.end_ns - a.start_ns for a in acts),
+        active_ns=union_ns((a.start_ns, a.end_ns) for a in acts),
+        top=top_kernels(acts, n),
+    )

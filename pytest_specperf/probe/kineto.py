@@ -32,9 +32,13 @@ from pytest_specperf.probe.kernels import (
     SAMPLE_KEYS,
     STEP_ANNOTATION,
     STEP_KEY,
+    TOP_KERNELS,
     Activity,
     KernelSample,
+    PhaseTotals,
     Window,
+    phase_totals,
+    phases_in,
     summarize_step,
 )
 
@@ -65,15 +69,19 @@ class ParsedTrace:
         """``cuda`` when the trace holds device activity, else ``cpu``."""
         return "cuda" if self.cuda else "cpu"
 
+    def activities(self, source: str | None = None) -> tuple[Activity, ...]:
+        """The ``cuda`` or ``cpu`` activities (default: the trace's source)."""
+        return self.cuda if (source or self.source) == "cuda" else self.cpu
+
     def samples(self, source: str | None = None) -> list[KernelSample]:
         """One sample per ``specperf.step`` window, from ``source`` (default: the trace's)."""
         src = source or self.source
-        acts = self.cuda if src == "cuda" else self.cpu
-        out = []
-        for step in self.steps:
-            inside = [w for w in self.phases if step.start_ns <= w.start_ns <= step.end_ns]
-            out.append(summarize_step(acts, inside, step, src))
-        return out
+        acts = self.activities(src)
+        return [summarize_step(acts, phases_in(self.phases, s), s, src) for s in self.steps]
+
+    def totals(self, source: str | None = None, top: int = TOP_KERNELS) -> dict[str, PhaseTotals]:
+        """Per phase over every step of the trace (see :func:`~.kernels.phase_totals`)."""
+        return phase_totals(self.activities(source), self.phases, self.steps, top)
 
 
 def _ns(us: Any) -> int:
