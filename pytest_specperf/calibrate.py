@@ -314,13 +314,13 @@ class Calibration:
                 f"--specperf-step-tolerance={opts.tolerances[1]}",
             ]
         if opts.server_url is not None:
-            self.common_args += ["--specperf-server-url", opts.server_url]
+            self.common_args.append(f"--specperf-server-url={opts.server_url}")
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
         report_path = self.work / f"{tag}.json"
         cmd = [
             sys.executable, "-m", "pytest", *self.opts.suite, "-q", "-p", "no:cacheprovider",
-            "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
+            f"--specperf-baselines={self.baselines}", f"--specperf-json={report_path}",
             *self.common_args, *extra,
         ]  # fmt: skip
         t = time.monotonic()
@@ -427,7 +427,7 @@ class Calibration:
         if done is not None:
             rc, report, dt = done
         else:
-            extra = ["--specperf-inject", cond.inject] if cond.inject else []
+            extra = [f"--specperf-inject={cond.inject}"] if cond.inject else []
             hog = _start_hog() if cond.hog else None
             try:
                 rc, maybe, dt = self._pytest(tag, extra)
