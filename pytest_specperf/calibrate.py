@@ -12,6 +12,10 @@ every condition alike. It prints a table and writes JSON.
 a case fails on its step or tokens/s, and no phase is blamed). ``--processes N`` records
 the baseline in N server processes (the verdicts then estimate the noise between
 processes from it); ``--max-time S`` is every run's ``--specperf-max-time``.
+With ``--server-url URL`` every run attaches to that one running server instead (a big
+model is loaded once): the baseline is recorded against it, and each repetition's pytest
+process switches the server's injection through the control file in its run directory
+(``--specperf-inject`` in attach mode), removing it again when it ends.
 """
 
 from __future__ import annotations
@@ -236,9 +240,11 @@ class CalibrateOptions:
     processes: int = 1
     #: every run's ``--specperf-max-time`` (None: the suite's)
     max_time: float | None = None
+    server_url: str | None = None
 
     def run_args(self) -> list[str]:
-        """pytest options every run of the calibration gets."""
+        """pytest options every run of the calibration gets: the tolerances asked for, the
+        extension's budget, the server to attach to (``--option=VALUE``: see ``_pytest``)."""
         out = []
         if self.tolerances is not None:
             out += [
@@ -247,6 +253,8 @@ class CalibrateOptions:
             ]
         if self.max_time is not None:
             out.append(f"--specperf-max-time={self.max_time:g}")
+        if self.server_url is not None:
+            out.append(f"--specperf-server-url={self.server_url}")
         return out
 
     @classmethod
@@ -269,7 +277,7 @@ class CalibrateOptions:
                 inj = parse_inject(f)
             except ValueError as e:
                 raise ValueError(f"--inject {f!r}: {e}") from None
-            if (len(inj.factors) != 1 and inj.uniform is None) or inj.host_stall_ms:
+            if (len(inj.factors) != 1 and inj.uniform is None) or inj.host_stall_ms or inj.waits_ms:
                 raise ValueError(
                     f"--inject {f!r}: give one PHASE=FACTOR (or all=FACTOR) per --inject"
                 )
@@ -281,6 +289,12 @@ class CalibrateOptions:
             raise ValueError("--processes must be from 1 to 16")
         if max_time is not None and not 0 <= max_time <= 86400:
             raise ValueError("--max-time must be seconds in [0, 86400]")
+        url = _server_url(args.server_url)
+        if url is not None and processes > 1:
+            raise ValueError(
+                f"--processes {processes} needs servers the plugin launches; with --server-url "
+                "there is one server: drop one of the two"
+            )
         return cls(
             processes=processes,
             max_time=max_time,
@@ -293,7 +307,19 @@ class CalibrateOptions:
             work_dir=args.work_dir,
             resume=bool(args.resume),
             suite=tuple(args.pytest_args or DEFAULT_SUITE),
+            server_url=url,
         )
+
+
+def _server_url(url: str | None) -> str | None:
+    if url is None:
+        return None
+    from pytest_specperf.server.client import check_url
+
+    try:
+        return check_url(url)
+    except ValueError as e:
+        raise ValueError(f"--server-url: {e}") from None
 
 
 def _tolerances(tol: str | None, step_tol: str | None) -> tuple[float, float] | None:
@@ -318,14 +344,15 @@ class Calibration:
         self.work.mkdir(parents=True, exist_ok=True)
         self.baselines = self.work / "baselines"
         self.t0 = time.monotonic()
-        self.tolerance_args = opts.run_args()
+        #: options every run gets (``CalibrateOptions.run_args``)
+        self.common_args = opts.run_args()
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
         report_path = self.work / f"{tag}.json"
         cmd = [
             sys.executable, "-m", "pytest", *self.opts.suite, "-q", "-p", "no:cacheprovider",
-            "--specperf-baselines", str(self.baselines), "--specperf-json", str(report_path),
-            *self.tolerance_args, *extra,
+            f"--specperf-baselines={self.baselines}", f"--specperf-json={report_path}",
+            *self.common_args, *extra,
         ]  # fmt: skip
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
@@ -435,7 +462,7 @@ class Calibration:
         if done is not None:
             rc, report, dt = done
         else:
-            extra = ["--specperf-inject", cond.inject] if cond.inject else []
+            extra = [f"--specperf-inject={cond.inject}"] if cond.inject else []
             hog = _start_hog() if cond.hog else None
             try:
                 rc, maybe, dt = self._pytest(tag, extra)
@@ -765,6 +792,12 @@ def add_parser(sub: Any) -> None:
         help="step tolerance to run and judge at, as --specperf-step-tolerance",
     )
     _add_run_options(c)
+    c.add_argument(
+        "--server-url",
+        metavar="URL",
+        help="calibrate against this running server (attach mode): baseline and every "
+        "repetition on it, injections switched through its run directory's control file",
+    )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
     c.add_argument(

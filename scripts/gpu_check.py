@@ -84,7 +84,7 @@ class Step:
 
 
 def _arm(name: str, inject: str | None) -> Step:
-    args = ("--specperf-inject", inject) if inject else ()
+    args = (f"--specperf-inject={inject}",) if inject else ()
     what = f"fresh process, {inject or 'no change (A/A)'} vs the recorded baseline"
     return Step(name, 30, what, (f"{name}.json",), (HEADLINE,), args)
 
@@ -124,7 +124,7 @@ PLAN: tuple[Step, ...] = (
         f"plugin: {CANARY_SPEC} vs the baseline (must fail on verify and unaccounted)",
         ("canary.json",),
         (HEADLINE,),
-        ("--specperf-inject", CANARY_SPEC),
+        (f"--specperf-inject={CANARY_SPEC}",),
     ),
     _arm("aa1", None),
     _arm("v105a", ARM_SPEC),
@@ -250,10 +250,12 @@ def pytest_argv(step: Step, out: Path) -> list[str]:
     argv += [
         "-p", "no:cacheprovider", "-rA",
         "--basetemp", str(out / "tmp" / step.name),
-        "--specperf-baselines", str(out / "baselines"),
-        "--specperf-model", CONFIG,
-        "--specperf-steps", str(STEPS_PER_CASE),
-        "--specperf-json", str(out / f"{step.name}.json"),
+        # option=value: pytest picks its rootdir before plugin options are known, so an
+        # existing path given as a separate word would move the rootdir and rename the cases
+        f"--specperf-baselines={out / 'baselines'}",
+        f"--specperf-model={CONFIG}",
+        f"--specperf-steps={STEPS_PER_CASE}",
+        f"--specperf-json={out / f'{step.name}.json'}",
         *step.pytest_args,
     ]  # fmt: skip
     return argv

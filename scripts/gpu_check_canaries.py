@@ -206,7 +206,7 @@ def small_trace(eng: Any, out: Path) -> dict[str, Any]:
     """A small CUDA kineto trace (a few steps at 4k) for the kernel-attribution tests."""
     from torch.profiler import ProfilerActivity, profile
 
-    from pytest_specperf.telemetry.kineto import device_ops, phase_activity
+    from pytest_specperf.probe.kineto import parse_trace
 
     with probe_swapped(eng, annotating_probe()):
         decode(eng, SMALL_CTX, 9, seed=3)
@@ -214,9 +214,9 @@ def small_trace(eng: Any, out: Path) -> dict[str, Any]:
             _, recs = decode(eng, SMALL_CTX, 9, seed=3)
     path = out / "traces/cuda-small.json.gz"
     trace = save_trace(prof, path)
-    ops = device_ops(trace)
-    return {"path": str(path), "steps": len(recs), "device_ops": len(ops),
-            "phases": {p: a.to_dict() for p, a in phase_activity(ops).items()},
+    parsed = parse_trace(trace)
+    return {"path": str(path), "steps": len(recs), "device_ops": len(parsed.cuda),
+            "phases": {p: t.to_json() for p, t in parsed.totals("cuda", top=5).items()},
             "device_ns": [r.device_ns for r in recs]}
 
 

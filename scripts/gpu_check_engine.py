@@ -199,15 +199,16 @@ def telemetry_step(out: Path, config: str) -> int:
 
 
 class _Annotated:
-    """A probe phase that is also a ``torch.profiler.record_function`` range."""
+    """A probe phase that is also a ``torch.profiler.record_function`` range, named as the
+    probe's own kernel sampler names it (``specperf.<phase>``)."""
 
     def __init__(self, span: Any, name: str) -> None:
         import torch
 
-        from pytest_specperf.telemetry.kineto import PREFIX
+        from pytest_specperf.probe.kernels import ANNOTATION_PREFIX
 
         self.span = span
-        self.rf = torch.profiler.record_function(PREFIX + name)
+        self.rf = torch.profiler.record_function(ANNOTATION_PREFIX + name)
 
     def __enter__(self) -> None:
         self.rf.__enter__()
@@ -218,19 +219,19 @@ class _Annotated:
         self.rf.__exit__(*exc)
 
 
-def annotating_probe() -> Any:
+def annotating_probe(*, use_cuda: bool = True) -> Any:
     """A StepProbe (records in memory) whose steps and phases are profiler ranges."""
     import torch
 
     from pytest_specperf.probe import StepProbe
-    from pytest_specperf.telemetry.kineto import PREFIX, STEP
+    from pytest_specperf.probe.kernels import STEP_ANNOTATION
 
     class AnnotatingProbe(StepProbe):
         def phase(self, name: str) -> Any:
             return _Annotated(super().phase(name), name)
 
         def begin_step(self, **kw: Any) -> None:
-            self._rf = torch.profiler.record_function(PREFIX + STEP)
+            self._rf = torch.profiler.record_function(STEP_ANNOTATION)
             self._rf.__enter__()
             super().begin_step(**kw)
 
@@ -238,7 +239,7 @@ def annotating_probe() -> Any:
             super().end_step(**kw)
             self._rf.__exit__(None, None, None)
 
-    return AnnotatingProbe(None, use_cuda=True)
+    return AnnotatingProbe(None, use_cuda=use_cuda)
 
 
 def decode(eng: Any, ctx: int, new: int, seed: int = 1, layout: str = "contiguous") -> Any:
@@ -383,28 +384,33 @@ def profiled_decode(eng: Any, ctx: int, new: int, path: Path) -> tuple[list[Any]
 
 def kernels_vs_spans(eng: Any, out: Path) -> dict[str, Any]:
     """Per phase: CUDA-event span vs kernel sum and kernel union over ~10 steps at 46k."""
-    from pytest_specperf.probe import PHASES
-    from pytest_specperf.telemetry.kineto import device_ops, phase_activity, union_ms
-
     recs, trace = profiled_decode(eng, HEAD_CTX, 1 + 10 * 3, out / "traces/engine-46k.json.gz")
-    ops = [o for o in device_ops(trace) if o.step is not None]
-    activity = phase_activity(ops)
+    return kernels_and_spans(trace, recs)
+
+
+def kernels_and_spans(trace: dict[str, Any], recs: list[Any]) -> dict[str, Any]:
+    """Per phase of a profiled decode: the probe's device span (CUDA events, summed over the
+    records) beside the kernels the trace attributes to it (count, summed, union, top)."""
+    from pytest_specperf.probe import PHASES
+    from pytest_specperf.probe.kernels import STEP_KEY
+    from pytest_specperf.probe.kineto import parse_trace
+
+    parsed = parse_trace(trace)
+    totals = parsed.totals(top=5)  # kernels on a GPU (CPU ops in a CPU trace)
+    busy = totals.pop(STEP_KEY, None)
     spans = {p: sum((r.device_ns or {}).get(p, 0) for r in recs) / 1e6 for p in PHASES}
     device_step_ms = sum(r.device_step_ns or 0 for r in recs) / 1e6
-    steps = sorted({o.step for o in ops if o.step is not None})
-    busy_kernels = sum(
-        union_ms((o.start_us, o.end_us) for o in ops if o.step == s) for s in steps
-    )
+    busy_ms = busy.active_ns / 1e6 if busy is not None else 0.0
     return {
+        "source": parsed.source,
         "steps_recorded": len(recs),
-        "steps_in_trace": len(steps),
+        "steps_in_trace": len(parsed.steps),
         "per_phase": {
-            p: {"span_ms": round(spans.get(p, 0.0), 4), **a.to_dict()}
-            for p, a in activity.items()
+            p: {"span_ms": round(spans.get(p, 0.0), 4), **t.to_json()} for p, t in totals.items()
         }
-        | {p: {"span_ms": round(v, 4)} for p, v in spans.items() if p not in activity},
+        | {p: {"span_ms": round(v, 4)} for p, v in spans.items() if p not in totals},
         "device_step_ms": device_step_ms,
-        "busy_share_from_kernels": busy_kernels / device_step_ms if device_step_ms else None,
+        "busy_share_from_kernels": busy_ms / device_step_ms if device_step_ms else None,
         "busy_share_from_spans": sum(spans.values()) / device_step_ms if device_step_ms else None,
     }
 

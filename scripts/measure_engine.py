@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import torch
+from probe_micro import empty_steps_us
 
 from pytest_specperf.engines.reference.config import get_config
 from pytest_specperf.engines.reference.engine import Engine, GenRequest
@@ -103,17 +104,8 @@ def main() -> None:
     print(f"3. probe on/off, generate time per step at 8k (ms): on {spread(per_step['on'])}; "
           f"off {spread(per_step['off'])}; paired ratio {spread(rel)}")
     # microbenchmark: the probe's own cost per step (7 phases, record, buffered sink)
-    micro = StepProbe(RunDirSink(tempfile.mkdtemp()))
     n = 20000
-    t = time.perf_counter()
-    for _ in range(n):
-        micro.begin_step(context_len=8192, batch_size=1, rids=["r"])
-        for ph in PHASES:
-            with micro.phase(ph):
-                pass
-        micro.end_step(accepted_tokens=3)
-    cost_us = (time.perf_counter() - t) / n * 1e6
-    micro.close()
+    cost_us = empty_steps_us(StepProbe(RunDirSink(tempfile.mkdtemp())), n)
     step8k = table[8192]["step"]
     out["probe_cost_us_per_step"] = cost_us
     print(f"   probe cost per step (microbenchmark, {n} steps): {cost_us:.1f} us = "

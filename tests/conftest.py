@@ -8,6 +8,15 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full-faults",
+        action="store_true",
+        help="run every try of the server fault tests (tests/test_server_faults.py: "
+        "SIGINT 5, killed 3, frozen 3); without it, one try of each",
+    )
+
 # pytester's in-process runs restore sys.modules afterwards, and torch cannot be imported
 # twice in one process: import it once, up front, so that inline runs find it loaded.
 with contextlib.suppress(ImportError):

@@ -1,12 +1,18 @@
-"""Raw-socket HTTP for tests that send what no HTTP library would, and the server launcher
-those tests share."""
+"""Raw-socket HTTP for tests that send what no HTTP library would, and the servers tests
+share: the reference server (launched, or run to see it refuse its arguments) and a
+throwaway HTTP server for a handler class."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import socket
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,13 +39,15 @@ class Exchange:
     seconds: float
 
 
+#: The reference server's command line, before its flags.
+REFERENCE_SERVER = (sys.executable, "-m", "pytest_specperf.engines.reference.server")
+
+
 def launch_reference(work: Path, *flags: str) -> tuple[ServerProcess, ServerClient]:
     """Start a reference server (tiny config, CPU, one thread) and wait until it generates."""
     port = free_port()
     cmd = [
-        sys.executable,
-        "-m",
-        "pytest_specperf.engines.reference.server",
+        *REFERENCE_SERVER,
         "--port",
         str(port),
         "--run-dir",
@@ -56,6 +64,32 @@ def launch_reference(work: Path, *flags: str) -> tuple[ServerProcess, ServerClie
     client = ServerClient(f"http://127.0.0.1:{port}", timeout=120)
     proc.wait_ready(client, deadline_s=120)
     return proc, client
+
+
+def run_reference(
+    *flags: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the reference server with ``flags`` that it refuses at start-up; its exit code
+    and output (``env``: added to this process's environment)."""
+    return subprocess.run(
+        [*REFERENCE_SERVER, *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
+
+
+def serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on a free local port in a thread; yields its URL (a fixture body:
+    ``yield from serve(...)``), shut down after."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def address(client: ServerClient) -> tuple[str, int]:

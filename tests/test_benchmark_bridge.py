@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from e2e import SHORT_RUN, VERIFY_CASE
 
 from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
@@ -25,22 +26,12 @@ from pytest_specperf.reporting.report import read_report
 
 pytestmark = pytest.mark.timeout(600)
 
-CASE = """
-import pytest
-
-@pytest.mark.specperf(gate=["verify"])
-@pytest.mark.parametrize("context_len", [2048])
-def test_decode(specperf, context_len):
-    run = specperf.decode(context_len=context_len)
-    assert run.steps == 8
-
+CASE = VERIFY_CASE + """
 def test_user(benchmark):
     assert benchmark(sum, range(100)) == 4950
 """
 NAME = "test_decode[ctx=2048 kv=contiguous bs=1]"
 FULLNAME = f"test_case.py::{NAME}"
-ARGS = ("--specperf-steps=8", "--specperf-warmup-steps=2", "--specperf-device=test-box",
-        "-p", "no:cacheprovider", "-p", "no:randomly")  # fmt: skip
 PYTEST_BENCHMARK = Path(sys.executable).with_name("pytest-benchmark")
 
 
@@ -61,7 +52,7 @@ def saved(tmp_path_factory) -> Path:
     _git(d, "commit", "-qm", "case")
     for extra in (("--benchmark-json=b.json", "--benchmark-autosave"),
                   ("--benchmark-save=second",)):  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "pytest", "test_case.py", *ARGS, *extra],
+        out = subprocess.run([sys.executable, "-m", "pytest", "test_case.py", *SHORT_RUN, *extra],
                              cwd=d, capture_output=True, text=True, timeout=300)  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
     return d
@@ -161,10 +152,11 @@ def _setup(pytester: pytest.Pytester) -> None:
 
 def test_a_users_benchmark_lands_next_to_ours(pytester):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*ARGS, "--benchmark-json=j.json", timeout=300)
+    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-json=j.json", timeout=300)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "*test_user*",
-                                 "*benchmark 'specperf': 1 tests*", f"{NAME}*"])  # fmt: skip
+                                 "*benchmark 'specperf': 1 tests*",
+                                 NAME.replace("[", "[[]") + "*"])  # fmt: skip  ([ is fnmatch's
     data = json.loads((pytester.path / "j.json").read_text())
     assert sorted(b["name"] for b in data["benchmarks"]) == [NAME, "test_user"]
     [user] = [b for b in data["benchmarks"] if b["name"] == "test_user"]
@@ -174,7 +166,7 @@ def test_a_users_benchmark_lands_next_to_ours(pytester):
 
 def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*ARGS, "--benchmark-skip", "--benchmark-json=s.json",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-skip", "--benchmark-json=s.json",
                                            timeout=300)  # fmt: skip
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*NO_BASELINE*"])
@@ -184,7 +176,7 @@ def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester):
 
 def test_benchmark_disable_keeps_the_gate_and_hands_nothing_over(pytester):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*ARGS, "--benchmark-disable", "--benchmark-json=d.json",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-disable", "--benchmark-json=d.json",
                                            timeout=300)  # fmt: skip
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*NO_BASELINE*"])
@@ -194,7 +186,7 @@ def test_benchmark_disable_keeps_the_gate_and_hands_nothing_over(pytester):
 
 def test_without_benchmark_options_the_output_is_ours_alone(pytester):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*ARGS, timeout=300)
+    result = pytester.runpytest_subprocess(*SHORT_RUN, timeout=300)
     result.assert_outcomes(passed=2)
     text = result.stdout.str()
     assert "benchmark 'specperf'" not in text and "test_user" in text  # the user's table only
@@ -203,7 +195,7 @@ def test_without_benchmark_options_the_output_is_ours_alone(pytester):
 
 def test_pytest_benchmark_disabled_as_a_plugin(pytester):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*ARGS, "-p", "no:benchmark", "-k", "decode",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, "-p", "no:benchmark", "-k", "decode",
                                            "--specperf-json=r.json", timeout=300)  # fmt: skip
     result.assert_outcomes(passed=1, deselected=1)
     report = read_report(pytester.path / "r.json")

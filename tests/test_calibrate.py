@@ -117,6 +117,7 @@ def test_table_is_readable():
     (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
     (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR (or all=FACTOR) per --inject"),
     (["calibrate", "--host-stall-share", "0"], "--host-stall-share must be in"),
+    (["calibrate", "--server-url", "ftp://h:1"], "--server-url: server URL 'ftp://h:1' must look like"),
 ])
 def test_cli_errors(capsys, argv, message):
     assert cli.main(argv) == 2
@@ -128,7 +129,7 @@ def _args(tmp_path, resume=True, **kw):
 
     ns = dict(repetitions=1, inject=["verify=1.10"], host_stall_share=0.2, hog=False,
               json=None, work_dir=tmp_path, resume=resume, pytest_args=[], tolerance=None,
-              step_tolerance=None)
+              step_tolerance=None, server_url=None)
     ns.update(kw)
     return CalibrateOptions.from_args(argparse.Namespace(**ns))
 

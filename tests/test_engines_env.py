@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rawhttp import run_reference
 
 from pytest_specperf.engines import env
 from pytest_specperf.engines.env import ProbeEnvError, probe_setup, run_dir_from_env
@@ -71,22 +71,9 @@ def test_env_module_imports_only_the_standard_library() -> None:
 
 
 def test_reference_server_refuses_a_bad_inject_spec_in_one_line(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_specperf.engines.reference.server",
-            "--device",
-            "cpu",
-            "--port",
-            "0",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, env.ENV_INJECT: "verify=fast"},
-    )
+    out = run_reference(
+        "--device", "cpu", "--port", "0", "--run-dir", str(tmp_path / "run"),
+        env={env.ENV_INJECT: "verify=fast"},
+    )  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("error: SPECPERF_INJECT='verify=fast': ")

@@ -18,6 +18,7 @@ class FakeDecoder:
     def __init__(self, make_run, clock, round_s=4.0):
         self.make_run, self.clock, self.round_s = make_run, clock, round_s
         self.rounds, self.notes = 1, []
+        self.server = None  # the handle names the server being measured when one fails
 
     def run(self, case):
         run = self.make_run(steps=8 * self.rounds)

@@ -3,6 +3,7 @@ ids, the leftover-server cleanup and the summary of partial results."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -83,7 +84,7 @@ def test_pytest_steps_load_the_plugin_from_the_checkout(
     assert argv[:3] == [sys.executable, "-m", "pytest"]
     assert argv[argv.index("-p") : argv.index("-p") + 2] == ["-p", "pytest_specperf.plugin"]
     assert "-k" not in argv and all(n in argv for n in record.nodeids)
-    assert argv[argv.index("--specperf-json") + 1] == str(tmp_path / "record.json")
+    assert f"--specperf-json={tmp_path / 'record.json'}" in argv
     monkeypatch.setattr(gpu_check, "plugin_installed", lambda: True)
     assert "pytest_specperf.plugin" not in gpu_check.pytest_argv(record, tmp_path)
 
@@ -147,3 +148,35 @@ def test_results_keep_finished_parts_when_one_fails(gpu_check: ModuleType, tmp_p
     data = json.loads((tmp_path / "engine.json").read_text())
     assert data["first"]["result"] == {"x": 1}
     assert data["second"]["error"] == "RuntimeError: CUDA error: out of memory"
+
+
+def test_engine_check_names_its_ranges_as_the_probe_reads_them(
+    gpu_check: ModuleType, tmp_path: Path
+) -> None:
+    """The engine step's profiled decode and the probe's trace reader agree on the range
+    names: on the CPU, a decode under the annotating probe gives each phase its torch ops."""
+    torch = pytest.importorskip("torch")
+    import gpu_check_engine
+    from torch.profiler import ProfilerActivity, profile
+
+    importlib.import_module("gpu_check_canaries")  # the engine step's other half imports
+    probe = gpu_check_engine.annotating_probe(use_cuda=False)
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            probe.begin_step(context_len=1, batch_size=1, rids=["r"])
+            with probe.phase("draft"):
+                x @ x
+            with probe.phase("verify"):
+                torch.relu(x @ x)
+            probe.end_step(accepted_tokens=1)
+    trace = gpu_check_engine.save_trace(prof, tmp_path / "traces" / "cpu.json.gz")
+    summary = gpu_check_engine.kernels_and_spans(trace, probe.take_completed())
+    assert (tmp_path / "traces" / "cpu.json.gz").is_file()
+    assert summary["source"] == "cpu"
+    assert summary["steps_recorded"] == summary["steps_in_trace"] == 2
+    draft, verify = summary["per_phase"]["draft"], summary["per_phase"]["verify"]
+    assert draft["ops"] == 2 and draft["top"][0]["name"] == "aten::matmul"
+    assert {t["name"] for t in verify["top"]} == {"aten::matmul", "aten::relu"}
+    assert 0 < verify["active_ns"] <= verify["kernel_ns"]
+    assert summary["busy_share_from_kernels"] is None  # no device step time on a CPU

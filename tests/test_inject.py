@@ -18,8 +18,20 @@ def test_parse_spec():
     assert str(spec) == "draft=1.5,verify=1.1,host_stall=20"
 
 
+def test_parse_wait_spec():
+    spec = parse_inject("verify_wait=20,verify=1.1,draft_wait=0.5")
+    assert spec == InjectSpec({"verify": 1.1}, 0.0, {"verify": 20.0, "draft": 0.5})
+    assert str(spec) == "verify=1.1,draft_wait=0.5,verify_wait=20"
+    assert parse_inject(str(spec)) == spec
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("verfy=1.1", "unknown phase 'verfy'; choose one of: schedule, draft"),
+    ("verfy_wait=3", "unknown phase 'verfy_wait'"),
+    ("unaccounted_wait=3", "unknown phase 'unaccounted_wait'"),
+    ("verify_wait=0", "verify_wait: 0 ms must be in (0, 10000]"),
+    ("verify_wait=20000", "verify_wait: 20000 ms must be in (0, 10000]"),
+    ("verify_wait=1,verify_wait=2", "verify_wait is given twice"),
     ("unaccounted=1.2", "unknown phase 'unaccounted'"),
     ("verify=fast", "verify: 'fast' is not a number"),
     ("verify=0.9", "factor 0.9 must be in (1, 10]"),
@@ -41,8 +53,6 @@ def test_bad_specs_name_the_fix(text, message):
     (["--specperf-inject=kv=2"], "*unknown phase 'kv'*"),
     (["--specperf-inject=verify=1.1", "--specperf-update-baselines"],
      "*--specperf-inject cannot be combined with --specperf-update-baselines*"),
-    (["--specperf-inject=verify=1.1", "--specperf-server-url=http://127.0.0.1:1"],
-     "*needs a server launched by the plugin*"),
 ])
 def test_option_errors(pytester, args, message):
     pytester.makepyfile("def test_x(): pass")

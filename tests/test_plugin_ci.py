@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e import SHORT_RUN
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,21 +26,12 @@ import pytest
 def test_decode(specperf, context_len):
     specperf.decode(context_len=context_len)
 """
-ARGS = (
-    "--specperf-steps=8",
-    "--specperf-warmup-steps=2",
-    "--specperf-device=test-box",
-    "-p",
-    "no:cacheprovider",
-    "-p",
-    "no:randomly",
-)
 KEYS = ("ctx=1024 kv=contiguous bs=1", "ctx=2048 kv=contiguous bs=1")
 ENGINE = "reference tiny DFLASH"
 
 
 def _run(pytester, *extra):
-    return pytester.runpytest_subprocess(*ARGS, *extra, timeout=300)
+    return pytester.runpytest_subprocess(*SHORT_RUN, *extra, timeout=300)
 
 
 def _last_summary_line(result) -> str:
@@ -122,7 +114,7 @@ def test_strict_update_records_whole_measurements(pytester):
     # the passing case's report section carries the bottleneck verdict and phase table
     result.stdout.fnmatch_lines([
         "*ctx=1024 kv=contiguous bs=1: NO_BASELINE",
-        "bottleneck: host only (no device timing): step * ms, unaccounted * ms (*)*",
+        "bottleneck: host only (no device timing): step * ms, CPU time * of it, unaccounted * ms (*)*",
         "phase*base ms*now ms*change*share*",
     ])  # fmt: skip
     data = yaml.safe_load((pytester.path / "baselines" / "test-box.yaml").read_text())
@@ -142,7 +134,7 @@ def test_strict_update_records_whole_measurements(pytester):
 def test_unusable_destination_is_a_usage_error_before_any_server(pytester, option, make):
     pytester.makepyfile(test_ci=CASES)
     dest = make(pytester.path)
-    result = pytester.runpytest(*ARGS, f"{option}={dest}")
+    result = pytester.runpytest(*SHORT_RUN, f"{option}={dest}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{option}: invalid value '{dest}'; expected a file path*"])
     assert "starting reference server" not in result.stdout.str()
@@ -151,7 +143,7 @@ def test_unusable_destination_is_a_usage_error_before_any_server(pytester, optio
 def test_unwritable_destination_is_a_usage_error(pytester):
     pytester.makepyfile(test_ci=CASES)
     target = "/proc/specperf-summary.md"  # not writable, even for root
-    result = pytester.runpytest(*ARGS, f"--specperf-markdown={target}")
+    result = pytester.runpytest(*SHORT_RUN, f"--specperf-markdown={target}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*--specperf-markdown: invalid value '{target}'; expected a "
                                  "file path this user may write (*)"])  # fmt: skip
@@ -163,14 +155,14 @@ def test_more_workers_than_gpus_is_refused(pytester, monkeypatch):
 
     monkeypatch.setattr("pytest_specperf.plugin.xdist.visible_gpus", fake_one_gpu)
     pytester.makepyfile(test_ci=CASES)
-    result = pytester.runpytest(*ARGS, "-n", "2")
+    result = pytester.runpytest(*SHORT_RUN, "-n", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*-n 2: only 1 GPU(s) visible*use -n 1 or fewer*"])
 
 
 def test_workers_cannot_share_an_attached_server(pytester):
     pytester.makepyfile(test_ci=CASES)
-    result = pytester.runpytest(*ARGS, "-n", "2", "--specperf-server-url=http://127.0.0.1:3")
+    result = pytester.runpytest(*SHORT_RUN, "-n", "2", "--specperf-server-url=http://127.0.0.1:3")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*-n 2 with --specperf-server-url*attach without -n*"])
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rawhttp import address, exchange, launch_reference, thread_count
+from rawhttp import address, exchange, launch_reference, run_reference, thread_count
 
 from pytest_specperf.server import ServerClient, ServerHTTPError
 from pytest_specperf.server.client import attach_problem
@@ -213,22 +211,7 @@ def test_attach_problem_accepts_the_reference_server(server: tuple[ServerClient,
 
 
 def test_bad_http_flags_are_one_error_line(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_specperf.engines.reference.server",
-            "--device",
-            "cpu",
-            "--port",
-            "0",
-            "--http-timeout",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_reference("--device", "cpu", "--port", "0", "--http-timeout", "0")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert (
         out.stderr.strip() == "error: --http-timeout must be a positive number of seconds, got 0.0"

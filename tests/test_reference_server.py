@@ -5,40 +5,19 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from rawhttp import launch_reference, run_reference
 
 from pytest_specperf.probe import read_records
-from pytest_specperf.server import ServerClient, ServerHTTPError, ServerProcess, free_port
-
-
-def _launch(work: Path, *extra: str) -> tuple[ServerProcess, ServerClient]:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest_specperf.engines.reference.server",
-        "--port",
-        str(port),
-        "--run-dir",
-        str(work / "run"),
-        "--threads",
-        "1",
-        *extra,
-    ]
-    proc = ServerProcess(cmd, log_path=work / "server.log", name="reference server")
-    proc.start()
-    client = ServerClient(f"http://127.0.0.1:{port}", timeout=120)
-    proc.wait_ready(client, deadline_s=120)
-    return proc, client
+from pytest_specperf.server import ServerClient, ServerHTTPError
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("refsrv")
-    proc, client = _launch(work, "--max-body-bytes", "65536")
+    proc, client = launch_reference(work, "--max-body-bytes", "65536")
     yield client, work / "run", proc
     proc.stop()
 
@@ -214,7 +193,7 @@ def test_unknown_route_and_missing_length(server):
 
 def test_sigterm_stops_the_server_and_keeps_records(tmp_path):
     run_dir = tmp_path / "run"
-    proc, client = _launch(tmp_path, "--quiet")
+    proc, client = launch_reference(tmp_path)
     client.generate(
         {
             "input_ids": [4, 5, 6],
@@ -238,31 +217,11 @@ def stat_mode(path: Path) -> int:
 
 
 def test_startup_errors_are_clear(tmp_path):
-    import subprocess
-
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest_specperf.engines.reference.server", "--config", "huge"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_reference("--config", "huge", timeout=60)
     assert out.returncode == 2 and "invalid choice: 'huge'" in out.stderr
     import torch
 
     if torch.cuda.is_available():
         return  # the CUDA error path needs a machine without CUDA
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_specperf.engines.reference.server",
-            "--device",
-            "cuda:0",
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_reference("--device", "cuda:0", "--port", "0")
     assert out.returncode == 2 and "CUDA is not available" in out.stderr

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rawhttp import run_reference
 
 from pytest_specperf.probe import RunDirError, RunDirSink, StepProbe, make_run_dir, read_records
 from pytest_specperf.probe.sink import RecordTail, open_run_dir
@@ -139,22 +138,7 @@ def test_reference_server_refuses_a_bad_run_dir_with_one_clear_line(
     else:
         (tmp_path / "t").mkdir()
         run_dir.symlink_to(tmp_path / "t")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest_specperf.engines.reference.server",
-            "--port",
-            "0",
-            "--device",
-            "cpu",
-            "--run-dir",
-            str(run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_reference("--port", "0", "--device", "cpu", "--run-dir", str(run_dir))
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.startswith(f"error: --run-dir: run directory {run_dir} ")

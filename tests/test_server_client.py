@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from rawhttp import serve
 
 from pytest_specperf.server.client import (
     ServerClient,
@@ -34,16 +35,6 @@ def silent_port() -> Iterator[int]:
         yield int(s.getsockname()[1])
 
 
-def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-
-
 class _Quiet(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -65,12 +56,12 @@ class _OtherJSON(_Quiet):
 
 @pytest.fixture
 def not_found_url() -> Iterator[str]:
-    yield from _serve(_NotFound)
+    yield from serve(_NotFound)
 
 
 @pytest.fixture
 def other_json_url() -> Iterator[str]:
-    yield from _serve(_OtherJSON)
+    yield from serve(_OtherJSON)
 
 
 def _timed(url: str, **kw: object) -> tuple[str | None, float]:

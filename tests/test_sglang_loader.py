@@ -411,3 +411,20 @@ def test_unit_child_entry_is_named_like_sglangs() -> None:
     assert run_scheduler_process.__name__ == "run_scheduler_process"
     assert params[:6] == ["server_args", "port_args", "gpu_id", "tp_rank", "pp_rank", "dp_rank"]
     assert os.environ.get("SPECPERF_SGLANG_PLUGIN") != "1"  # the parent stays plugin-free
+
+
+def test_the_scheduler_probe_takes_injections_from_the_control_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attach-mode canaries: the control file in the run directory (written here before the
+    scheduler starts, as the plugin writes it into a running server's) reaches the probe
+    that sgl_plugin builds, and labels the records."""
+    from pytest_specperf.probe.inject import parse_inject, write_control
+
+    write_control(tmp_path, parse_inject("host_stall=2"))
+    _spawn(tmp_path, monkeypatch, "EAGLE3")
+    recs = read_records(tmp_path, rids={"r1"})
+    assert len(recs) == DECODE_STEPS
+    for r in recs:
+        assert r.labels["inject"] == "host_stall=2" and "inject_error" not in r.labels
+        assert r.unaccounted_ns >= 2_000_000  # the stall really happened, outside the phases

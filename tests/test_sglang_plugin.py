@@ -68,6 +68,20 @@ def _in_scheduler(fn: Any, **ranks: Any) -> Any:
     return run_scheduler_process(**ranks)
 
 
+def _hooks_report(
+    monkeypatch: pytest.MonkeyPatch, run: Path, phase_map: Path | None = None,
+    algorithm: str | None = None,
+) -> dict[str, Any]:
+    """``sgl_plugin.load`` in a scheduler whose run directory is ``run`` (with the user's
+    ``phase_map``, for ``--speculative-algorithm algorithm``); the hooks report it wrote."""
+    monkeypatch.setenv("SPECPERF_RUN_DIR", str(run))
+    if phase_map is not None:
+        monkeypatch.setenv("SPECPERF_PHASE_MAP", str(phase_map))
+    args = None if algorithm is None else types.SimpleNamespace(speculative_algorithm=algorithm)
+    _in_scheduler(sgl_plugin.load, server_args=args)
+    return json.loads(next(run.glob("hooks-*.json")).read_text())
+
+
 def test_unit_scheduler_context_reads_the_ranks() -> None:
     ctx = _in_scheduler(sgl_plugin.scheduler_context, tp_rank=3, pp_rank=1, gpu_id=5)
     assert ctx["tp_rank"] == 3 and ctx["pp_rank"] == 1 and ctx["gpu_id"] == 5
@@ -180,12 +194,8 @@ def test_unit_bad_user_phase_map_patches_nothing(
     (half a map would measure something else than asked), and the report says where."""
     bad = tmp_path / "fork.yaml"
     bad.write_text(text)
-    run = tmp_path / "run"
-    monkeypatch.setenv("SPECPERF_RUN_DIR", str(run))
-    monkeypatch.setenv("SPECPERF_PHASE_MAP", str(bad))
-    _in_scheduler(sgl_plugin.load)
+    report = _hooks_report(monkeypatch, tmp_path / "run", bad)
     assert fake_registry.registered == []
-    report = json.loads(next(run.glob("hooks-*.json")).read_text())
     assert report["installed"] == [] and report["refused"] == report["phase_map_error"]
     assert f"phase map {bad}:" in report["phase_map_error"]
     assert isinstance(sgl_plugin._runtime, ProbeRuntime)  # loaded once, inert
@@ -198,10 +208,7 @@ def test_unit_load_with_a_user_phase_map(
     fork.write_text("schema: 1\nentries:\n"
                     " - {target: sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft,"
                     " role: phase, phase: build_verify_input, params: [self, batch, extra]}\n")
-    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("SPECPERF_PHASE_MAP", str(fork))
-    _in_scheduler(sgl_plugin.load)
-    report = json.loads(next((tmp_path / "run").glob("hooks-*.json")).read_text())
+    report = _hooks_report(monkeypatch, tmp_path / "run", fork)
     by = {i["target"]: i for i in report["installed"]}
     draft = by["sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"]
     assert draft["phase"] == "build_verify_input" and draft["source"] == str(fork)
@@ -326,10 +333,7 @@ def test_unit_install_with_unknown_algorithm_keeps_everything(tmp_path: Path) ->
 def test_unit_load_reads_the_algorithm_from_server_args(
     fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
-    server_args = types.SimpleNamespace(speculative_algorithm="DFLASH")
-    _in_scheduler(sgl_plugin.load, server_args=server_args)
-    report = json.loads(next(tmp_path.glob("hooks-*.json")).read_text())
+    report = _hooks_report(monkeypatch, tmp_path, algorithm="DFLASH")
     assert report["speculative_algorithm"] == "DFLASH"
     assert sgl_plugin._runtime is not None
     assert sgl_plugin._runtime.labels["speculative_algorithm"] == "DFLASH"
@@ -342,11 +346,8 @@ def test_unit_load_refuses_an_algorithm_without_a_step_entry(
     fake_registry: type[FakeHookRegistry], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     algorithm: str,
 ) -> None:
-    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path))
-    _in_scheduler(sgl_plugin.load, server_args=types.SimpleNamespace(
-        speculative_algorithm=algorithm))
+    report = _hooks_report(monkeypatch, tmp_path, algorithm=algorithm)
     assert fake_registry.registered == []
-    report = json.loads(next(tmp_path.glob("hooks-*.json")).read_text())
     assert report["installed"] == [] and report["phase_map_error"] is None
     assert f"--speculative-algorithm {algorithm}" in report["refused"]
     assert "SPECPERF_PHASE_MAP" in report["refused"] and "sglang-check" in report["refused"]
@@ -359,11 +360,7 @@ def test_unit_load_accepts_ngram_with_the_users_step_entry(
     fork.write_text("schema: 1\nentries:\n"
                     " - {target: sglang.srt.speculative.ngram_worker.NGRAMWorker."
                     "forward_batch_generation, role: step}\n")
-    monkeypatch.setenv("SPECPERF_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("SPECPERF_PHASE_MAP", str(fork))
-    _in_scheduler(sgl_plugin.load, server_args=types.SimpleNamespace(
-        speculative_algorithm="NGRAM"))
-    report = json.loads(next((tmp_path / "run").glob("hooks-*.json")).read_text())
+    report = _hooks_report(monkeypatch, tmp_path / "run", fork, "NGRAM")
     assert report["refused"] is None
     missing = {m["target"] for m in report["missing"]}  # the fake resolver knows 2 targets
     assert "sglang.srt.speculative.ngram_worker.NGRAMWorker.forward_batch_generation" in missing

@@ -632,9 +632,12 @@ def _decode_window_gpu() -> FakeGpu:
     )
 
 
-def _sample_around_a_window(sampler: TelemetrySampler, t: FakeTime, marks: bool) -> None:
-    """Samples every 50 ms; a window from 0.2 s to 1.3 s (marked), or 0.25 s to 1.25 s
-    given afterwards as two step spans 2 ms apart."""
+def _summary_around_a_window(monkeypatch: pytest.MonkeyPatch, *, marks: bool) -> TelemetrySummary:
+    """The summary of samples every 50 ms of :func:`_decode_window_gpu`; a window from 0.2 s
+    to 1.3 s (marked), or 0.25 s to 1.25 s given afterwards as two step spans 2 ms apart."""
+    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
+    t = FakeTime()
+    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
     sampler.start(background=False)
     for t.ms in (50, 100):
         sampler.sample_once()
@@ -654,14 +657,11 @@ def _sample_around_a_window(sampler: TelemetrySampler, t: FakeTime, marks: bool)
     for t.ms in (1400, 1500):
         sampler.sample_once()
     t.ms = 1600
+    return sampler.stop()
 
 
 def test_marked_window_keeps_only_readings_inside(monkeypatch: pytest.MonkeyPatch) -> None:
-    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
-    t = FakeTime()
-    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
-    _sample_around_a_window(sampler, t, marks=True)
-    summary = sampler.stop()
+    summary = _summary_around_a_window(monkeypatch, marks=True)
     assert summary.available and summary.windows == 1
     assert summary.window_s == pytest.approx(1.1)
     assert summary.samples == INSIDE_SAMPLES and summary.outside_samples == 5
@@ -678,11 +678,7 @@ def test_marked_window_keeps_only_readings_inside(monkeypatch: pytest.MonkeyPatc
 
 def test_windows_from_decode_steps_are_merged(monkeypatch: pytest.MonkeyPatch) -> None:
     """Step spans given after the fact (2 ms apart: one window) restrict the same way."""
-    inject(monkeypatch, FakePynvml([_decode_window_gpu()]))
-    t = FakeTime()
-    sampler = TelemetrySampler(0, clock=t.mono, wall_clock=t.wall)
-    _sample_around_a_window(sampler, t, marks=False)
-    summary = sampler.stop()
+    summary = _summary_around_a_window(monkeypatch, marks=False)
     assert summary.windows == 1 and summary.window_s == pytest.approx(1.0)
     util = summary.metrics[GPU_UTIL]
     assert (util.min, util.n) == (95.0, INSIDE_SAMPLES - 1)

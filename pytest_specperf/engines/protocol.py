@@ -39,6 +39,8 @@ class BackendSettings:
     nvtx: bool = False
     #: servers running side by side on this machine (one per pytest-xdist worker)
     parallel: int = 1
+    #: kernel sampling interval for the server's probe (None: the server's default)
+    kernel_every: int | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from typing import Any
 
 from pytest_specperf.judging.baseline_io import (
     LOCK_TIMEOUT_S,
+    RAISE_LIMIT,
     BaselineError,
     FlowMap,
     atomic_write,
@@ -803,7 +804,7 @@ def write_baselines(
                 path,
                 f"the updated file would be {len(text.encode()) / 2**20:.1f} MiB, over the "
                 f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
-                "SPECPERF_BASELINE_MAX_MB, or split the suite across files)",
+                f"{RAISE_LIMIT}, or split the suite across files)",
             )
         atomic_write(target, text)
     if removed:

@@ -5,41 +5,40 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_specperf.judging.metrics import STEP, device_form
+from pytest_specperf.judging.metrics import (
+    RUNQ_SHARE,
+    STEP,
+    STEP_PARTS,
+    active_form,
+    cpu_form,
+    device_form,
+)
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bandwidth import kv_read_bytes
-from pytest_specperf.telemetry.bottleneck import Bottleneck, StepFigures, classify
+from pytest_specperf.telemetry.bottleneck import (
+    ActiveSource,
+    Bottleneck,
+    StepFigures,
+    Thresholds,
+    classify,
+)
 
 
-def diagnose(
-    run: DecodeRun,
-    *,
-    kv_bytes_per_token: float | None = None,
-    kv_traffic: Mapping[str, Any] | None = None,
-    peak_bandwidth_bytes_per_s: float | None = None,
-) -> Bottleneck:
-    """Host-bound, memory-bound, compute-bound or latency-bound, with its numbers.
+def _medians(s: Mapping[str, Summary], form: str) -> dict[str, float]:
+    """``{part: median}`` of ``cpu.<part>`` or ``active.<part>`` where measured."""
+    name = {"cpu": cpu_form, "active": active_form}[form]
+    return {p: s[name(p)].median for p in STEP_PARTS if name(p) in s}
 
-    On a GPU: device-busy share from the CUDA-event phase times, utilization from NVML/GPM,
-    and the KV-read bandwidth of the verify phase (the KV bytes the verify moves, see
-    :func:`kv_read_bytes_per_step`, over its device time) against the device's peak. On a
-    CPU: the host-side view (unaccounted share, largest phases).
-    """
-    s = run.summaries
-    host = {p: s[p].value for p in PHASES if p in s}
-    dev = {p: s[device_form(p)].value for p in PHASES if device_form(p) in s}
-    kv_bytes = kv_read_bytes_per_step(run, kv_bytes_per_token, kv_traffic)
-    figures = StepFigures(
-        step_ms=s[STEP].value,
-        host_ms=host,
-        device_ms=dev,
-        unaccounted_ms=s[UNACCOUNTED].value,
-        kv_read_bytes_per_step=kv_bytes,
-        peak_bandwidth_bytes_per_s=peak_bandwidth_bytes_per_s,
-    ).with_telemetry(run.telemetry)
-    return classify(figures)
+
+def _runq_ms(s: Mapping[str, Summary]) -> float | None:
+    """Run-queue time per step: the median share of off-CPU time the thread waited for a
+    CPU (steps that read it) times the median step's off-CPU time."""
+    share, cpu = s.get(RUNQ_SHARE), s.get(cpu_form(STEP))
+    if share is None or cpu is None:
+        return None
+    return share.median * max(s[STEP].median - cpu.median, 0.0)
 
 
 def kv_read_bytes_per_step(
@@ -60,8 +59,104 @@ def kv_read_bytes_per_step(
     return None
 
 
+def figures_of(
+    run: DecodeRun,
+    *,
+    kv_bytes_per_token: float | None = None,
+    kv_traffic: Mapping[str, Any] | None = None,
+    peak_bandwidth_bytes_per_s: float | None = None,
+) -> StepFigures:
+    """The figures the bottleneck verdict is computed from (medians of the run)."""
+    s = run.summaries
+    kv_bytes = kv_read_bytes_per_step(run, kv_bytes_per_token, kv_traffic)
+    top = {}
+    if run.kernels is not None:
+        top = {k: (v[0].name, v[0].total_ms) for k, v in run.kernels.phases.items() if v}
+    source: ActiveSource | None = None
+    if run.active_source == "device":
+        source = "device"
+    elif run.active_source == "cpu":
+        source = "cpu"
+    return StepFigures(
+        step_ms=s[STEP].value,
+        host_ms={p: s[p].value for p in PHASES if p in s},
+        device_ms={p: s[device_form(p)].value for p in PHASES if device_form(p) in s},
+        unaccounted_ms=s[UNACCOUNTED].value,
+        kv_read_bytes_per_step=kv_bytes,
+        peak_bandwidth_bytes_per_s=peak_bandwidth_bytes_per_s,
+        cpu_ms=_medians(s, "cpu"),
+        active_ms=_medians(s, "active") if source else {},
+        active_source=source,
+        top_kernel=top,
+        context_len=run.context_len,
+        runq_ms=_runq_ms(s),
+    ).with_telemetry(run.telemetry)
+
+
+def diagnose(
+    run: DecodeRun,
+    *,
+    kv_bytes_per_token: float | None = None,
+    kv_traffic: Mapping[str, Any] | None = None,
+    peak_bandwidth_bytes_per_s: float | None = None,
+) -> Bottleneck:
+    """Host-bound, memory-bound, compute-bound or latency-bound, with its numbers, and per
+    phase whether it worked or waited (``Bottleneck.lines``).
+
+    On a GPU: device-busy share from the CUDA-event phase times, active time from kernel
+    samples, utilization from NVML/GPM, and the KV-read bandwidth of the verify phase (the
+    KV bytes the verify moves, see :func:`kv_read_bytes_per_step`, over its device time)
+    against the device's peak. On a
+    CPU: the host-side view (unaccounted share, largest phases) and the thread's CPU time.
+    """
+    return classify(
+        figures_of(
+            run,
+            kv_bytes_per_token=kv_bytes_per_token,
+            kv_traffic=kv_traffic,
+            peak_bandwidth_bytes_per_s=peak_bandwidth_bytes_per_s,
+        )
+    )
+
+
+def _why(run: DecodeRun, base: Mapping[str, Summary], phase: str, grew_ms: float) -> str:
+    """``; its CPU time grew 0.10 ms: the thread waited inside verify (waits, not work)``,
+    on a CPU run whose baseline has the phase's CPU time (empty otherwise)."""
+    name = cpu_form(phase)
+    if run.active_source != "cpu" or name not in run.summaries or name not in base:
+        return ""
+    cpu = run.summaries[name].value - base[name].value
+    head = f"; its CPU time grew {cpu:.2f} ms"
+    if cpu < Thresholds().idle_share * grew_ms:
+        return head + f": the thread waited inside {phase} (waits, not work)"
+    return head + f": busy inside {phase} (work, not waits)"
+
+
+def _unaccounted_cause(run: DecodeRun) -> str:
+    """What the time outside every phase was, from the evidence the run has."""
+    s = run.summaries
+    u = s[UNACCOUNTED].value
+    active = s.get(active_form(UNACCOUNTED))
+    idle = Thresholds().idle_share
+    if run.active_source == "device" and active is not None and u > 0:
+        if active.median >= idle * u:
+            return "GPU work outside the mapped phases (the device was active)"
+        return "a host-side stall between phases, while the device idled"
+    if run.active_source == "cpu" and active is not None and u > 0:
+        if active.median >= idle * u:
+            return "a host-side stall between phases (the thread was busy)"
+        return "the thread waited between phases"
+    if run.has_device_times:
+        return (
+            "a host-side stall or GPU work outside the mapped phases (device activity not "
+            "sampled: --specperf-kernel-every)"
+        )
+    return "a host-side stall between phases"
+
+
 def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
-    """One sentence: how much the step grew and which phase took the growth."""
+    """One sentence: how much the step grew, which phase took the growth, and whether that
+    phase worked or waited (from its CPU or device active time, where measured)."""
     if base is None or STEP not in base:
         return None
     grew = run.summaries[STEP].value - base[STEP].value
@@ -81,10 +176,9 @@ def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
     if top == UNACCOUNTED:
         return (
             f"where the time went: the step grew {grew:.2f} ms; {d:.2f} ms ({share:.0%} of the "
-            "growth) is unaccounted, outside every named phase: a host-side stall between "
-            "phases, while the device waited"
+            f"growth) is unaccounted, outside every named phase: {_unaccounted_cause(run)}"
         )
     return (
         f"where the time went: the step grew {grew:.2f} ms; {top} took {d:.2f} ms "
-        f"({share:.0%}) of the growth"
+        f"({share:.0%}) of the growth" + _why(run, base, top, d)
     )

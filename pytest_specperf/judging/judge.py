@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEFAULT_POINT_GATES,
     MIN_PHASE_SHARE,
     STEP,
+    is_stored,
 )
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
@@ -36,6 +38,7 @@ from pytest_specperf.judging.verdict import (
     noisiest_phase,
     runs_disturbance,
 )
+from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bottleneck import Bottleneck
 from pytest_specperf.telemetry.gates import invalid_reasons
@@ -74,6 +77,8 @@ class Case:
     #: earlier runs of the case from other sessions (nightly reports), for the
     #: between-process part of the noise only (``--specperf-history``)
     history: tuple[HistoryRun, ...] = ()
+    #: absolute limits checked whatever the baseline says (None: none)
+    budgets: Budgets | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,18 @@ class CaseOutcome:
     #: the gates and tolerances the case was judged with (None: default gates)
     gates: tuple[str, ...] | None = None
     tolerances: Tolerances | None = None
+    #: every budget set for the case, checked on its run
+    budgets: tuple[BudgetCheck, ...] = ()
+
+    @property
+    def over_budget(self) -> tuple[BudgetCheck, ...]:
+        """The budgets the run breached (or could not be checked against)."""
+        return tuple(b for b in self.budgets if b.failed)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the case fails its test: a regression, or a budget breached."""
+        return self.verdict.verdict is Verdict.SLOWER or bool(self.over_budget)
 
     @property
     def where(self) -> str:
@@ -233,6 +250,7 @@ def judge_case(
         time_went=time_went(run, base.metrics if base is not None else None),
         gates=case.gates,
         tolerances=case.tolerances,
+        budgets=check_budgets(run, case.budgets),
     )
 
 
@@ -257,7 +275,8 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
     if run.injected:
         return (
             f"refusing to record {key} as a baseline: the server injected a canary "
-            f"slowdown ({run.injected}); restart it without SPECPERF_INJECT"
+            f"slowdown ({run.injected}); restart it without SPECPERF_INJECT, or remove "
+            f"{CONTROL_FILE} from its run directory"
         )
     return None
 
@@ -267,7 +286,7 @@ def as_baseline(case: Case) -> CaseBaseline:
     included), each with its utilization medians."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
-        metrics: dict[str, Summary] = dict(run.summaries)
+        metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
         for name, u in run.utilizations.items():
             metrics[name] = Summary.compact(u.median, (), u.n)
         recorded.append(

@@ -9,7 +9,8 @@ reports and JSON. A metric is one of:
   (``verify/rest``), on device time where there is one (``device.verify/rest``);
 * a **share** of the step in percentage points (``unaccounted``: its baseline is often
   near zero, so a relative change would mean nothing);
-* a **utilization** in percentage points (device-busy share, NVML/GPM SM, DRAM, tensor);
+* a **utilization** in percentage points (device-busy share, active share, NVML/GPM SM,
+  DRAM, tensor);
 * a **rate** (tokens/s) or a **count** (accepted tokens per step), judged on their mean.
 """
 
@@ -68,9 +69,19 @@ UTIL_GPU: Final = "util.gpu"
 STEP_PER_REF: Final = "step/ref"
 #: the step's device time (first event to last event on the stream)
 DEVICE_STEP: Final = "device.step"
+#: share of the step something worked: on a GPU the device (union of kernels and copies,
+#: sampled steps), on a CPU the probe's thread (its CPU time)
+ACTIVE_SHARE: Final = "active_share"
+#: share of a step's off-CPU time (wall minus the thread's CPU time) the probe's thread was
+#: runnable but had no CPU (a busy machine); on the steps that read it
+RUNQ_SHARE: Final = "runq.share"
 
 _REST_SUFFIX: Final = "/rest"
 _DEVICE_PREFIX: Final = "device."
+_CPU_PREFIX: Final = "cpu."
+_ACTIVE_PREFIX: Final = "active."
+#: a step's part outside every phase and the whole step, in the cpu./active. forms
+STEP_PARTS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
 
 #: A phase is gated by default, counted in a case's disturbance, and named as noisy in a
 #: baseline when it takes at least this share of the baseline's step.
@@ -112,6 +123,15 @@ _SPECS: tuple[MetricSpec, ...] = (
         to_percent=100.0,
         description="device phase time over wall step time",
     ),
+    MetricSpec(
+        ACTIVE_SHARE,
+        "share",
+        MetricKind.UTILIZATION,
+        higher_is_better=True,
+        to_percent=100.0,
+        description="share of the step the device (GPU: kernels and copies, sampled steps) "
+        "or the probe's thread (CPU: its CPU time) was active",
+    ),
     MetricSpec(UTIL_SM, "%", MetricKind.UTILIZATION, True, description="GPM SM utilization"),
     MetricSpec(UTIL_DRAM, "%", MetricKind.UTILIZATION, True, description="GPM DRAM bandwidth"),
     MetricSpec(UTIL_TENSOR, "%", MetricKind.UTILIZATION, True, description="GPM tensor pipes"),
@@ -141,10 +161,13 @@ def spec(name: str) -> MetricSpec:
 
 
 def base_metric(name: str) -> str:
-    """``device.verify/rest`` -> ``verify``; ``step/ref`` and ``device.step`` -> ``step``."""
+    """``device.verify/rest`` -> ``verify``; ``step/ref``, ``device.step``, ``cpu.step`` and
+    ``active.step`` -> ``step``."""
     if name == STEP_PER_REF:
         return STEP
-    return name.removeprefix(_DEVICE_PREFIX).removesuffix(_REST_SUFFIX)
+    for prefix in (_DEVICE_PREFIX, _CPU_PREFIX, _ACTIVE_PREFIX):
+        name = name.removeprefix(prefix)
+    return name.removesuffix(_REST_SUFFIX)
 
 
 def center_of(name: str) -> Center:
@@ -168,6 +191,23 @@ def is_rest_form(name: str) -> bool:
 def device_form(name: str) -> str:
     """Name of ``name``'s device time: ``device.verify``."""
     return f"{_DEVICE_PREFIX}{name}"
+
+
+def cpu_form(name: str) -> str:
+    """Name of the CPU time of the probe's thread in ``name``: ``cpu.verify``."""
+    return f"{_CPU_PREFIX}{name}"
+
+
+def active_form(name: str) -> str:
+    """Name of the active time inside ``name``: ``active.verify`` (GPU: device active time
+    from kernel samples; CPU: the thread's CPU time)."""
+    return f"{_ACTIVE_PREFIX}{name}"
+
+
+def is_stored(name: str) -> bool:
+    """Whether a baseline stores ``name``: not the ``active.`` forms (sampled steps only on
+    a GPU, the ``cpu.`` forms again on a CPU); their share, ``active_share``, is stored."""
+    return not name.startswith(_ACTIVE_PREFIX)
 
 
 def is_phase(name: str) -> bool:

@@ -8,6 +8,7 @@ its derived forms (``judging.metrics``), and summarizes them keeping the block s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -15,21 +16,27 @@ from typing import TYPE_CHECKING
 
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
+    ACTIVE_SHARE,
     DEVICE_BUSY,
     DEVICE_STEP,
+    RUNQ_SHARE,
     STEP,
+    STEP_PARTS,
     STEP_PER_REF,
     TOKENS_PER_S,
     UTIL_DRAM,
     UTIL_GPU,
     UTIL_SM,
     UTIL_TENSOR,
+    active_form,
     center_of,
+    cpu_form,
     device_form,
     rest_form,
 )
 from pytest_specperf.judging.stats import Summary, summarize
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.probe.kernels import STEP_KEY, TOP_KERNELS
+from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.probe.record import StepRecord
 
 if TYPE_CHECKING:
@@ -90,6 +97,29 @@ def utilizations(t: TelemetrySummary | None) -> dict[str, Utilization]:
 
 
 @dataclass(frozen=True)
+class KernelStat:
+    """One kernel (GPU) or op (CPU) of a phase over a run's sampled steps, per step."""
+
+    name: str
+    calls: float
+    total_ms: float
+    #: of the phase's time (its device span on a GPU, its wall time on a CPU)
+    share: float
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """What kernel sampling saw over a run: top kernels per phase and what it cost."""
+
+    source: str  # cuda | cpu
+    steps: int
+    #: phase (or ``unaccounted``) -> its largest kernels, largest first
+    phases: Mapping[str, tuple[KernelStat, ...]]
+    #: sampling's own host time per sampled step, outside the step (ms)
+    cost_ms: float
+
+
+@dataclass(frozen=True)
 class DecodeRun:
     """The measured steps of one case, their samples and summaries; immutable once built."""
 
@@ -127,6 +157,11 @@ class DecodeRun:
     def processes(self) -> tuple[DecodeRun, ...]:
         """This run and its siblings: one run per server process."""
         return (self, *self.siblings)
+    #: what ``active.<phase>`` measures: ``device`` (GPU kernel samples), ``cpu`` (the
+    #: thread's CPU time) or None (version 1 records)
+    active_source: str | None = None
+    #: kernel sampling over the run (None when no step was sampled)
+    kernels: KernelView | None = None
 
     @property
     def steps(self) -> int:
@@ -167,14 +202,69 @@ class DecodeRun:
         return self.summaries.get(name) or self.utilizations.get(name)
 
 
-def _empty_samples(device: bool, use_ref: bool) -> dict[str, list[float]]:
+def _empty_samples(
+    device: bool, use_ref: bool, cpu: bool, active: str | None
+) -> dict[str, list[float]]:
     names = [STEP, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, *PHASES, *map(rest_form, PHASES)]
     if device:
         names += [device_form(p) for p in PHASES] + [rest_form(device_form(p)) for p in PHASES]
         names += [DEVICE_STEP, DEVICE_BUSY]
     if use_ref:
         names.append(STEP_PER_REF)
+    if cpu:
+        names += [cpu_form(p) for p in STEP_PARTS] + [RUNQ_SHARE]
+    if active is not None:
+        names += [active_form(p) for p in STEP_PARTS] + [ACTIVE_SHARE]
     return {n: [] for n in names}
+
+
+def active_source(records: Sequence[StepRecord], device: bool) -> str | None:
+    """``device`` on a GPU run with kernel samples, ``cpu`` on a CPU run with CPU times,
+    None otherwise (version 1 records; a GPU run without kernel samples)."""
+    if not any(r.cpu_ns is not None for r in records):
+        return None
+    if not device:
+        return "cpu"
+    return "device" if any(r.kernels is not None for r in records) else None
+
+
+def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
+    """The thread's CPU time per phase, outside every phase, and over the step (ms; NaN on
+    a step that did not read it)."""
+    if r.cpu_ns is None:
+        for name in [*(cpu_form(p) for p in STEP_PARTS), RUNQ_SHARE]:
+            out[name].append(math.nan)
+        return
+    cpu = r.cpu_ns
+    total = sum(cpu.get(p, 0) for p in PHASES)
+    step = r.step_cpu_ns or 0
+    for p in PHASES:
+        out[cpu_form(p)].append(cpu.get(p, 0) / 1e6)
+    # one thread's CPU time cannot exceed the wall time it lies in (clock reads aside)
+    out[cpu_form(UNACCOUNTED)].append(max(min(step - total, r.unaccounted_ns), 0) / 1e6)
+    out[cpu_form(STEP)].append(step / 1e6)
+    off = r.step_ns - step
+    runq = r.step_runq_ns
+    out[RUNQ_SHARE].append(min(runq / off, 1.0) if runq is not None and off > 0 else math.nan)
+
+
+def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None:
+    """Active ms per part of the step and the step's active share (NaN: not sampled)."""
+    if source == "cpu":
+        for p in STEP_PARTS:
+            out[active_form(p)].append(out[cpu_form(p)][-1])
+        if r.step_cpu_ns is None or not r.step_ns:
+            out[ACTIVE_SHARE].append(math.nan)
+        else:
+            out[ACTIVE_SHARE].append(min(r.step_cpu_ns / r.step_ns, 1.0))
+        return
+    k = r.kernels
+    for p in ALL_PHASES:
+        out[active_form(p)].append(k.active_ns(p) / 1e6 if k is not None else math.nan)
+    step = k.active_ns(STEP_KEY) if k is not None else None
+    out[active_form(STEP)].append(step / 1e6 if step is not None else math.nan)
+    share = step / r.step_ns if step is not None and r.step_ns else math.nan
+    out[ACTIVE_SHARE].append(min(share, 1.0) if math.isfinite(share) else share)
 
 
 def _add_phases(out: dict[str, list[float]], times: Mapping[str, int], prefix: str) -> int:
@@ -201,10 +291,16 @@ def samples_from_records(
     rest, so a host stall does not move the phases), and with a reference read time per
     block (the request's KV read through its page table), the step relative to it
     (``step/ref``). On a GPU the same for device times, and the device-busy share.
+
+    With version 2 records also the thread's CPU time (``cpu.<part>``) and the active time
+    (``active.<part>``, ``active_share``): on a GPU the device's, from the sampled steps
+    (NaN on the others), on a CPU the thread's CPU time.
     """
     device = bool(records) and all(r.device_ns is not None for r in records)
     use_ref = bool(reference) and blocks is not None and all(b in (reference or {}) for b in blocks)
-    out = _empty_samples(device, use_ref)
+    cpu = any(r.cpu_ns is not None for r in records)
+    active = active_source(records, device)
+    out = _empty_samples(device, use_ref, cpu, active)
     for i, r in enumerate(records):
         out[STEP].append(r.step_ns / 1e6)
         out[UNACCOUNTED].append(r.unaccounted_ns / 1e6)
@@ -217,7 +313,51 @@ def samples_from_records(
             busy = _add_phases(out, r.device_ns, device_form(""))
             out[DEVICE_STEP].append((r.device_step_ns or 0) / 1e6)
             out[DEVICE_BUSY].append(busy / r.step_ns if r.step_ns else 0.0)
+        if cpu:
+            _add_cpu(out, r)
+        if active is not None:
+            _add_active(out, r, active)
     return out
+
+
+def summarize_present(
+    values: Sequence[float], blocks: Sequence[int], center: str = "median"
+) -> Summary | None:
+    """Summary of the finite values (a NaN marks a step without that measurement)."""
+    kept = [(b, v) for b, v in zip(blocks, values) if math.isfinite(v)]
+    if not kept:
+        return None
+    return summarize([v for _, v in kept], [b for b, _ in kept], center=center)
+
+
+def kernel_view(
+    records: Sequence[StepRecord], span_ms: Mapping[str, float]
+) -> KernelView | None:
+    """Top kernels per phase over the sampled steps, per sampled step, with their share of
+    the phase's median time (``span_ms``)."""
+    sampled = [r.kernels for r in records if r.kernels is not None]
+    if not sampled:
+        return None
+    n = len(sampled)
+    sums: dict[str, dict[str, list[int]]] = {}
+    for k in sampled:
+        for key, pk in k.phases.items():
+            if key == STEP_KEY:
+                continue
+            for t in pk.top:
+                c = sums.setdefault(key, {}).setdefault(t.name, [0, 0])
+                c[0] += t.calls
+                c[1] += t.total_ns
+    phases = {}
+    for key, by_name in sums.items():
+        span = span_ms.get(key, 0.0)
+        ranked = sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        phases[key] = tuple(
+            KernelStat(name, c / n, t / n / 1e6, (t / n / 1e6) / span if span > 0 else math.nan)
+            for name, (c, t) in ranked[:TOP_KERNELS]
+        )
+    cost = sum(k.cost_ns for k in sampled) / n / 1e6
+    return KernelView(sampled[0].source, n, MappingProxyType(phases), cost)
 
 
 def graph_counters(records: Sequence[StepRecord]) -> dict[str, Mapping[str, int]]:
@@ -266,7 +406,12 @@ def build_run(
     """Samples, summaries and counters of one case, frozen into a ``DecodeRun``."""
     w = window or Window()
     samples = samples_from_records(records, blocks, w.reference)
-    summaries = {k: summarize(v, blocks, center=center_of(k)) for k, v in samples.items() if v}
+    summaries = {}
+    for k, v in samples.items():
+        s = summarize_present(v, blocks, center_of(k)) if v else None
+        if s is not None:
+            summaries[k] = s
+    device = DEVICE_STEP in summaries
     return DecodeRun(
         context_len=context_len,
         batch_size=batch_size,
@@ -287,4 +432,16 @@ def build_run(
         server_pid=w.server_pid,
         rounds=w.rounds,
         round_steps=w.round_steps,
+        active_source=active_source(records, device),
+        kernels=kernel_view(records, _span_ms(summaries, device)),
     )
+
+
+def _span_ms(summaries: Mapping[str, Summary], device: bool) -> dict[str, float]:
+    """Each phase's median time, as kernel shares are taken of (device span on a GPU)."""
+    out = {}
+    for p in ALL_PHASES:
+        name = device_form(p) if device and p in PHASES else p
+        if name in summaries:
+            out[p] = summaries[name].median
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -38,7 +39,7 @@ from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
-from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.reporting.view import CaseView, diagnosis_lines
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
@@ -54,7 +55,12 @@ def test_id(item: pytest.Item) -> str:
 
 def case_key(item: pytest.Item, run: DecodeRun) -> str:
     """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
-    key = f"ctx={run.context_len} kv={run.kv_layout.label} bs={run.batch_size}"
+    return case_key_of(item, run.context_len, run.kv_layout.label, run.batch_size)
+
+
+def case_key_of(item: pytest.Item, context_len: int, layout: str, batch_size: int) -> str:
+    """The key of a case of ``item`` before it runs (see :func:`case_key`)."""
+    key = f"ctx={context_len} kv={layout} bs={batch_size}"
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
         extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
@@ -92,6 +98,7 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         server_pid=_pid(srv.server_info.get("pid")),
         history=_history(sess, test_id(item), key),
         kv_traffic=_mapping(srv.server_info.get("kv_read")),
+        budgets=s.budgets().over(opts.budgets),
     )
 
 
@@ -139,6 +146,22 @@ def _baseline(
     if found is not None:
         return found, ""
     return None, f"no baseline for {case.key} ({identity.key}) in {where}"
+
+
+def baseline_step_ms(
+    sess: SpecperfSession, item: pytest.Item, fingerprint: dict[str, Any], key: str
+) -> float | None:
+    """The baseline's median step time (ms) of a case about to run, for its deadlines;
+    None without a usable one (the judge reports an unusable baseline after the run)."""
+    try:
+        bf = sess.baselines()
+        found = bf.lookup(identity_of(fingerprint), test_id(item), key) if bf else None
+    except (BaselineError, ValueError):
+        return None
+    step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None
+    if step is None or not math.isfinite(step.value) or step.value <= 0:
+        return None
+    return step.value
 
 
 def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
@@ -202,19 +225,21 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
             f"CUDA graphs were warmed but {run.eager_forwards} measured forward(s) ran "
             f"eagerly and {run.captures} captured at {outcome.where}: {graphs}"
         )
-    if v is Verdict.SLOWER and not sess.settings.update_baselines:
-        if sess.settings.profile_on_regression:
+    regression = v is Verdict.SLOWER and not sess.settings.update_baselines
+    if regression or outcome.over_budget:  # a budget fails the case even in an update
+        if regression and sess.settings.profile_on_regression:
             note = _profile(sess, item, handle, outcome)
             outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
-        failures.append(failure_message(outcome, sess.display_path(outcome.baseline_path)))
+        where = sess.display_path(outcome.baseline_path)
+        failures.append(failure_message(outcome, where, regression=regression))
         return outcome, failures
     if v is Verdict.INVALID:
         reasons = "; ".join(outcome.verdict.reasons)
         item.warn(SpecperfWarning(f"{outcome.key}: INVALID: {reasons}"))
-    lines = [f"{outcome.key}: {v.value}"]
-    if outcome.bottleneck is not None:
-        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
-    item.add_report_section("call", "specperf", "\n".join([*lines, *phase_table(outcome)]))
+    section = "\n".join(
+        [f"{outcome.key}: {v.value}", *diagnosis_lines(outcome), "", *phase_table(outcome)]
+    )
+    item.add_report_section("call", "specperf", section)
     return outcome, failures
 
 

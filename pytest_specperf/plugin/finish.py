@@ -56,7 +56,13 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
     for path, device, cases in groups:
         try:
             sess.written.append(
-                write_baselines(path, device, cases, keep_runs=sess.settings.keep_runs)
+                write_baselines(
+                    path,
+                    device,
+                    cases,
+                    keep_runs=sess.settings.keep_runs,
+                    max_bytes=sess.settings.baseline_max_bytes,
+                )
             )
         except (BaselineError, OSError) as e:
             sess.errors.append(f"baselines not written: {e}")

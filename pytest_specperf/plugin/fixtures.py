@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,14 @@ from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.plugin.xdist import parallel_servers
 from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
-from pytest_specperf.server.decoder import CaseSpec, Decoder, MeasurementError, sampler_for
+from pytest_specperf.server.control import ControlError, release, take_control
+from pytest_specperf.server.decoder import (
+    CaseSpec,
+    Decoder,
+    MeasurementError,
+    ServerExited,
+    sampler_for,
+)
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
 from pytest_specperf.server.pool import ServerPool
 
@@ -62,6 +69,8 @@ class SpecperfHandle:
         self.layout = KVLayout("contiguous", 0.0)
         self.expect_graphs = False
         self.runs: list[DecodeRun] = []
+        #: the server process being measured (named when its measurement fails)
+        self._active: ModelServer | None = None
 
     @property
     def steps(self) -> int:
@@ -69,8 +78,17 @@ class SpecperfHandle:
         return self.options.steps or self._session.settings.steps
 
     def capacity_reason(self, context_len: int, batch_size: int = 1) -> str | None:
-        """Why ``context_len`` cannot run on this server (KV memory, model limit), or None."""
-        return self.server.backend.capacity_reason(self.server.server_info, context_len, batch_size)
+        """Why ``context_len`` cannot run on this server (KV memory, model limit), or None.
+
+        A server whose ``/server_info`` lacks what the check needs fails the test (naming
+        the field) rather than giving a reason to skip: skipping every case would pass.
+        """
+        srv = self.server
+        try:
+            return srv.backend.capacity_reason(srv.server_info, context_len, batch_size)
+        except BackendUnavailable as e:
+            problem = str(e)
+        pytest.fail(f"specperf: {problem}", pytrace=False)
 
     def _case(
         self, context_len: int, steps: int | None, batch_size: int, warmup: int | None
@@ -115,14 +133,14 @@ class SpecperfHandle:
         case = self._case(context_len, steps, batch_size, warmup)
         sess = self._session
         prog = sess.progress.case(f"{self._item.name} ctx={context_len} kv={self.layout.label}")
+        failure: str | None = None
         try:
             runs = self._measure(case, prog)
         except (MeasurementError, ServerHTTPError, ServerUnreachable, ServerStartError) as e:
+            failure = measurement_failure(self._active or self.server, e)
+        if failure is not None:  # raised here, not in the handler: no chained traceback
             prog.done("failed")
-            tail = self.server.log_tail()
-            raise pytest.fail(
-                f"specperf: measurement failed: {e}\nserver log tail:\n{tail}", pytrace=False
-            ) from None
+            pytest.fail(failure, pytrace=False)
         run = dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
         prog.done(_done_text(run))
         self.runs.append(run)
@@ -137,14 +155,19 @@ class SpecperfHandle:
         """The first round of ``case`` in every server process, then more rounds while
         the judge says they would decide and the time budget allows."""
         sess = self._session
+        self._active = None
         servers = self._servers()
+        baseline_ms = self._baseline_ms(case)
         decoders: list[Decoder] = []
         try:
             for i, server in enumerate(servers):
+                self._active = server
                 sampler, note = sampler_for(sess.device(), server, self._pids())
                 if note:
                     sess.telemetry_note = note
-                decoders.append(Decoder(server, prog.update, sampler=sampler))
+                decoders.append(
+                    Decoder(server, prog.update, sampler=sampler, baseline_step_ms=baseline_ms)
+                )
                 label = f"process {i + 1}/{len(servers)}" if len(servers) > 1 else ""
                 decoders[-1].start(case, note=label)
             self._extend(case, decoders, prog)
@@ -177,9 +200,17 @@ class SpecperfHandle:
             t0 = time.monotonic()
             note = f"round {runs[0].rounds + 1} ({', '.join(metrics)} undecided)"
             for d in decoders:
+                self._active = d.server
                 if not d.more(case, note=note):
                     return
             round_s = time.monotonic() - t0
+
+    def _baseline_ms(self, case: CaseSpec) -> float | None:
+        # imported here: cases.py imports this module (the handle is what it judges)
+        from pytest_specperf.plugin.cases import baseline_step_ms, case_key_of
+
+        key = case_key_of(self._item, case.context_len, case.layout.label, case.batch_size)
+        return baseline_step_ms(self._session, self._item, self.server.fingerprint, key)
 
     def profile(self, run: DecodeRun, trace: Path) -> list[Path]:
         """Re-run ``run``'s case briefly under the server's profiler; return the traces."""
@@ -207,10 +238,51 @@ def _done_text(run: DecodeRun) -> str:
     return text
 
 
+def measurement_failure(server: ModelServer, error: Exception) -> str:
+    """The failure of a case whose measurement broke off: what happened (the server
+    exited, stopped responding, or answered an error) and the server's log tail."""
+    what = str(error)
+    status = server.exit_status()
+    if status is not None and not isinstance(error, ServerExited):
+        what = f"the server {status} during the case ({what})"
+    where = f" ({server.log_path})" if server.log_path is not None else ""
+    return (
+        f"specperf: measurement failed: {what}\n"
+        f"server log{where}, last lines:\n{server.log_tail()}"
+    )
+
+
 #: Decode steps of the profiled re-run of a regressed case.
 PROFILE_STEPS = 8
 
 HANDLE_KEY = pytest.StashKey[SpecperfHandle]()
+
+
+def _open_server(
+    sess: SpecperfSession, work_dir: Callable[[], Path], parallel: int
+) -> tuple[ModelServer, bool]:
+    """Launch or attach to the session's server (``parallel``: servers side by side, one
+    per pytest-xdist worker); whether the plugin holds its control file (attach mode with
+    --specperf-inject, see ``server.control``)."""
+    s = sess.settings
+    backend = get_backend(s.backend)
+    if not s.server_url:
+        server = start_server(
+            backend,
+            s.backend_settings(parallel=parallel),
+            work_dir=work_dir(),
+            ready_timeout_s=s.ready_timeout_s,
+            progress=sess.progress.line,
+        )
+        return server, False
+    server = attach_server(backend, s.server_url, s.run_dir)
+    try:
+        if s.inject is not None:
+            sess.progress.line(f"injecting {s.inject} into the attached server (control file)")
+        return server, take_control(server, s.inject)
+    except BaseException:
+        server.stop()
+        raise
 
 
 @pytest.fixture(scope="session")
@@ -219,29 +291,27 @@ def model_server(
 ) -> Iterator[ModelServer]:
     """The session's server for the chosen backend, started once and torn down at the end."""
     sess = get_session(request.config)
-    s = sess.settings
+    problem = None
     try:
-        backend = get_backend(s.backend)
-        if s.server_url:
-            server = attach_server(backend, s.server_url, s.run_dir)
-        else:
-            server = start_server(
-                backend,
-                s.backend_settings(parallel=parallel_servers(request.config)),
-                work_dir=tmp_path_factory.mktemp("specperf"),
-                ready_timeout_s=s.ready_timeout_s,
-                progress=sess.progress.line,
-            )
-    except (BackendUnavailable, ServerStartError, ServerHTTPError, ServerUnreachable) as e:
-        raise pytest.fail(
-            f"specperf: cannot start the {s.backend} server: {e}", pytrace=False
-        ) from None
+        server, controlled = _open_server(
+            sess, lambda: tmp_path_factory.mktemp("specperf"), parallel_servers(request.config)
+        )
+    except (
+        BackendUnavailable, ControlError, ServerStartError, ServerHTTPError, ServerUnreachable
+    ) as e:  # fmt: skip
+        problem = f"specperf: cannot start the {sess.settings.backend} server: {e}"
+    if problem is not None:  # failed here, not in the handler: no chained traceback
+        pytest.fail(problem, pytrace=False)
     sess.server = server
     sess.pool = ServerPool(server, lambda i: _start_more(sess, i, tmp_path_factory))
     try:
         yield server
     finally:
-        sess.pool.stop()
+        try:
+            if controlled:
+                _release(sess, server)
+        finally:
+            sess.pool.stop()
 
 
 def _start_more(
@@ -257,6 +327,13 @@ def _start_more(
         ready_timeout_s=s.ready_timeout_s,
         progress=sess.progress.line,
     )
+
+
+def _release(sess: SpecperfSession, server: ModelServer) -> None:
+    try:
+        release(server)
+    except ControlError as e:
+        sess.notes.append(f"the attached server's injection was removed but not confirmed: {e}")
 
 
 @pytest.fixture

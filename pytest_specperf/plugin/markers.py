@@ -2,27 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
+from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.metrics import GATEABLE, unknown_gates
 from pytest_specperf.judging.verdict import parse_fraction
 
 MARKERS = (
     "specperf(gate=None, tolerance=None, step_tolerance=None, steps=None, warmup=None, "
-    "context_len=None): speculative-decoding performance case: gate=[metrics or phases] to "
+    "context_len=None, max_unaccounted_share=None, min_active_share=None, max_step_ms=None, "
+    "min_accept_len=None, min_tokens_per_s=None): speculative-decoding performance case: "
+    "gate=[metrics or phases] to "
     "judge (step, accept_len, tokens_per_s, unaccounted, a phase such as verify, or a "
     "utilization such as util.sm), "
     "tolerance= / step_tolerance= (0.1 or '10%') to override the run's tolerances, "
     "steps= / warmup= decode steps, context_len= to declare the context length of a "
-    "non-parametrized case",
+    "non-parametrized case; budgets that fail the case whatever its baseline says: "
+    "max_unaccounted_share= and min_active_share= (0.5 or '50%'), max_step_ms=, "
+    "min_accept_len=, min_tokens_per_s=",
     "long_context: decode at a long context; added automatically to cases whose context "
     "length is at or above the ini option specperf_long_context_min",
     "gpu: needs a CUDA GPU; skipped with a reason where there is none",
 )
 
-_KEYWORDS = ("gate", "tolerance", "step_tolerance", "steps", "warmup", "context_len")
+_KEYWORDS = (
+    "gate",
+    "tolerance",
+    "step_tolerance",
+    "steps",
+    "warmup",
+    "context_len",
+    *BUDGETS,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,7 @@ class CaseOptions:
     steps: int | None = None
     warmup: int | None = None
     context_len: int | None = None
+    budgets: Budgets = field(default_factory=Budgets)
 
 
 def _err(item: pytest.Item, what: str) -> str:
@@ -99,6 +113,21 @@ def _int(item: pytest.Item, name: str, v: object, lo: int) -> int | None:
     return v
 
 
+def _budgets(item: pytest.Item, m: dict[str, object]) -> Budgets:
+    limits = {}
+    for name in BUDGETS:
+        raw = m.get(name)
+        if raw is None:
+            continue
+        try:
+            limits[name] = parse_budget(name, raw)
+        except ValueError:
+            raise ValueError(
+                _err(item, f"{name} {raw!r} must be {budget_expectation(name)}")
+            ) from None
+    return Budgets(**limits)
+
+
 def parse_marker(item: pytest.Item) -> CaseOptions:
     """Merge the test's ``specperf`` markers (closest wins); raise ``ValueError`` if bad."""
     m = _merged(item)
@@ -109,6 +138,7 @@ def parse_marker(item: pytest.Item) -> CaseOptions:
         steps=_int(item, "steps", m.get("steps"), 4),
         warmup=_int(item, "warmup", m.get("warmup"), 0),
         context_len=_int(item, "context_len", m.get("context_len"), 1),
+        budgets=_budgets(item, m),
     )
 
 

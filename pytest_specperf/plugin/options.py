@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.engines.env import MAX_KERNEL_EVERY
 from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
+from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.noise import MAX_PROCESSES
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
@@ -218,6 +220,53 @@ def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
     if not path.is_dir():
         raise _usage(source, raw, "a directory of JSON reports (--specperf-json of earlier runs)")
     return path
+def _kernel_every(raw: Any, source: str, config: pytest.Config) -> int | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None  # the server's default: every 16th decode step on a GPU, off on a CPU
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        v = -1
+    if not 0 <= v <= MAX_KERNEL_EVERY:
+        raise _usage(source, raw, f"an integer in [0, {MAX_KERNEL_EVERY}] (0: no sampling)")
+    return v
+
+
+def _budget(name: str) -> Parse:
+    def parse(raw: Any, source: str, config: pytest.Config) -> float | None:
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            return None
+        try:
+            return parse_budget(name, raw)
+        except ValueError:
+            raise _usage(source, raw, budget_expectation(name)) from None
+
+    return parse
+
+
+_BUDGET_HELP = {
+    "max_unaccounted_share": "largest share of the step outside every named phase",
+    "min_active_share": "smallest share of the step the device was active (GPU, kernel "
+    "samples) or the probe's thread used CPU (CPU)",
+    "max_step_ms": "largest median step time in milliseconds",
+    "min_accept_len": "smallest mean accepted tokens per step",
+    "min_tokens_per_s": "smallest mean tokens per second of step time",
+}
+#: Largest accepted --specperf-baseline-max-mb, in MiB.
+MAX_BASELINE_MB = 65536.0
+
+
+def _baseline_max_bytes(raw: Any, source: str, config: pytest.Config) -> int | None:
+    """MiB -> bytes; None leaves the limit to SPECPERF_BASELINE_MAX_MB or the default."""
+    if raw is None or not str(raw).strip():
+        return None
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 0 < mb <= MAX_BASELINE_MB:  # NaN fails too
+        raise _usage(source, raw, f"a size in MiB in (0, {MAX_BASELINE_MB:g}], e.g. 32")
+    return max(1, int(mb * 1024 * 1024))
 
 
 @dataclass(frozen=True)
@@ -250,6 +299,13 @@ OPTIONS: tuple[_Opt, ...] = (
         "baseline directory (default: baselines/ at the rootdir)",
         _baselines_dir,
         metavar="DIR",
+    ),
+    _Opt(
+        "--specperf-baseline-max-mb",
+        "largest baseline file read or written, in MiB (default 8, or "
+        "SPECPERF_BASELINE_MAX_MB); a larger file is refused before it is parsed",
+        _baseline_max_bytes,
+        metavar="MIB",
     ),
     _Opt(
         "--specperf-update-baselines",
@@ -364,7 +420,8 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt(
         "--specperf-inject",
         "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
-        "unaccounted); injected runs are labelled and never recorded as baselines",
+        "unaccounted); injected runs are labelled and never recorded as baselines; an "
+        "attached server takes it through the control file in its run directory",
         _inject,
         metavar="PHASE=FACTOR[,...]",
     ),
@@ -396,6 +453,24 @@ OPTIONS: tuple[_Opt, ...] = (
         _int_in(1, 10**9, DEFAULT_LONG_CONTEXT_MIN),
         kind="ini",
         ini_default=str(DEFAULT_LONG_CONTEXT_MIN),
+    ),
+    _Opt(
+        "--specperf-kernel-every",
+        "profile the kernels of every N-th decode step in the server (torch.profiler/kineto; "
+        "CUPTI on a GPU) for the device's active time per phase and the top kernels; 0: off "
+        "(default: 16 on a GPU, off on a CPU, where N > 0 samples torch CPU ops)",
+        _kernel_every,
+        metavar="N",
+    ),
+    *(
+        _Opt(
+            "--specperf-" + name.replace("_", "-"),
+            f"budget: {_BUDGET_HELP[name]} ({budget_expectation(name)}); a case beyond it "
+            "fails whatever its baseline says (the marker keyword of the same name wins)",
+            _budget(name),
+            metavar="LIMIT",
+        )
+        for name in BUDGETS
     ),
     _Opt(
         "--specperf-ready-timeout",
@@ -441,6 +516,7 @@ def _raw(config: pytest.Config, o: _Opt) -> tuple[Any, str]:
 class Settings:
     backend: str
     baselines_dir: Path
+    baseline_max_bytes: int | None
     update_baselines: bool
     device_slug: str | None
     tolerance: float
@@ -464,6 +540,12 @@ class Settings:
     keep_runs: int = DEFAULT_KEEP_RUNS
     max_time_s: float = DEFAULT_MAX_TIME_S
     history_dir: Path | None = None
+    kernel_every: int | None = None
+    max_unaccounted_share: float | None = None
+    min_active_share: float | None = None
+    max_step_ms: float | None = None
+    min_accept_len: float | None = None
+    min_tokens_per_s: float | None = None
 
     def backend_settings(self, parallel: int = 1) -> BackendSettings:
         """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
@@ -474,12 +556,18 @@ class Settings:
             inject=str(self.inject) if self.inject else None,
             nvtx=self.nvtx,
             parallel=parallel,
+            kernel_every=self.kernel_every,
         )
+
+    def budgets(self) -> Budgets:
+        """The run's budgets (ini or command line); a marker's keywords override them."""
+        return Budgets(**{name: getattr(self, name) for name in BUDGETS})
 
 
 #: Option dest -> ``Settings`` field, where the two names differ.
 _FIELD = {
     "specperf_baselines": "baselines_dir",
+    "specperf_baseline_max_mb": "baseline_max_bytes",
     "specperf_device": "device_slug",
     "specperf_json": "json_path",
     "specperf_markdown": "markdown_path",
@@ -513,11 +601,10 @@ def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
             f"{sources['processes']} {s.processes} needs servers launched by the plugin; "
             "with --specperf-server-url there is one server: drop one of the two"
         )
-    if s.inject is not None and s.server_url:
+    if s.kernel_every is not None and s.server_url:
         raise pytest.UsageError(
-            f"{sources['inject']} needs a server launched by the plugin; with "
-            "--specperf-server-url, start the server with SPECPERF_INJECT set in its "
-            "environment instead"
+            f"{sources['kernel_every']} applies when the plugin launches the server; with "
+            "--specperf-server-url, set SPECPERF_KERNEL_EVERY in the server's environment"
         )
 
 

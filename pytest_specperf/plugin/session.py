@@ -83,7 +83,9 @@ class SpecperfSession:
     def baselines(self) -> BaselineFile | None:
         """The device's baseline file, read once; ``BaselineError`` if unusable."""
         if not self._baselines_loaded:
-            self._baselines = load_baselines(self.baseline_path)
+            self._baselines = load_baselines(
+                self.baseline_path, max_bytes=self.settings.baseline_max_bytes
+            )
             self._baselines_loaded = True
         return self._baselines
 

@@ -14,21 +14,35 @@ gate (a uniform slowdown that no phase gate sees).
 
 ``host_stall=MS`` stalls the host for ``MS`` milliseconds once per step, between two
 phases and outside all of them, so the device idles and the time lands in
-``unaccounted``: the incident that motivated this project.
+``unaccounted``: the incident that motivated this project. The stall is busy (the
+thread spins), so the thread's CPU time grows with it.
 
-The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable;
-records of injected steps carry the label ``inject=<spec>``.
+``PHASE_wait=MS`` (``verify_wait=20``) makes the phase's thread sleep ``MS`` milliseconds
+inside the phase, just before it ends: the phase's wall time grows, its CPU time does not,
+and on a GPU the device idles inside the phase's span. It is the shape of a phase that
+waits instead of working (a lock, a blocking copy, a poll), the question the founding
+incident asked.
+
+The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable, or
+reaches a running server through the control file ``inject.control`` in its run directory
+(:class:`InjectControl`: the probe looks at it once every ``CONTROL_EVERY_STEPS`` steps,
+at a step boundary, and a spec there replaces the environment's; ``none`` turns injection
+off). Records of injected steps carry the label ``inject=<spec>``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
+import stat
 import statistics
+import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_specperf.probe.phases import PHASES, VERIFY
@@ -36,6 +50,8 @@ from pytest_specperf.probe.phases import PHASES, VERIFY
 HOST_STALL = "host_stall"
 #: Every phase alike: ``all=1.10``.
 ALL_PHASES_KEY = "all"
+#: ``<phase>_wait=MS``: the phase's thread sleeps MS milliseconds inside the phase.
+WAIT_SUFFIX = "_wait"
 #: The phase before which the host stall happens: the host is late to launch the verify.
 STALL_BEFORE = VERIFY
 MAX_FACTOR = 10.0
@@ -54,12 +70,26 @@ CALIBRATION_WARMUP_MS = 50.0
 CALIBRATION_REPS = 5
 CALIBRATION_CYCLES = 2_000_000
 NOMINAL_CYCLES_PER_NS = 1.5
+#: Step-record label that names the injected slowdown (records of canary runs).
+INJECT_LABEL = "inject"
+#: Step-record label of a control file the probe could not use (what was wrong with it).
+INJECT_ERROR_LABEL = "inject_error"
+#: The control file in a server's run directory: a spec, or ``none`` for no injection.
+CONTROL_FILE = "inject.control"
+#: Control-file text that turns injection off (the environment's spec too).
+NO_INJECTION = "none"
+#: The probe looks at the control file (one ``os.stat``) once every this many steps.
+CONTROL_EVERY_STEPS = 16
+#: Largest control file read; a spec is a few dozen bytes.
+MAX_CONTROL_BYTES = 4096
 
 
 @dataclass(frozen=True)
 class InjectSpec:
     factors: dict[str, float] = field(default_factory=dict)
     host_stall_ms: float = 0.0
+    #: phase -> milliseconds its thread sleeps inside it
+    waits_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def uniform(self) -> float | None:
@@ -75,58 +105,72 @@ class InjectSpec:
             parts = [f"{ALL_PHASES_KEY}={every:g}"]
         else:
             parts = [f"{p}={f:g}" for p, f in sorted(self.factors.items())]
+        parts += [f"{p}{WAIT_SUFFIX}={ms:g}" for p, ms in sorted(self.waits_ms.items())]
         if self.host_stall_ms:
             parts.append(f"{HOST_STALL}={self.host_stall_ms:g}")
         return ",".join(parts)
 
 
-def parse_inject(text: str) -> InjectSpec:
-    """Parse ``PHASE=FACTOR[,PHASE=FACTOR...][,host_stall=MS]`` (``all=FACTOR``: every
-    phase); ValueError names the fix."""
-    factors: dict[str, float] = {}
-    seen: set[str] = set()
-    stall = 0.0
-    if not text.strip():
-        raise ValueError("empty spec; expected PHASE=FACTOR such as verify=1.10")
-    for part in text.split(","):
-        name, x = _item(part)
-        if name == HOST_STALL:
-            if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
-                raise ValueError(f"host_stall: {x:g} ms must be in (0, {MAX_STALL_MS:g}]")
-            stall = x
-            continue
-        if name != ALL_PHASES_KEY and name not in PHASES:
-            raise ValueError(
-                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)}, all (every "
-                "phase), or host_stall=MS"
-            )
-        if not 1.0 < x <= MAX_FACTOR:
-            raise ValueError(
-                f"{name}: factor {x:g} must be in (1, {MAX_FACTOR:g}] "
-                "(a slowdown: 1.10 makes the phase 10% slower)"
-            )
-        if name in seen:
-            raise ValueError(f"{name} is given twice")
-        seen.add(name)
-        names = PHASES if name == ALL_PHASES_KEY else (name,)
-        if any(p in factors for p in names):
-            raise ValueError(
-                f"{ALL_PHASES_KEY}= sets every phase: give either {ALL_PHASES_KEY}=FACTOR "
-                "or phase factors, not both"
-            )
-        factors.update(dict.fromkeys(names, x))
-    return InjectSpec(factors, stall)
+def _milliseconds(name: str, value: str, x: float) -> float:
+    if not 0 < x <= MAX_STALL_MS or not math.isfinite(x):
+        raise ValueError(f"{name}: {value.strip()} ms must be in (0, {MAX_STALL_MS:g}]")
+    return x
 
 
-def _item(part: str) -> tuple[str, float]:
+def _factor(name: str, value: str, x: float) -> float:
+    if not 1.0 < x <= MAX_FACTOR:
+        raise ValueError(
+            f"{name}: factor {value.strip()} must be in (1, {MAX_FACTOR:g}] "
+            "(a slowdown: 1.10 makes the phase 10% slower)"
+        )
+    return x
+
+
+def _part(part: str) -> tuple[str, str, float]:
     name, sep, value = part.strip().partition("=")
     name = name.strip()
     if not sep:
         raise ValueError(f"{part.strip()!r} is not NAME=VALUE; expected e.g. verify=1.10")
     try:
-        return name, float(value)
+        return name, value, float(value)
     except ValueError:
         raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+
+
+def parse_inject(text: str) -> InjectSpec:
+    """Parse ``PHASE=FACTOR`` (``all=FACTOR``: every phase alike), ``PHASE_wait=MS`` and
+    ``host_stall=MS``, comma-separated; ``ValueError`` names the fix."""
+    factors: dict[str, float] = {}
+    waits: dict[str, float] = {}
+    seen: set[str] = set()
+    stall = 0.0
+    if not text.strip():
+        raise ValueError("empty spec; expected PHASE=FACTOR such as verify=1.10")
+    for part in text.split(","):
+        name, value, x = _part(part)
+        phase = name.removesuffix(WAIT_SUFFIX)
+        if name in seen:
+            raise ValueError(f"{name} is given twice")
+        seen.add(name)
+        if name == HOST_STALL:
+            stall = _milliseconds(name, value, x)
+        elif name == ALL_PHASES_KEY or name in PHASES:
+            names = PHASES if name == ALL_PHASES_KEY else (name,)
+            if any(p in factors for p in names):
+                raise ValueError(
+                    f"{ALL_PHASES_KEY}= sets every phase: give either {ALL_PHASES_KEY}=FACTOR "
+                    "or phase factors, not both"
+                )
+            factors.update(dict.fromkeys(names, _factor(name, value, x)))
+        elif name.endswith(WAIT_SUFFIX) and phase in PHASES:
+            waits[phase] = _milliseconds(name, value, x)
+        else:
+            raise ValueError(
+                f"unknown phase {name!r}; choose one of: {', '.join(PHASES)} (PHASE=FACTOR "
+                f"or PHASE{WAIT_SUFFIX}=MS), {ALL_PHASES_KEY}=FACTOR (every phase), or "
+                f"{HOST_STALL}=MS"
+            )
+    return InjectSpec(factors, stall, waits)
 
 
 class SleepDevice(Protocol):
@@ -189,6 +233,9 @@ class Injector:
             _spin(self.spec.host_stall_ms * 1e6)
 
     def stretch(self, phase: str, elapsed_ns: int) -> None:
+        wait = self.spec.waits_ms.get(phase)
+        if wait is not None:
+            time.sleep(wait / 1e3)  # the thread waits: wall time grows, CPU time does not
         factor = self.spec.factors.get(phase)
         if factor is None:
             return
@@ -312,3 +359,111 @@ class CudaSleep:
         if self._events:
             return self._events.pop()
         return self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+
+# -- the control file: injection switched in a running server ------------------------------
+
+
+def parse_control(text: str) -> InjectSpec | None:
+    """A control file's text: ``none`` (or nothing) -> None, else a spec (ValueError)."""
+    text = text.strip()
+    if not text or text == NO_INJECTION:
+        return None
+    return parse_inject(text)
+
+
+def write_control(run_dir: str | os.PathLike[str], spec: InjectSpec | None) -> Path:
+    """Write the control file of the server whose probe writes to ``run_dir``, atomically
+    (a temporary file renamed over it): ``spec``, or ``none`` to turn injection off."""
+    target = Path(run_dir) / CONTROL_FILE
+    fd, tmp = tempfile.mkstemp(prefix=f".{CONTROL_FILE}.", suffix=".tmp", dir=run_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{spec if spec is not None else NO_INJECTION}\n")
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+def remove_control(run_dir: str | os.PathLike[str]) -> bool:
+    """Remove the control file (the server's probe goes back to its environment's spec);
+    whether there was one."""
+    try:
+        os.unlink(Path(run_dir) / CONTROL_FILE)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ControlChange:
+    """What the probe applies after the control file changed."""
+
+    injector: Injector | None
+    #: the spec now injected ("" when none): the ``inject`` label of the next records
+    label: str
+    #: why the control file could not be used ("" when it could)
+    error: str = ""
+
+
+class InjectControl:
+    """The injection of a running server, switched by the control file in its run directory.
+
+    ``poll`` costs one ``os.stat`` when nothing changed; the file is read only when its
+    identity (inode, size, modification time) differs from the last one seen. Without a
+    file the environment's spec (``base``) applies.
+    """
+
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, device: Any = None, base: InjectSpec | None = None
+    ) -> None:
+        self.path = Path(run_dir) / CONTROL_FILE
+        self._device = device
+        self._base = base
+        self._seen: tuple[int, int, int] | None = None  # the file last applied; None: none
+
+    def poll(self) -> ControlChange | None:
+        """The change to apply, or None when the control file is as last seen."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:  # no file (or an unreadable directory): the environment's spec
+            if self._seen is None:
+                return None
+            self._seen = None
+            return self._change(self._base)
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        self._seen = seen
+        try:
+            spec = parse_control(_read_control(self.path, st))
+        except ValueError as e:
+            return ControlChange(None, "", f"{CONTROL_FILE}: {e}"[:200])
+        return self._change(spec)
+
+    def _change(self, spec: InjectSpec | None) -> ControlChange:
+        if spec is None:
+            return ControlChange(None, "")
+        return ControlChange(Injector(spec, device=self._device), str(spec))
+
+
+def _read_control(path: Path, st: os.stat_result) -> str:
+    """The text of a control file: a small regular file, never through a link."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > MAX_CONTROL_BYTES:
+        raise ValueError(f"{st.st_size} bytes, over {MAX_CONTROL_BYTES}")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError(f"cannot open ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(MAX_CONTROL_BYTES + 1)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None

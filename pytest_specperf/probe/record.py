@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_specperf.probe.kernels import KernelSample
+
 #: Bumped when a field changes meaning; readers refuse newer versions.
-RECORD_VERSION = 1
+#: 2: thread CPU time per phase and step (``cpu_ns``, ``step_cpu_ns``), kernel samples.
+RECORD_VERSION = 2
+#: Versions the reader understands (a version 1 record has no CPU times, no kernels).
+READABLE_RECORD_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -28,7 +33,12 @@ class StepRecord:
     Host times are ``perf_counter_ns`` differences. Device times are CUDA-event
     intervals on the forward stream (``None`` on a CPU). Phase times are exclusive:
     a phase nested in another is subtracted from the outer one, so that the phases
-    and ``unaccounted_ns`` add up to ``step_ns``.
+    and ``unaccounted_ns`` add up to ``step_ns``. ``cpu_ns`` is the CPU time of the
+    probe's thread in each phase (``thread_time_ns``, exclusive in the same way) and
+    ``step_cpu_ns`` over the whole step: wall minus CPU time is time the thread waited
+    (``None`` in version 1 records); ``step_runq_ns`` is the part of that wait the thread
+    was runnable but had no CPU (a busy machine; Linux schedstat, else None). ``kernels``
+    is set on sampled steps only.
     """
 
     step: int
@@ -47,6 +57,10 @@ class StepRecord:
     rank: int = 0
     pid: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    cpu_ns: dict[str, int] | None = None
+    step_cpu_ns: int | None = None
+    step_runq_ns: int | None = None
+    kernels: KernelSample | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,15 +81,20 @@ class StepRecord:
             "rank": self.rank,
             "pid": self.pid,
             "labels": self.labels,
+            "cpu_ns": self.cpu_ns,
+            "step_cpu_ns": self.step_cpu_ns,
+            "step_runq_ns": self.step_runq_ns,
+            "kernels": self.kernels.to_json() if self.kernels is not None else None,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepRecord:
         version = data.get("v")
-        if version != RECORD_VERSION:
+        if version not in READABLE_RECORD_VERSIONS:
             raise ValueError(
-                f"step record version {version!r} is not supported (expected {RECORD_VERSION}); "
-                "the server and the plugin come from different pytest-specperf versions"
+                f"step record version {version!r} is not supported (this plugin reads "
+                f"{', '.join(map(str, READABLE_RECORD_VERSIONS))}); the server and the plugin "
+                "come from different pytest-specperf versions"
             )
         graphs = {
             str(k): GraphCount(*(int(x) for x in v[:3])) for k, v in data["graphs"].items()
@@ -100,6 +119,7 @@ class StepRecord:
             rank=int(data.get("rank", 0)),
             pid=int(data.get("pid", 0)),
             labels={str(k): str(v) for k, v in data.get("labels", {}).items()},
+            **_v2_fields(data),
         )
 
 
@@ -107,3 +127,17 @@ def _graph_json(g: GraphCount) -> list[int]:
     """``[replay, eager]``, plus ``capture`` when there was one (older readers take the
     first two entries)."""
     return [g.replay, g.eager, g.capture] if g.capture else [g.replay, g.eager]
+
+
+def _v2_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields version 2 added (absent, hence None, in a version 1 record)."""
+    cpu = data.get("cpu_ns")
+    step_cpu = data.get("step_cpu_ns")
+    runq = data.get("step_runq_ns")
+    kernels = data.get("kernels")
+    return {
+        "cpu_ns": None if cpu is None else {str(k): int(v) for k, v in cpu.items()},
+        "step_cpu_ns": None if step_cpu is None else int(step_cpu),
+        "step_runq_ns": None if runq is None else int(runq),
+        "kernels": None if kernels is None else KernelSample.from_json(kernels),
+    }

@@ -10,23 +10,86 @@ does not block) or by ``flush()``, which the caller invokes after the measured w
 Phase times are exclusive. A phase entered while another is open pauses the outer one,
 and re-entering an open phase (a hooked method calling its hooked parent) counts once, so
 the phases plus ``unaccounted`` always add up to the step.
+
+On every ``CPU_EVERY``-th decode step the spans also read the CPU time of the calling
+thread (``thread_time_ns``): wall minus CPU time is time the thread waited inside the phase
+(a sleep, a lock, a blocking device sync that yields); the step also reads the thread's
+run-queue time (waiting for a CPU on a busy machine). With ``kernel_every=N`` every N-th
+decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
+the device's active time inside each phase.
+
+With an ``InjectControl`` the probe looks at its run directory's control file once every
+``CONTROL_EVERY_STEPS`` steps, before the step's clock starts, and switches the canary
+injection (and the records' ``inject`` label) when the file changed.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_specperf.probe.inject import CONTROL_EVERY_STEPS, INJECT_ERROR_LABEL, INJECT_LABEL
+from pytest_specperf.probe.kernel_sampler import KernelSampler
+from pytest_specperf.probe.kernels import KernelSample
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
 
 if TYPE_CHECKING:
+    from pytest_specperf.probe.inject import InjectControl
     from pytest_specperf.probe.sink import RunDirSink
 
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
+#: A phase entered within this much wall time of the probe's last CPU-clock read reuses
+#: that read (the thread's CPU clock is a system call, the wall clock is not): the CPU
+#: time of so short a gap is counted in the phase instead of outside it.
+CPU_REUSE_NS = 20_000
+#: A phase shorter than this (wall time) is taken as busy for its whole span instead of
+#: reading the CPU clock at its end: a wait worth reporting lasts far longer.
+CPU_SHORT_NS = 50_000
+#: The thread's CPU time is read on every this-many-th decode step, its run-queue time
+#: (two ``/proc`` schedstat reads, the dearest of the probe's reads) on every
+#: ``RUNQ_EVERY``-th (a multiple: those steps have CPU times too). In a real step these
+#: reads cost several times what they cost in a tight loop (the model's work evicts the
+#: caches between them).
+CPU_EVERY = 2
+RUNQ_EVERY = 8
+
+
+class _RunQueue:
+    """Time the calling thread spent runnable but not running (waiting for a CPU), from
+    ``/proc/thread-self/schedstat`` (Linux); None where the kernel does not report it."""
+
+    __slots__ = ("_fds",)
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int | None] = {}
+
+    def wait_ns(self) -> int | None:
+        tid = threading.get_native_id()
+        fd = self._fds.get(tid, -1)
+        if fd == -1:
+            try:
+                fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:
+                fd = None
+            self._fds[tid] = fd
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
 _INDEX = {name: i for i, name in enumerate(PHASES)}
 
 
@@ -130,12 +193,17 @@ class StepProbe:
         labels: dict[str, str] | None = None,
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
+        kernel_every: int = 0,
+        control: InjectControl | None = None,
     ) -> None:
+        """``kernel_every``: profile every N-th step's kernels (CPU ops without CUDA); 0 off."""
         self._sink = sink
         self._rank = rank
         self._pid = os.getpid()
         self._labels = dict(labels or {})
         self._injector = injector
+        self._control = control
+        self._until_control = 1  # steps until the control file is looked at (first: now)
         self._spans = [_Span(self, i) for i in range(len(PHASES))]
         self._by_name = dict(zip(PHASES, self._spans))
         self._torch: Any = None
@@ -151,13 +219,22 @@ class StepProbe:
         self._completed: list[StepRecord] = []
         self._step_no = 0
         self._in_step = 0
+        self._sampler = KernelSampler(kernel_every, cuda=use_cuda) if kernel_every else None
+        self._sampling = False
+        self._step_annotation: Any = None
+        self._sample_cost = 0
+        self._runq = _RunQueue()
+        self._decode_steps = 0
+        self._cpu_on = False
         self._reset()
 
     # -- step lifecycle -------------------------------------------------------------
     def _reset(self) -> None:
         self._host = [0] * len(PHASES)
+        self._cpu = [0] * len(PHASES)
         self._depth = [0] * len(PHASES)
-        self._stack: list[list[int]] = []  # [index, t_enter, child_ns, device_span_pos]
+        # [index, t_enter, child_ns, device_span_pos, cpu_enter, child_cpu_ns, annotation]
+        self._stack: list[list[Any]] = []
         self._dev_spans: list[_DeviceSpan] = []
         self._graphs: dict[str, GraphCount] = {}
 
@@ -167,6 +244,11 @@ class StepProbe:
         self._in_step += 1
         if self._in_step > 1:
             return  # a nested step hook (a worker calling another hooked worker)
+        if self._control is not None:
+            self._until_control -= 1
+            if self._until_control <= 0:
+                self._until_control = CONTROL_EVERY_STEPS
+                self._apply_control(self._control)
         self._reset()
         self._ctx = context_len
         self._batch = batch_size
@@ -175,8 +257,30 @@ class StepProbe:
         self._wall = time.time_ns()
         if self._nvtx is not None:
             self._nvtx.range_push(f"specperf.step ctx={context_len} bs={batch_size}")
+        if self._sampler is not None and mode == "decode":
+            self._start_sampling()
         self._step_ev0 = self._event() if self._torch is not None else None
-        self._t0 = _perf_ns()
+        n = self._decode_steps if mode == "decode" else -1
+        self._decode_steps += mode == "decode"
+        self._cpu_on = n >= 0 and n % CPU_EVERY == 0
+        self._q0 = self._runq.wait_ns() if n >= 0 and n % RUNQ_EVERY == 0 else None
+        self._t0 = self._last_t = _perf_ns()
+        self._c0 = self._last_c = _thread_ns() if self._cpu_on else 0
+
+    def _apply_control(self, control: InjectControl) -> None:
+        """Switch the injection and the records' labels if the control file changed."""
+        change = control.poll()
+        if change is None:
+            return
+        self._injector = change.injector
+        labels = {
+            k: v for k, v in self._labels.items() if k not in (INJECT_LABEL, INJECT_ERROR_LABEL)
+        }
+        if change.label:
+            labels[INJECT_LABEL] = change.label
+        if change.error:
+            labels[INJECT_ERROR_LABEL] = change.error
+        self._labels = labels  # a new dict: records already made keep theirs
 
     def abort_step(self) -> None:
         """Forget a step that raised (no record); the next ``begin_step`` starts clean."""
@@ -185,10 +289,42 @@ class StepProbe:
         if self._nvtx is not None:
             for _ in range(len(self._stack) + 1):
                 self._nvtx.range_pop()
+        if self._sampling:
+            for frame in reversed(self._stack):
+                if frame[6] is not None:
+                    KernelSampler.end(frame[6])
+            self._stop_sampling()
         if self._injector is not None:
             self._injector.abort_step()
         self._in_step = 0
         self._reset()
+
+    # -- kernel sampling (every N-th step only) -----------------------------------------
+    def _start_sampling(self) -> None:
+        assert self._sampler is not None
+        if not self._sampler.due():
+            return
+        t = _perf_ns()
+        self._sampling = self._sampler.start()
+        if self._sampling:
+            self._step_annotation = self._sampler.annotate("step")
+        self._sample_cost = _perf_ns() - t
+
+    def _annotate(self, index: int) -> Any:
+        assert self._sampler is not None
+        return self._sampler.annotate(PHASES[index])
+
+    def _stop_sampling(self) -> KernelSample | None:
+        """End the step's annotation and the profiler (after the step's clock stopped)."""
+        assert self._sampler is not None
+        t = _perf_ns()
+        self._sampling = False
+        KernelSampler.end(self._step_annotation)
+        self._step_annotation = None
+        sample = self._sampler.stop()
+        if sample is None:
+            return None
+        return replace(sample, cost_ns=self._sample_cost + _perf_ns() - t)
 
     def end_step(self, *, accepted_tokens: int) -> None:
         if self._in_step == 0:
@@ -196,17 +332,42 @@ class StepProbe:
         if self._in_step > 1:
             self._in_step -= 1
             return
+        c1 = _thread_ns() if self._cpu_on else 0
         t1 = _perf_ns()
+        q1 = self._runq.wait_ns() if self._q0 is not None else None
         step_ns = t1 - self._t0
         while self._stack:  # a phase left open by an exception: close it at the step end
             idx = self._stack[-1][0]
             self._depth[idx] = 1
-            self._exit(idx, now=t1)
+            self._exit(idx, now=t1, cpu_now=c1)
         self._in_step = 0
         if self._nvtx is not None:
             self._nvtx.range_pop()
+        kernels = self._stop_sampling() if self._sampling else None
+        if self._sampler is not None and self._mode == "decode":
+            self._sampler.note_step(step_ns, kernels.cost_ns if kernels is not None else None)
+        runq = q1 - self._q0 if q1 is not None and self._q0 is not None else None
+        record = self._record(step_ns, c1 - self._c0, runq, accepted_tokens, kernels)
+        self._step_no += 1
+        if self._injector is not None:
+            self._injector.end_step()
+        if self._torch is None:
+            self._emit(record)
+            return
+        step_ev1 = self._event()
+        self._pending.append((record, self._dev_spans, self._step_ev0, step_ev1))
+        self._resolve(block=False)
+
+    def _record(
+        self,
+        step_ns: int,
+        step_cpu_ns: int,
+        runq_ns: int | None,
+        accepted_tokens: int,
+        kernels: KernelSample | None,
+    ) -> StepRecord:
         host = dict(zip(PHASES, self._host))
-        record = StepRecord(
+        return StepRecord(
             step=self._step_no,
             wall_ns=self._wall,
             mode=self._mode,
@@ -221,16 +382,11 @@ class StepProbe:
             rank=self._rank,
             pid=self._pid,
             labels=self._labels,
+            cpu_ns=dict(zip(PHASES, self._cpu)) if self._cpu_on else None,
+            step_cpu_ns=step_cpu_ns if self._cpu_on else None,
+            step_runq_ns=runq_ns,
+            kernels=kernels,
         )
-        self._step_no += 1
-        if self._injector is not None:
-            self._injector.end_step()
-        if self._torch is None:
-            self._emit(record)
-            return
-        step_ev1 = self._event()
-        self._pending.append((record, self._dev_spans, self._step_ev0, step_ev1))
-        self._resolve(block=False)
 
     # -- spans ----------------------------------------------------------------------
     def phase(self, name: str) -> _Span:
@@ -256,9 +412,13 @@ class StepProbe:
             parent = self._stack[-1][3] if self._stack else -1
             pos = len(self._dev_spans)
             self._dev_spans.append(_DeviceSpan(index, self._event(), None, parent))
-        self._stack.append([index, _perf_ns(), 0, pos])
+        annotation = self._annotate(index) if self._sampling else None
+        t = _perf_ns()
+        if self._cpu_on and t - self._last_t > CPU_REUSE_NS:
+            self._last_t, self._last_c = t, _thread_ns()
+        self._stack.append([index, t, 0, pos, self._last_c, 0, annotation])
 
-    def _exit(self, index: int, now: int | None = None) -> None:
+    def _exit(self, index: int, now: int | None = None, cpu_now: int = 0) -> None:
         if not self._in_step or not self._depth[index]:
             return
         self._depth[index] -= 1
@@ -267,19 +427,38 @@ class StepProbe:
         if self._injector is not None and now is None:
             frame = next(f for f in reversed(self._stack) if f[0] == index)
             self._injector.stretch(PHASES[index], _perf_ns() - frame[1] - frame[2])
-        t = _perf_ns() if now is None else now
+        if now is None:  # the clocks at the phase's end; a short phase counts as busy
+            top = self._stack[-1]
+            t = _perf_ns()
+            if not self._cpu_on:
+                c = 0
+            elif top[0] == index and t - top[1] < CPU_SHORT_NS:
+                c = top[4] + t - top[1]
+            else:
+                c = _thread_ns()
+                t = _perf_ns()
+            self._last_c, self._last_t = c, t
+        else:
+            c, t = cpu_now, now
         # Pop up to and including this phase (inner phases left open by an exception).
         while self._stack:
-            idx, t_enter, child, pos = self._stack.pop()
+            idx, t_enter, child, pos, c_enter, child_c, annotation = self._stack.pop()
             incl = t - t_enter
+            incl_c = c - c_enter
             self._host[idx] += incl - child
+            excl_c = incl_c - child_c
+            if excl_c > 0:
+                self._cpu[idx] += excl_c
             self._depth[idx] = 0
             if pos >= 0:
                 self._dev_spans[pos].end = self._event()
+            if annotation is not None:
+                KernelSampler.end(annotation)
             if self._nvtx is not None:
                 self._nvtx.range_pop()
             if self._stack:
                 self._stack[-1][2] += incl
+                self._stack[-1][5] += incl_c
             if idx == index:
                 break
 
@@ -356,5 +535,6 @@ class StepProbe:
 
     def close(self) -> None:
         self.flush()
+        self._runq.close()
         if self._sink is not None:
             self._sink.close()

@@ -57,6 +57,17 @@ def _failures(cases: Sequence[CaseView]) -> list[str]:
     return out
 
 
+def _diagnoses(cases: Sequence[CaseView]) -> list[str]:
+    """Every passing case's diagnosis (bottleneck, per phase worked or waited), folded."""
+    out: list[str] = []
+    for c in cases:
+        if c.diagnosis and not c.failure:
+            title = f"{_cell(c.name)}: {c.verdict.value}"
+            out += ["", f"<details><summary>{title}</summary>", "", *_code(list(c.diagnosis))]
+            out += ["", "</details>"]
+    return out
+
+
 def _files(s: RunSummary) -> list[str]:
     if not s.json_path:
         return []
@@ -78,6 +89,7 @@ def markdown_summary(s: RunSummary, cases: Sequence[CaseView]) -> str:
     if notes:
         lines += ["", *_code(notes)]
     lines += _failures(cases)
+    lines += _diagnoses(cases)
     lines += _files(s)
     last = strict_line(s, cases)
     if last:

@@ -22,7 +22,16 @@ from typing import Any
 
 from pytest_specperf.judging.baseline_schema import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
-from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S, device_form
+from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
+    ACTIVE_SHARE,
+    STEP,
+    STEP_PARTS,
+    TOKENS_PER_S,
+    active_form,
+    cpu_form,
+    device_form,
+)
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
@@ -84,7 +93,55 @@ def _samples_json(run: DecodeRun) -> dict[str, Any]:
     if run.has_device_times:
         out["device_phases_ms"] = {p: _ms(run.samples[device_form(p)]) for p in PHASES}
         out["device_step_ms"] = _ms(run.samples[device_form(STEP)])
+    for key, form in (("cpu_ms", cpu_form), ("active_ms", active_form)):
+        if form(STEP) in run.samples:  # null: a step that was not sampled
+            out[key] = {p: list(run.samples[form(p)]) for p in STEP_PARTS}
     return out
+
+
+def _activity_json(run: DecodeRun) -> dict[str, Any] | None:
+    """Per part of the step: span, CPU, active and idle ms (medians), and the active share."""
+    s = run.summaries
+    if cpu_form(STEP) not in s:
+        return None
+    parts: dict[str, Any] = {}
+    for p in STEP_PARTS:
+        span_name = device_form(p) if run.active_source == "device" and p in PHASES else p
+        span = s[span_name].median if span_name in s else None
+        cpu = s.get(cpu_form(p))
+        active = s.get(active_form(p))
+        parts[p] = {
+            "span_ms": span,
+            "cpu_ms": cpu.median if cpu is not None else None,
+            "active_ms": active.median if active is not None else None,
+            "idle_ms": (
+                max(span - active.median, 0.0) if span is not None and active is not None else None
+            ),
+        }
+    share = s.get(ACTIVE_SHARE)
+    return {
+        "source": run.active_source,
+        ACTIVE_SHARE: share.median if share is not None else None,
+        "phases": parts,
+    }
+
+
+def _kernels_json(run: DecodeRun) -> dict[str, Any] | None:
+    kv = run.kernels
+    if kv is None:
+        return None
+    return {
+        "source": kv.source,
+        "sampled_steps": kv.steps,
+        "cost_ms_per_sample": kv.cost_ms,
+        "phases": {
+            p: [
+                {"name": k.name, "calls": k.calls, "total_ms": k.total_ms, "share": k.share}
+                for k in stats
+            ]
+            for p, stats in kv.phases.items()
+        },
+    }
 
 
 def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
@@ -102,7 +159,14 @@ def _bottleneck_json(o: CaseOutcome) -> dict[str, Any] | None:
     b = o.bottleneck
     if b is None:
         return None
-    return {"kind": b.kind, "describe": b.describe(), "reasons": b.reasons, "figures": b.figures}
+    return {
+        "kind": b.kind,
+        "describe": b.describe(),
+        "reasons": b.reasons,
+        "lines": list(b.lines),
+        "active_source": b.active_source,
+        "figures": b.figures,
+    }
 
 
 def run_record_json(run: DecodeRun) -> dict[str, Any]:
@@ -148,6 +212,10 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "graphs": {k: dict(v) for k, v in run.graphs.items()},
         "fingerprint": dict(o.fingerprint),
         "bottleneck": _bottleneck_json(o),
+        "activity": _activity_json(run),
+        "kernels": _kernels_json(run),
+        "budgets": [b.to_json() for b in o.budgets],
+        "failed": o.failed,
         "time_went": o.time_went,
         "cross_check": list(run.cross_check),
         "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,

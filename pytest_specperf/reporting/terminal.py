@@ -1,4 +1,10 @@
-"""Reports for people: the phase table of a case, its failure message, the run's summary."""
+"""Reports for people: the phase table of a case, its failure message, the run's summary.
+
+``diagnosis_lines(outcome)`` is the one place the diagnosis of a case is put in words
+(budgets, where the time went, the bottleneck verdict, whether each phase worked or
+waited); the failure message, the ``-rP`` report section and the Markdown summary all
+call it.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,21 @@ from dataclasses import dataclass, field
 
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.judge import CaseOutcome
-from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TABLE_ROWS, TOKENS_PER_S, device_form
-from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
+    ACTIVE_SHARE,
+    STEP,
+    TABLE_ROWS,
+    TOKENS_PER_S,
+    active_form,
+    device_form,
+)
+from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
-from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.reporting.view import CaseView, diagnosis_lines
 
 
 def _pct(x: float) -> str:
@@ -28,6 +42,32 @@ def _change_cell(base: float, now: float, step: float) -> str:
     return _pct(now / base - 1)
 
 
+def _ms(s: Summary | None) -> str:
+    return f"{s.median:.3f}" if s is not None else "-"
+
+
+def _activity_cells(run: DecodeRun, name: str, now: float) -> list[str]:
+    """Active and idle ms of one row: CPU time and waited on a CPU; device active and
+    idle inside the device span on a GPU with kernel samples."""
+    active = run.summaries.get(active_form(name))
+    if run.active_source == "cpu":
+        span = now
+    else:
+        dev = run.summaries.get(device_form(name))
+        span = dev.median if dev is not None and name != STEP else now
+    if active is None:
+        return ["-", "-"]
+    return [f"{active.median:.3f}", f"{max(span - active.median, 0.0):.3f}"]
+
+
+def _activity_headers(run: DecodeRun) -> list[str]:
+    if run.active_source == "cpu":
+        return ["cpu ms", "waited ms"]
+    if run.active_source == "device":
+        return ["active ms", "idle ms"]
+    return []
+
+
 def _phase_row(run: DecodeRun, name: str, b: Summary | None, step: float) -> list[str]:
     now = run.summaries[name].median
     row = [
@@ -38,8 +78,9 @@ def _phase_row(run: DecodeRun, name: str, b: Summary | None, step: float) -> lis
         f"{now / step * 100:.1f}%" if step else "-",
     ]
     if run.has_device_times:
-        dev = run.summaries.get(device_form(name))
-        row.append(f"{dev.median:.3f}" if dev else "-")
+        row.append(_ms(run.summaries.get(device_form(name))))
+    if run.active_source is not None:
+        row += _activity_cells(run, name, now)
     return row
 
 
@@ -50,6 +91,7 @@ def _run_line(run: DecodeRun) -> str:
         f"tokens/s {run.summaries[TOKENS_PER_S].value:.1f}",
         f"steps {run.steps}",
         f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else "",
+        _active_share_text(run),
     ]
     if run.graphs:
         extra.append(
@@ -63,15 +105,64 @@ def _run_line(run: DecodeRun) -> str:
     return "  ".join(e for e in extra if e)
 
 
+def _active_share_text(run: DecodeRun) -> str:
+    share = run.summaries.get(ACTIVE_SHARE)
+    if share is None:
+        return ""
+    if run.active_source == "cpu":
+        return f"active {share.median:.0%} (CPU time of the step)"
+    k = run.kernels
+    sampled = f", {k.steps} sampled step(s), {k.cost_ms:.1f} ms per sample" if k else ""
+    return f"device active {share.median:.0%} of the step (kernel samples{sampled})"
+
+
 def phase_table(outcome: CaseOutcome) -> list[str]:
-    """Per-phase medians now (and at baseline), with change and share of the step."""
+    """Per-phase medians now (and at baseline), with change and share of the step, and
+    where measured the device time, the active time and the idle time inside each phase."""
     run, base = outcome.run, outcome.base_metrics
     step = run.summaries[STEP].median
     headers = ["phase", "base ms", "now ms", "change", "share"]
     if run.has_device_times:
         headers.append("device ms")
+    headers += _activity_headers(run)
     rows = [_phase_row(run, n, base.get(n) if base else None, step) for n in TABLE_ROWS]
-    return [*render_table(headers, rows, right={1, 2, 3, 4, 5}), _run_line(run)]
+    right = set(range(1, len(headers)))
+    return [*render_table(headers, rows, right=right), _run_line(run)]
+
+
+def _kernel_rows(stats: Sequence[tuple[str, KernelStat]]) -> list[list[str]]:
+    return [
+        [
+            name,
+            phase,
+            f"{k.calls:g}",
+            f"{k.total_ms:.3f}",
+            f"{k.share * 100:.0f}%" if k.share == k.share else "-",
+        ]
+        for phase, k in stats
+        for name in [k.name if len(k.name) <= 60 else k.name[:57] + "..."]
+    ]
+
+
+def top_kernels(outcome: CaseOutcome, n: int = 5) -> list[str]:
+    """The ``n`` largest kernels of the blamed phase (all phases when the blame is not on
+    one), per sampled step: calls, ms and share of the phase; empty without samples."""
+    kv = outcome.run.kernels
+    if kv is None:
+        return []
+    culprit = outcome.verdict.culprit or ""
+    keys = [culprit] if culprit in kv.phases else list(kv.phases)
+    stats = sorted(
+        ((key, k) for key in keys for k in kv.phases[key]), key=lambda pk: -pk[1].total_ms
+    )[:n]
+    if not stats:
+        return []
+    where = f"of {culprit}" if culprit in kv.phases else "of the step"
+    head = f"top kernels {where} (per step, {kv.steps} sampled step(s), {kv.source}):"
+    table = render_table(
+        ["kernel", "phase", "calls", "ms", "share"], _kernel_rows(stats), right={2, 3, 4}
+    )
+    return [head, *table]
 
 
 def most_changed_of(metrics: Sequence[MetricVerdict]) -> MetricVerdict | None:
@@ -88,19 +179,23 @@ def most_changed(outcome: CaseOutcome) -> MetricVerdict | None:
     return most_changed_of(outcome.verdict.metrics)
 
 
-def failure_message(outcome: CaseOutcome, baseline_display: str) -> str:
-    """The failed test's message: the regression, where the time went, the phase table."""
-    slower = outcome.verdict.worst(Verdict.SLOWER)
-    lines = [f"{slower[0].describe()} at {outcome.where} [{baseline_display}]"]
+def failure_message(outcome: CaseOutcome, baseline_display: str, *, regression: bool = True) -> str:
+    """The failed test's message: the regression (with ``regression``) or the breached
+    budget, the diagnosis, the top kernels, the phase table."""
+    slower = outcome.verdict.worst(Verdict.SLOWER) if regression else []
+    over = outcome.over_budget
+    first = slower[0].describe() if slower else (over[0].describe() if over else "failed")
+    lines = [f"{first} at {outcome.where} [{baseline_display}]"]
     if outcome.run.injected:
         lines[0] += f" [injected: {outcome.run.injected}]"
     lines += [f"  also {m.describe()}" for m in slower[1:]]
-    if outcome.time_went:
-        lines.append(outcome.time_went)
-    if outcome.bottleneck is not None:
-        lines.append(f"bottleneck: {outcome.bottleneck.describe()}")
+    diagnosis = diagnosis_lines(outcome)
+    if not slower and over:
+        diagnosis.remove(over[0].describe())  # already the first line
+    lines += diagnosis
     lines += outcome.notes
-    return "\n".join([*lines, "", *phase_table(outcome)])
+    kernels = top_kernels(outcome)
+    return "\n".join([*lines, *(["", *kernels] if kernels else []), "", *phase_table(outcome)])
 
 
 def _change_text(m: MetricVerdict) -> str:
@@ -112,6 +207,8 @@ def _summary_row(c: CaseView) -> list[str]:
     b = c.base_step_ms
     mc = most_changed_of(c.metrics)
     verdict = c.verdict.value + (" (recorded)" if c.recorded else "")
+    if c.over_budget:
+        verdict = f"OVER_BUDGET ({verdict})"
     if c.injected:
         verdict += " [injected]"
     if c.rounds > 1:
@@ -284,9 +381,7 @@ def strict_line(s: RunSummary, cases: Sequence[CaseView]) -> str | None:
     verb = "recorded" if s.update else "judged"
     line = f"strict: {verb} {len(cases) - len(others)} of {len(cases)} cases"
     if others:
-        line += f"; not {verb}: " + ", ".join(
-            f"{c.name} ({'; '.join(c.unjudged)})" for c in others
-        )
+        line += f"; not {verb}: " + ", ".join(f"{c.name} ({'; '.join(c.unjudged)})" for c in others)
     return line
 
 

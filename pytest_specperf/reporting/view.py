@@ -34,6 +34,20 @@ def _numbers(d: Mapping[str, Any]) -> Mapping[str, float]:
     return MappingProxyType({str(k): _num(v) for k, v in d.items()})
 
 
+def diagnosis_lines(outcome: CaseOutcome) -> list[str]:
+    """The diagnosis of a case in words with numbers: its budgets, where the time went,
+    the bottleneck verdict, and per phase whether it worked or waited (pure; the terminal,
+    the ``-rP`` section and the Markdown summary all call it)."""
+    lines = [b.describe() for b in outcome.budgets]
+    if outcome.time_went:
+        lines.append(outcome.time_went)
+    b = outcome.bottleneck
+    if b is not None:
+        lines.append(f"bottleneck: {b.describe()}")
+        lines += [f"  {line}" for line in b.lines]
+    return lines
+
+
 @dataclass(frozen=True)
 class CaseView:
     """What the summary, the JSON report, the picture and the Markdown need of a case."""
@@ -58,6 +72,10 @@ class CaseView:
     failure: str = ""
     #: ``--specperf-strict``: why the case does not count as judged (empty: it does)
     unjudged: tuple[str, ...] = ()
+    #: the budgets the run breached, described
+    over_budget: tuple[str, ...] = ()
+    #: the diagnosis in words: where the time went, bottleneck, per phase worked or waited
+    diagnosis: tuple[str, ...] = ()
     #: the JSON report's form of the case
     report: Mapping[str, Any] = field(default_factory=dict)
 
@@ -108,6 +126,8 @@ class CaseView:
             baseline_file=baseline_file,
             failure=failure,
             unjudged=unjudged,
+            over_budget=tuple(b.describe() for b in o.over_budget),
+            diagnosis=tuple(diagnosis_lines(o)),
             report=MappingProxyType(strict(case_json(o))),
         )
 
@@ -131,6 +151,8 @@ class CaseView:
                 "baseline_file": self.baseline_file,
                 "failure": self.failure,
                 "unjudged": list(self.unjudged),
+                "over_budget": list(self.over_budget),
+                "diagnosis": list(self.diagnosis),
                 "report": dict(self.report),
             }
         )
@@ -158,6 +180,8 @@ class CaseView:
                 baseline_file=str(d["baseline_file"]),
                 failure=str(d["failure"]),
                 unjudged=tuple(str(u) for u in d["unjudged"]),
+                over_budget=tuple(str(b) for b in d.get("over_budget", ())),
+                diagnosis=tuple(str(b) for b in d.get("diagnosis", ())),
                 report=MappingProxyType(dict(d["report"])),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:

@@ -95,6 +95,12 @@ class ServerClient:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
 
+    def with_timeout(self, seconds: float) -> ServerClient:
+        """The same server with every call bounded by ``seconds`` (connect and answer)."""
+        return ServerClient(
+            self.base_url, timeout=seconds, connect_timeout=min(self.connect_timeout, seconds)
+        )
+
     def _exchange(
         self,
         method: str,
@@ -157,8 +163,8 @@ class ServerClient:
     def flush_cache(self) -> None:
         self.post("/flush_cache")
 
-    def generate(self, body: dict[str, Any]) -> Any:
-        return self.post("/generate", body)
+    def generate(self, body: dict[str, Any], *, timeout: float | None = None) -> Any:
+        return self.post("/generate", body, timeout=timeout)
 
 
 def _connection(base_url: str, connect_timeout: float) -> tuple[http.client.HTTPConnection, str]:

@@ -12,6 +12,12 @@ More rounds (the automatic extension) repeat the first round's requests exactly:
 extended block has a baseline counterpart (block ``j`` of the baseline's run) and the
 verdict pairs the mean of its rounds with it. The server's own metrics are cross-checked
 over the first round, and GPU telemetry comes from one long decode after it.
+
+Every request has a deadline: ``DEADLINE_FACTOR`` times what it should take at the pace
+known so far (the baseline's step time before the warm-up, then the pace the case's own
+requests showed: a prefill plus a time per step), never less than a floor. A server that
+gives no answer by then has stopped responding (frozen, or a hung step) and the case fails
+naming that; a launched server that exits fails the case at once, naming how it ended.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
+from pytest_specperf.probe.inject import CONTROL_FILE, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RecordTail
+from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.model_server import ModelServer
 
 if TYPE_CHECKING:
@@ -49,12 +57,49 @@ WARMUP_SEED = 10_000
 #: for decode steps beyond the context, see ``capacity_reason``).
 TELEMETRY_SEED = 20_000
 TELEMETRY_MAX_NEW_TOKENS = 512
+#: A request's deadline is this many times what it should take at the pace known so far.
+DEADLINE_FACTOR = 10.0
+#: Shortest deadline of a measured request, in seconds (short requests on a busy machine).
+DEADLINE_FLOOR_S = 10.0
+#: Shortest deadline of a case's first request (its first prefill at this context length,
+#: without a pace measured yet), in seconds.
+FIRST_DEADLINE_FLOOR_S = 120.0
+#: Seconds a failed request waits for a dying server's exit status (to name how it ended).
+EXIT_GRACE_S = 1.0
 
 Progress = Callable[[int, int, str], None]
 
 
 class MeasurementError(RuntimeError):
     """The server or its probe did not deliver what the measurement needs."""
+
+
+class ServerStopped(MeasurementError):
+    """The server gave no answer within a request's deadline."""
+
+
+class ServerExited(MeasurementError):
+    """The launched server process ended during the case."""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What a request of the case should take: a fixed part (its prefill) and a time per
+    decode step, both in seconds; ``floor_s`` is the shortest deadline."""
+
+    fixed_s: float = 0.0
+    step_s: float = 0.0
+    floor_s: float = FIRST_DEADLINE_FLOOR_S
+
+    def deadline_s(self, max_steps: int) -> float:
+        """The deadline of a request of at most ``max_steps`` decode steps."""
+        return max(self.floor_s, DEADLINE_FACTOR * (self.fixed_s + max_steps * self.step_s))
+
+    def widened(self, records: list[StepRecord], wall_s: float) -> Pace:
+        """This pace, widened by a request that took ``wall_s`` for ``records``."""
+        step_s = statistics.median(r.step_ns for r in records) / 1e9 if records else 0.0
+        fixed_s = max(0.0, wall_s - len(records) * step_s)
+        return Pace(max(self.fixed_s, fixed_s), max(self.step_s, step_s), DEADLINE_FLOOR_S)
 
 
 def block_steps(steps: int) -> int:
@@ -128,6 +173,29 @@ class _Window:
     cross_check: tuple[str, ...] = ()
 
 
+def _meta_infos(resp: Any) -> list[dict[str, Any]]:
+    metas = resp if isinstance(resp, list) else [resp]
+    if not all(isinstance(m, dict) and isinstance(m.get("meta_info"), dict) for m in metas):
+        raise MeasurementError(f"unexpected /generate response: {str(resp)[:200]}")
+    return [m["meta_info"] for m in metas]
+
+
+def _check_one_injection(records: list[StepRecord]) -> None:
+    """The measured steps ran under one injection state, which the probe could apply."""
+    states = {
+        (r.labels.get(INJECT_LABEL, ""), r.labels.get(INJECT_ERROR_LABEL, "")) for r in records
+    }
+    errors = sorted({err for _, err in states if err})
+    if errors:
+        raise MeasurementError(f"the server's probe could not use its control file: {errors[0]}")
+    if len(states) > 1:
+        shown = ", ".join(sorted(spec or "none" for spec, _ in states))
+        raise MeasurementError(
+            f"the canary injection changed during the case ({shown}): the server's "
+            f"{CONTROL_FILE} was written while it ran; run the case again"
+        )
+
+
 def _accept_estimate(records: list[StepRecord], fallback: float) -> float:
     toks = sum(r.accepted_tokens / max(r.batch_size, 1) for r in records)
     return max(1.0, toks / len(records)) if records else fallback
@@ -137,13 +205,21 @@ class Decoder:
     """Runs the requests of one case against the session's server."""
 
     def __init__(
-        self, server: ModelServer, progress: Progress, sampler: TelemetrySampler | None = None
+        self,
+        server: ModelServer,
+        progress: Progress,
+        sampler: TelemetrySampler | None = None,
+        *,
+        baseline_step_ms: float | None = None,
+        pace: Pace | None = None,
     ) -> None:
+        """``baseline_step_ms`` paces the first request's deadline; ``pace`` replaces it."""
         self.server = server
         self.progress = progress
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
+        self.pace = pace or Pace(step_s=(baseline_step_ms or 0.0) / 1e3)
         self._got = _Blocks()
         self._window = _Window(time.monotonic())
         self._note = ""  # shown on the progress line
@@ -180,9 +256,17 @@ class Decoder:
     ) -> tuple[list[StepRecord], list[dict[str, Any]]]:
         """One request; its decode records (rank 0) and the responses' ``meta_info``."""
         srv = self.server
-        srv.backend.set_kv_layout(srv.client, case.layout.name, case.layout.level, seed)
+        deadline_s = self.pace.deadline_s(max_new_tokens)
+        t0 = time.monotonic()
+        client = srv.client.with_timeout(deadline_s)
         rids = [f"specperf-{tag}-{uuid.uuid4().hex[:10]}" for _ in range(case.batch_size)]
-        fut = self._pool.submit(srv.client.generate, self._body(case, max_new_tokens, seed, rids))
+        try:
+            srv.backend.set_kv_layout(client, case.layout.name, case.layout.level, seed)
+        except (ServerUnreachable, ServerHTTPError) as e:
+            raise self._failure(e, rids[0], deadline_s) from None
+        body = self._body(case, max_new_tokens, seed, rids)
+        left = max(deadline_s - (time.monotonic() - t0), 1.0)
+        fut = self._pool.submit(client.generate, body, timeout=left)
         mine: list[StepRecord] = []
         while True:
             done = fut.done()
@@ -190,16 +274,50 @@ class Decoder:
             self.progress(counted + len(mine), self._total or case.steps, self._note)
             if done:
                 break
+            self._check_alive()
+            if time.monotonic() - t0 > deadline_s:
+                raise self._stopped(rids[0], deadline_s)
             time.sleep(0.2)
-        resp = fut.result()
-        metas = resp if isinstance(resp, list) else [resp]
-        if not all(isinstance(m, dict) and isinstance(m.get("meta_info"), dict) for m in metas):
-            raise MeasurementError(f"unexpected /generate response: {str(resp)[:200]}")
-        infos = [m["meta_info"] for m in metas]
+        try:
+            resp = fut.result()
+        except (ServerUnreachable, ServerHTTPError) as e:
+            raise self._failure(e, rids[0], deadline_s) from None
+        infos = _meta_infos(resp)
         mine += self._wait_records(set(rids), len(mine), self._expected_steps(infos))
         mine.sort(key=lambda r: (r.rank, r.step))
         rank0 = min(r.rank for r in mine) if mine else 0
-        return [r for r in mine if r.rank == rank0], infos
+        recs = [r for r in mine if r.rank == rank0]
+        self.pace = self.pace.widened(recs, time.monotonic() - t0)
+        return recs, infos
+
+    def _check_alive(self, when: str = "during the case") -> None:
+        status = self.server.exit_status()
+        if status is not None:
+            raise ServerExited(f"the server {status} {when}")
+
+    def _stopped(self, rid: str, deadline_s: float) -> ServerStopped:
+        return ServerStopped(
+            f"server stopped responding: no answer to request {rid} within {deadline_s:.0f} s "
+            f"(its deadline: {DEADLINE_FACTOR:g}x what it should take at the pace measured "
+            f"so far, {self.pace.fixed_s:.2f} s + {self.pace.step_s * 1e3:.1f} ms per step, "
+            f"and at least {self.pace.floor_s:.0f} s)"
+        )
+
+    def _failure(
+        self, e: ServerUnreachable | ServerHTTPError, rid: str, deadline_s: float
+    ) -> MeasurementError:
+        """What a failed HTTP call means: the server exited, stopped responding, or said no."""
+        end = time.monotonic() + EXIT_GRACE_S
+        while True:  # a dying server: its connection closes just before its exit
+            status = self.server.exit_status()
+            if status is not None:
+                return ServerExited(f"the server {status} during the case ({e})")
+            if self.server.process is None or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        if isinstance(e, ServerUnreachable) and "timed out" in str(e):
+            return self._stopped(rid, deadline_s)
+        return MeasurementError(str(e))
 
     def _wait_records(self, rids: set[str], have: int, expected: int) -> list[StepRecord]:
         """Records of a finished request still on their way to the sink."""
@@ -279,20 +397,46 @@ class Decoder:
             summary = self.sampler.stop()
         return summary
 
+    def _tokens_per_step(self) -> int:
+        """The most tokens one decode step can produce (the draft block, or 1)."""
+        srv = self.server
+        if not srv.speculative:
+            return 1
+        return int(srv.server_info.get("speculative_num_draft_tokens") or 8)
+
+    def run_steps(self, case: CaseSpec, min_steps: int, *, tries: int = 3) -> list[StepRecord]:
+        """Unmeasured requests of ``case`` until at least ``min_steps`` decode steps ran
+        (each request asks for enough tokens even if every drafted token is accepted);
+        their records. ``MeasurementError`` when ``tries`` requests did not get there."""
+        block = self._tokens_per_step()
+        got: list[StepRecord] = []
+        for n in range(tries):
+            recs, _ = self._request(
+                case, max_new_tokens=1 + (min_steps + 1) * block, seed=WARMUP_SEED + 1 + n,
+                tag=f"{case.tag}-{n}", counted=len(got),
+            )  # fmt: skip
+            got += recs
+            if len(got) >= min_steps:
+                return got
+        raise MeasurementError(
+            f"{tries} requests ran {len(got)} decode steps, fewer than the {min_steps} asked for"
+        )
+
     def start(self, case: CaseSpec, *, note: str = "") -> None:
         """Warm up and measure the first round of ``case`` (``run`` builds the run); the
         telemetry decode follows it (``_telemetry_decode``)."""
         t0 = time.monotonic()
         self._note, self._total = note, 0
+        self._check_alive("before this case")
         srv = self.server
-        info = srv.server_info
-        block = int(info.get("speculative_num_draft_tokens") or 8) if srv.speculative else 1
-        accept = self._warm_up(case, block)
-        metrics_before = srv.backend.metrics_before(srv.client)
+        accept = self._warm_up(case, self._tokens_per_step())
+        control = srv.client.with_timeout(self.pace.deadline_s(1))  # bounded metric scrapes
+        metrics_before = srv.backend.metrics_before(control)
         window_t0 = time.monotonic()
         self._got = self._measure_blocks(case, accept)
+        _check_one_injection(self._got.records)
         cross = srv.backend.metrics_check(
-            srv.client, metrics_before, self._got.records, time.monotonic() - window_t0
+            control, metrics_before, self._got.records, time.monotonic() - window_t0
         )
         # after the cross-check window, so that its extra decode does not distort it
         telemetry = self._telemetry_decode(case, self._got.records, accept)
@@ -315,6 +459,7 @@ class Decoder:
             if not kept:
                 return False
             extra.add(first + j, kept, metas, self.server.backend)
+        _check_one_injection(got.records + extra.records)
         got.records += extra.records
         got.blocks += extra.blocks
         got.frags += extra.frags

@@ -18,7 +18,12 @@ from pytest_specperf.server import (
     ServerStartError,
     free_port,
 )
-from pytest_specperf.server.client import attach_problem
+from pytest_specperf.server.client import (
+    ATTACH_DEADLINE_S,
+    ServerHTTPError,
+    ServerUnreachable,
+    attach_problem,
+)
 
 
 @dataclass
@@ -50,6 +55,11 @@ class ModelServer:
 
     def log_tail(self, lines: int = 30) -> str:
         return self.process.log_tail(lines) if self.process else "(attached server: no log)"
+
+    def exit_status(self) -> str | None:
+        """How a launched server ended ("was killed by signal 9 (SIGKILL)"), None while it
+        runs; always None for an attached server (not ours to watch)."""
+        return self.process.exit_status() if self.process else None
 
     def stop(self) -> None:
         if self.process is not None:
@@ -135,12 +145,14 @@ def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServ
     if problem is not None:
         raise ServerStartError(f"cannot attach to {url}: {problem}")
     client = ServerClient(url)
-    if not client.health_generate(timeout=ATTACH_HEALTH_TIMEOUT_S):
+    try:
+        client.get("/health_generate", timeout=ATTACH_HEALTH_TIMEOUT_S)
+        info = client.with_timeout(ATTACH_DEADLINE_S).server_info()
+    except (ServerUnreachable, ServerHTTPError) as e:
         raise ServerStartError(
-            f"cannot attach to {url}: it answers /server_info but GET /health_generate "
-            f"failed within {ATTACH_HEALTH_TIMEOUT_S:.0f} s (is it still loading the model?)"
-        )
-    info = client.server_info()
+            f"cannot attach to {url}: it answers /server_info but cannot generate: {e} "
+            "(is it still loading the model?)"
+        ) from None
     if run_dir is None:
         rd = info.get("run_dir")
         run_dir = Path(rd) if isinstance(rd, str) else None

@@ -40,6 +40,19 @@ def set_pdeathsig() -> None:  # runs in the child between fork and exec
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def describe_exit(code: int | None) -> str | None:
+    """A ``Popen.returncode`` in words; None for a process still running."""
+    if code is None:
+        return None
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
 class ServerProcess:
     """One supervised server subprocess."""
 
@@ -82,6 +95,13 @@ class ServerProcess:
             log.close()
         atexit.register(self.stop)
 
+    def exit_status(self) -> str | None:
+        """How the process ended ("exited with code 1", "was killed by signal 9 (SIGKILL)"),
+        or None while it runs (or before it started)."""
+        if self.proc is None:
+            return None
+        return describe_exit(self.proc.poll())
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self.log_path, "rb") as fh:
@@ -103,10 +123,10 @@ class ServerProcess:
         t0 = time.monotonic()
         assert self.proc is not None
         while True:
-            code = self.proc.poll()
-            if code is not None:
+            status = self.exit_status()
+            if status is not None:
                 raise ServerStartError(
-                    f"{self.name} exited with code {code} before becoming ready "
+                    f"{self.name} {status} before becoming ready "
                     f"(log: {self.log_path}); last lines:\n{self.log_tail()}"
                 )
             if client.health_generate(timeout=10.0):
@@ -133,6 +153,8 @@ class ServerProcess:
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
+                if sig == signal.SIGTERM:  # a stopped (SIGSTOP) server acts on it only now
+                    os.killpg(pgid, signal.SIGCONT)
             try:
                 proc.wait(timeout=wait)
                 # The leader is gone; make sure no group member (a scheduler) survives it.

@@ -34,6 +34,29 @@ Decision, in this order (defaults in :class:`Thresholds`):
 On a CPU run (no device times) the kind is ``unknown`` and :meth:`Bottleneck.describe`
 gives the host-side view instead: step time, unaccounted time and share, and the largest
 phases with their shares ("host only (no device timing): ...").
+
+**Active time inside the phases** (``StepFigures.active_ms``). A CUDA-event span says
+when a phase's work passed through the stream, not whether the GPU worked inside it. With
+kernel samples (``active_source="device"``: the union of the kernels and copies each phase
+launched) the verdict uses the device's *active* share instead of the span share for rule 1
+(a GPU that idles inside its spans is starved too), and :func:`activity_lines` says per
+phase whether it worked or waited, in words with the numbers:
+
+* ``verify: span 190.0 ms, device active 4.0 ms (2%): the GPU idled inside verify (waits,
+  not work)`` when the active share of the span is below ``idle_share`` (50%);
+* ``verify: device active 185.0 ms (97% of its 190.0 ms span), DRAM 2% of peak:
+  latency-bound kernels (top: <kernel> 180.0 ms)`` otherwise, with the roof rules 2-4;
+* ``unaccounted 180.0 ms outside every phase, device idle (active 0.0 ms, 0%): host
+  stall`` or ``unaccounted 40.0 ms with the device active (38.0 ms, 95%): GPU work outside
+  the mapped phases`` for the time outside every phase.
+
+On a CPU (``active_source="cpu"``) the thread's CPU time plays the device's part: a phase
+whose CPU time is under half its wall time waited ("the thread waited inside verify"), one
+near its wall time worked. On a busy machine a working thread also waits for a CPU: the
+step's run-queue time (``runq_ms``, Linux schedstat) is shared out over the parts of the
+step by the time each spent off the CPU (wall minus CPU time: the only place run-queue
+time can be) and counted as work that could not run; the line says how much it was.
+Phases under ``MIN_LINE_SHARE`` of the step get no line.
 """
 
 from __future__ import annotations
@@ -43,7 +66,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pytest_specperf.probe.phases import VERIFY
+from pytest_specperf.probe.kernels import STEP_KEY
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED, VERIFY
 from pytest_specperf.telemetry.summary import (
     DRAM_UTIL,
     GPU_UTIL,
@@ -80,7 +104,14 @@ class Thresholds:
     compute_bound_tensor_util_pct: float = 50.0
     #: GPM SM utilization at or above this (percent), DRAM below its threshold -> compute-bound.
     compute_bound_sm_util_pct: float = 80.0
+    #: A phase (or the time outside every phase) active below this share of its span
+    #: idled inside it: waits, not work.
+    idle_share: float = 0.5
 
+
+#: Phases (and the time outside them) under this share of the step get no activity line.
+MIN_LINE_SHARE = 0.05
+ActiveSource = Literal["device", "cpu"]
 
 @dataclass(frozen=True)
 class StepFigures:
@@ -101,6 +132,17 @@ class StepFigures:
     gpu_util_pct: float | None = None
     kv_read_bytes_per_step: float | None = None
     peak_bandwidth_bytes_per_s: float | None = None
+    #: the probe thread's CPU time per phase, ``unaccounted`` and ``step`` (ms)
+    cpu_ms: Mapping[str, float] = field(default_factory=dict)
+    #: active time per phase, ``unaccounted`` and ``step`` (ms): the device's (kernel
+    #: samples) or, on a CPU, the thread's CPU time; see ``active_source``
+    active_ms: Mapping[str, float] = field(default_factory=dict)
+    active_source: ActiveSource | None = None
+    #: per phase (and ``unaccounted``): its largest kernel and that kernel's ms per step
+    top_kernel: Mapping[str, tuple[str, float]] = field(default_factory=dict)
+    context_len: int | None = None
+    #: time per step the probe's thread was runnable without a CPU (a busy machine), ms
+    runq_ms: float | None = None
 
     def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
         """Copy with the utilization medians of ``summary`` filled in (where measured)."""
@@ -130,6 +172,9 @@ class Bottleneck:
     kind: BottleneckKind
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
+    #: the activity lines (:func:`activity_lines`): per phase worked or waited, in words
+    lines: tuple[str, ...] = ()
+    active_source: ActiveSource | None = None
 
     @property
     def host_only(self) -> bool:
@@ -152,14 +197,19 @@ class Bottleneck:
                 for name, ms in phases[:3]
                 if ms > 0
             )
-            text = (
-                f"host only (no device timing): step {step:.1f} ms, unaccounted {unacc:.1f} ms "
-                f"({_pct(unacc_share)})"
-            )
+            text = f"host only (no device timing): step {step:.1f} ms"
+            if "step_active_share" in f:
+                text += f", CPU time {_pct(f['step_active_share'])} of it"
+            if f.get("runq_share", 0.0) >= 0.01:
+                text += f", waiting for a CPU {_pct(f['runq_share'])} (a busy machine)"
+            text += f", unaccounted {unacc:.1f} ms ({_pct(unacc_share)})"
             return text + (f"; largest phases: {top}" if top else "")
+        active = ""
+        if "step_active_share" in f:
+            active = f", device active {_pct(f['step_active_share'])} (kernel samples)"
         parts = [
             f"{_LABELS[self.kind]}: device busy {_pct(f['device_busy_share'])} of the "
-            f"{step:.1f} ms step, unaccounted {unacc:.1f} ms ({_pct(unacc_share)})"
+            f"{step:.1f} ms step{active}, unaccounted {unacc:.1f} ms ({_pct(unacc_share)})"
         ]
         for key, label in (
             ("dram_util_pct", "DRAM"),
@@ -367,10 +417,220 @@ def classify(figures: StepFigures, thresholds: Thresholds | None = None) -> Bott
     if not math.isfinite(step) or step <= 0:
         return Bottleneck("unknown", [f"step time {step!r} ms is not a positive number"], out)
     unacc = _host_figures(figures, out)
-    busy = device_busy_share(figures.device_ms, step)
+    _activity_figures(figures, unacc, out)
+    verdict = _classify(figures, unacc, out, t)
+    return replace(
+        verdict, lines=tuple(activity_lines(figures, t)), active_source=figures.active_source
+    )
+
+
+def _classify(
+    figures: StepFigures, unacc: float, out: dict[str, float], t: Thresholds
+) -> Bottleneck:
+    busy = device_busy_share(figures.device_ms, figures.step_ms)
     if busy is None:
         return _host_only(figures, unacc, out)
     d = _device_figures(figures, busy, out)
+    active = out.get("step_active_share") if figures.active_source == "device" else None
+    if active is not None and active < t.host_bound_busy_share:
+        reasons = [
+            f"device active {_pct(active)} of the step (kernel samples), below "
+            f"{_pct(t.host_bound_busy_share)}; its phases' CUDA-event spans cover "
+            f"{_pct(busy)}: the GPU idles, inside the phases or between them"
+        ]
+        return Bottleneck("host-bound", reasons + _host_bound(figures, d, unacc, t)[1:], out)
     if busy < t.host_bound_busy_share:
         return Bottleneck("host-bound", _host_bound(figures, d, unacc, t), out)
     return _busy_verdict(d, t, out)
+
+
+# -- active time inside the phases ---------------------------------------------------------
+def _span(figures: StepFigures, part: str, unacc: float) -> float | None:
+    """A part's span: device span on a GPU with kernel samples, else its host wall time."""
+    if part == UNACCOUNTED:
+        return unacc
+    if figures.active_source == "device":
+        return figures.device_ms.get(part)
+    return figures.host_ms.get(part)
+
+
+def _activity_figures(figures: StepFigures, unacc: float, out: dict[str, float]) -> None:
+    """``cpu_ms.<part>``, and per part ``active_ms``, ``idle_ms``, ``active_share``."""
+    for part, ms in figures.cpu_ms.items():
+        out[f"cpu_ms.{part}"] = ms
+    runq = _finite(figures.runq_ms)
+    if runq is not None:
+        out["runq_ms"] = runq
+        out["runq_share"] = runq / figures.step_ms
+    if figures.active_source is None:
+        return
+    for part in (*PHASES, UNACCOUNTED):
+        active = _finite(figures.active_ms.get(part))
+        span = _span(figures, part, unacc)
+        if active is None or span is None:
+            continue
+        out[f"active_ms.{part}"] = active
+        out[f"idle_ms.{part}"] = max(span - active, 0.0)
+        if span > 0:
+            out[f"active_share.{part}"] = min(active / span, 1.0)
+    step_active = _finite(figures.active_ms.get(STEP_KEY))
+    if step_active is not None:
+        out["active_ms.step"] = step_active
+        out["step_active_share"] = min(step_active / figures.step_ms, 1.0)
+
+
+def _top(figures: StepFigures, part: str) -> str:
+    top = figures.top_kernel.get(part)
+    return f" (top: {top[0]} {top[1]:.1f} ms)" if top else ""
+
+
+def _kernel_kind(figures: StepFigures, part: str, active_ms: float, t: Thresholds) -> str:
+    """What a busy phase's kernels are bound by, from the run's roofs (GPM, KV reads)."""
+    dram, tensor, sm = (
+        _finite(figures.dram_util_pct),
+        _finite(figures.tensor_util_pct),
+        _finite(figures.sm_util_pct),
+    )
+    bw = _verify_bandwidth_share(figures, active_ms) if part == VERIFY_PHASE else None
+    if (dram is not None and dram >= t.memory_bound_dram_util_pct) or (
+        bw is not None and bw >= t.memory_bound_bandwidth_share
+    ):
+        return "memory-bound kernels"
+    if (tensor is not None and tensor >= t.compute_bound_tensor_util_pct) or (
+        sm is not None and sm >= t.compute_bound_sm_util_pct
+    ):
+        return "compute-bound kernels"
+    if dram is not None:
+        return "latency-bound kernels"
+    return "busy kernels (no DRAM figure to tell memory-, compute- and latency-bound apart)"
+
+
+def _verify_bandwidth_share(figures: StepFigures, verify_ms: float) -> float | None:
+    kv, peak = _finite(figures.kv_read_bytes_per_step), _finite(figures.peak_bandwidth_bytes_per_s)
+    bw = achieved_bandwidth(kv, verify_ms) if kv is not None and verify_ms > 0 else None
+    return bw / peak if bw is not None and peak else None
+
+
+def _phase_line(
+    figures: StepFigures, part: str, span: float, active: float, t: Thresholds
+) -> str:
+    share = active / span if span > 0 else 0.0
+    if figures.active_source == "cpu":
+        return _cpu_phase_line(figures, part, span, active, t)
+    if share < t.idle_share:
+        return (
+            f"{part}: span {span:.1f} ms, device active {active:.1f} ms ({_pct(share)}): "
+            f"the GPU idled inside {part} (waits, not work)"
+        )
+    dram = _finite(figures.dram_util_pct)
+    roof = f", DRAM {dram:.0f}% of peak" if dram is not None else ""
+    return (
+        f"{part}: device active {active:.1f} ms ({_pct(share)} of its {span:.1f} ms span)"
+        f"{roof}: {_kernel_kind(figures, part, active, t)}{_top(figures, part)}"
+    )
+
+
+
+def _runq_part(figures: StepFigures, span: float, cpu: float) -> float:
+    """The step's run-queue time that falls in a part (``span`` ms wall, ``cpu`` ms CPU):
+    shared out by time off the CPU, where alone a thread can wait for one."""
+    runq = _finite(figures.runq_ms)
+    step_cpu = _finite(figures.cpu_ms.get(STEP_KEY))
+    if runq is None or step_cpu is None:
+        return 0.0
+    off, step_off = max(span - cpu, 0.0), figures.step_ms - step_cpu
+    if step_off <= 0:
+        return 0.0
+    return min(runq * off / step_off, off)
+
+
+def _cpu_phase_line(
+    figures: StepFigures, part: str, span: float, active: float, t: Thresholds
+) -> str:
+    share = active / span if span > 0 else 0.0
+    runq = _runq_part(figures, span, active)
+    head = f"{part}: span {span:.1f} ms, CPU {active:.1f} ms ({_pct(share)})"
+    if runq >= MIN_LINE_SHARE * span:
+        head += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+    if span > 0 and (active + runq) / span < t.idle_share:
+        return head + f": the thread waited inside {part} (waits, not work)"
+    return head + ": busy on the CPU (work, not waits)" + _top(figures, part)
+
+
+def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str | None:
+    active = _finite(figures.active_ms.get(UNACCOUNTED))
+    head = f"unaccounted {unacc:.1f} ms"
+    if figures.active_source is None or active is None:
+        if not figures.device_ms:
+            return None
+        return (
+            f"{head} outside every phase: device activity not sampled, so a host stall "
+            "cannot be told from GPU work outside the mapped phases (sample kernels with "
+            "--specperf-kernel-every N)"
+        )
+    share = active / unacc if unacc > 0 else 0.0
+    if figures.active_source == "cpu":
+        runq = _runq_part(figures, unacc, active)
+        text = f"{head} outside every phase, CPU {active:.1f} ms ({_pct(share)})"
+        if runq >= MIN_LINE_SHARE * unacc:
+            text += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+        if unacc > 0 and (active + runq) / unacc >= t.idle_share:
+            stall = ": host stall (work outside the mapped phases)"
+            return text + stall + _top(figures, UNACCOUNTED)
+        return text + ": the thread waited outside every phase"
+    if share < t.idle_share:
+        cpu = _finite(figures.cpu_ms.get(UNACCOUNTED))
+        host = f"; host thread CPU {cpu:.1f} ms of it" if cpu is not None else ""
+        return (
+            f"{head} outside every phase, device idle (active {active:.1f} ms, "
+            f"{_pct(share)}): host stall{host}"
+        )
+    return (
+        f"{head} with the device active ({active:.1f} ms, {_pct(share)}): GPU work outside "
+        "the mapped phases" + _top(figures, UNACCOUNTED)
+    )
+
+
+def _kv_line(figures: StepFigures) -> str | None:
+    """``verify read the 46000-token KV at N GB/s, P% of peak`` (GPU, KV size known)."""
+    kv = _finite(figures.kv_read_bytes_per_step)
+    active = None
+    if figures.active_source == "device":
+        active = _finite(figures.active_ms.get(VERIFY_PHASE))
+    verify_ms = active if active else figures.device_ms.get(VERIFY_PHASE)
+    if kv is None or not verify_ms:
+        return None
+    bw = achieved_bandwidth(kv, verify_ms)
+    if bw is None:
+        return None
+    ctx = f"{figures.context_len}-token " if figures.context_len else ""
+    over = "its device active time" if active else "its CUDA-event span"
+    text = f"{VERIFY_PHASE} read the {ctx}KV at {_bandwidth(bw)} over {over}"
+    peak = _finite(figures.peak_bandwidth_bytes_per_s)
+    if peak:
+        text += f", {_pct(bw / peak)} of {_bandwidth(peak)} peak"
+    return text
+
+
+def activity_lines(figures: StepFigures, thresholds: Thresholds | None = None) -> list[str]:
+    """Per phase (at least ``MIN_LINE_SHARE`` of the step) whether it worked or waited, the
+    time outside every phase, and the verify's KV-read bandwidth, in words with numbers."""
+    t = thresholds or Thresholds()
+    step = figures.step_ms
+    if not math.isfinite(step) or step <= 0:
+        return []
+    unacc = _finite(figures.unaccounted_ms)
+    if unacc is None:
+        unacc = max(0.0, step - sum(figures.host_ms.values()))
+    lines = []
+    if figures.active_source is not None:
+        for p in PHASES:
+            span = _span(figures, p, unacc)
+            active = _finite(figures.active_ms.get(p))
+            if span is not None and active is not None and span >= MIN_LINE_SHARE * step:
+                lines.append(_phase_line(figures, p, span, active, t))
+    if unacc >= MIN_LINE_SHARE * step:
+        line = _unaccounted_line(figures, unacc, t)
+        lines += [line] if line else []
+    kv = _kv_line(figures)
+    return lines + ([kv] if kv else [])

@@ -12,6 +12,9 @@ import, so every import of ``pynvml`` made by this package goes through
 imports torch under a filter that ignores that one message (matched by text, so torch's own
 warnings are left alone).
 
+torch's import does not survive a ``KeyboardInterrupt`` raised inside it (the process aborts,
+or the interrupt is lost), so :func:`import_torch` holds Ctrl-C until the import is done.
+
 Nothing here caches a module in a global: Python's ``sys.modules`` already does, so a second
 call is a dictionary lookup. A failed import is retried on every call (cheap, and it lets a
 test inject a fake module).
@@ -19,8 +22,12 @@ test inject a fake module).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
 from types import ModuleType
 from typing import NamedTuple
 
@@ -74,7 +81,7 @@ def import_torch() -> ModuleType | None:
     The ``pynvml`` shim's deprecation warning (raised from inside ``torch.cuda``) is ignored
     for the duration of the import so that ``-W error`` runs survive.
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), ctrl_c_deferred():
         warnings.filterwarnings(
             "ignore", message=PYNVML_DEPRECATION_MESSAGE, category=FutureWarning
         )
@@ -82,6 +89,27 @@ def import_torch() -> ModuleType | None:
             return importlib.import_module("torch")
         except Exception:
             return None
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then act on it (a ``KeyboardInterrupt`` right
+    after the block). Only on the main thread, where Python runs signal handlers: while the
+    block runs, SIGINT is only noted, whichever thread the operating system handed it to."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if noted and old is not signal.SIG_IGN:
+            if callable(old):
+                old(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+            else:
+                raise KeyboardInterrupt
 
 
 def nvml_error_text(exc: BaseException) -> str:

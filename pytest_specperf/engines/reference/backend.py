@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.env import ENV_INJECT, ENV_NVTX
+from pytest_specperf.engines.env import probe_env
 from pytest_specperf.engines.protocol import (
     BackendSettings,
     BackendUnavailable,
@@ -34,6 +34,19 @@ def default_threads(parallel: int = 1) -> int:
     except AttributeError:
         cores = os.cpu_count() or 1
     return max(1, (cores - parallel) // max(parallel, 1))
+
+
+def _positive(obj: Any, name: str, *, where: str = "/server_info config") -> int:
+    """A positive integer field the capacity check needs; ``BackendUnavailable`` naming the
+    field when the server does not report it (never a silent skip of every case)."""
+    value = obj.get(name) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        got = f"{value!r}" if isinstance(obj, dict) and obj else "nothing"
+        raise BackendUnavailable(
+            f"the server's {where} has no usable {name} (got {got}): cannot tell which "
+            "contexts fit; is it a reference server of this pytest-specperf version?"
+        )
+    return value
 
 
 class ReferenceBackend(RunDirBinding):
@@ -91,9 +104,9 @@ class ReferenceBackend(RunDirBinding):
         if not any(a.split("=", 1)[0] == "--threads" for a in settings.server_args):
             cmd += ["--threads", str(default_threads(settings.parallel))]
         cmd += list(settings.server_args)
-        env = {ENV_INJECT: settings.inject} if settings.inject else {}
-        if settings.nvtx:
-            env[ENV_NVTX] = "1"
+        env = probe_env(
+            inject=settings.inject, nvtx=settings.nvtx, kernel_every=settings.kernel_every
+        )
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=120.0, name="reference server")
 
     def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
@@ -122,7 +135,9 @@ class ReferenceBackend(RunDirBinding):
         self, server_info: dict[str, Any], context_len: int, batch_size: int
     ) -> str | None:
         cfg = server_info.get("config") or {}
-        max_ctx = int(cfg.get("max_context_len") or 0)
+        max_ctx = _positive(cfg, "max_context_len")
+        page = _positive(cfg, "page_size")
+        pages = _positive(server_info, "kv_total_pages", where="/server_info")
         block = int(server_info.get("speculative_num_draft_tokens") or 1)
         need = context_len + 512 + block  # room for the decode steps of a case
         if need > max_ctx:
@@ -130,8 +145,6 @@ class ReferenceBackend(RunDirBinding):
                 f"context {context_len} exceeds the {cfg.get('name')} config's maximum "
                 f"context of {max_ctx} tokens"
             )
-        pages = int(server_info.get("kv_total_pages") or 0)
-        page = int(cfg.get("page_size") or 1)
         if batch_size * -(-need // page) > pages:
             return (
                 f"{batch_size} x {context_len} tokens of KV do not fit in the pool of "

@@ -74,50 +74,42 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
 
 
-CONFIGS: dict[str, ModelConfig] = {
-    # Sized for 2 CPU cores: a decode step at 46k context takes tens of milliseconds.
-    "tiny": ModelConfig(
-        name="tiny",
-        vocab_size=4096,
-        hidden_size=256,
-        num_layers=4,
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=512,
-        draft_num_layers=1,
-        draft_fuse_layers=(0, 1, 3),
-        page_size=16,
-        max_context_len=131072 + 4096,
-        kv_pool_tokens=2 * (131072 + 4096),
-        max_batch_size=8,
-        branch_scale=0.35,
-        mlp_scale=0.05,
-        qk_gain=3.0,
-        draft_branch_scale=0.05,
-    ),
-    # For GPUs: about 1B parameters, KV heavy enough that long contexts are memory-bound.
-    "medium": ModelConfig(
-        name="medium",
-        vocab_size=32000,
-        hidden_size=2048,
-        num_layers=16,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=5632,
-        draft_num_layers=1,
-        draft_fuse_layers=(1, 7, 14),
-        page_size=16,
-        max_context_len=131072 + 4096,
-        kv_pool_tokens=2 * (131072 + 4096),
-        max_batch_size=8,
-        branch_scale=0.35,
-        mlp_scale=0.05,
-        qk_gain=3.0,
-        draft_branch_scale=0.05,
-    ),
-}
+#: Sized for 2 CPU cores: a decode step at 46k context takes tens of milliseconds.
+TINY = ModelConfig(
+    name="tiny",
+    vocab_size=4096,
+    hidden_size=256,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=512,
+    draft_num_layers=1,
+    draft_fuse_layers=(0, 1, 3),
+    page_size=16,
+    max_context_len=131072 + 4096,
+    kv_pool_tokens=2 * (131072 + 4096),
+    max_batch_size=8,
+    branch_scale=0.35,
+    mlp_scale=0.05,
+    qk_gain=3.0,
+    draft_branch_scale=0.05,
+)
+#: For GPUs: about 1B parameters, KV heavy enough that long contexts are memory-bound; the
+#: same behaviour knobs, pool and limits as ``TINY``, larger sizes.
+MEDIUM = dataclasses.replace(
+    TINY,
+    name="medium",
+    vocab_size=32000,
+    hidden_size=2048,
+    num_layers=16,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=5632,
+    draft_fuse_layers=(1, 7, 14),
+)
+CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (TINY, MEDIUM)}
 
 
 def get_config(name: str) -> ModelConfig:

@@ -167,8 +167,8 @@ _Probe = tuple[StepProbe | NullProbe, RunDirSink | None]
 
 def _probe(args: argparse.Namespace, device: str, run_dir: str) -> _Probe:
     """The phase probe (configured from SPECPERF_INJECT / SPECPERF_NVTX) and its sink."""
-    try:
-        setup = probe_setup(device=device)
+    try:  # the run dir's control file switches injections while the server runs
+        setup = probe_setup(device=device, run_dir=run_dir)
     except ProbeEnvError as e:
         raise StartupError(str(e)) from None
     if setup.inject:

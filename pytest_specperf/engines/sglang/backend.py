@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.env import (
-    ENV_INJECT,
-    ENV_NVTX,
     ENV_PHASE_MAP,
     ENV_RUN_DIR,
     ENV_SGLANG_PLUGIN,
+    probe_env,
 )
 from pytest_specperf.engines.protocol import (
     BackendSettings,
@@ -42,7 +41,14 @@ from pytest_specperf.engines.protocol import (
     LaunchSpec,
     RunDirBinding,
 )
-from pytest_specperf.engines.sglang import algorithms, kv_fragment, launcher, metrics, source
+from pytest_specperf.engines.sglang import (
+    algorithms,
+    kv_fragment,
+    kv_size,
+    launcher,
+    metrics,
+    source,
+)
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
@@ -113,8 +119,8 @@ def _hf_cache_dirs() -> list[Path]:
     return out
 
 
-def config_vocab_size(model: str) -> int | None:
-    """``vocab_size`` from the model's config.json (local dir or the HF cache), if found."""
+def read_model_config(model: str) -> dict[str, Any] | None:
+    """The model's config.json (a local directory, or the HF cache for a repo id), if found."""
     path = Path(model).expanduser()
     candidates: list[Path] = []
     if path.is_dir():
@@ -128,11 +134,19 @@ def config_vocab_size(model: str) -> int | None:
             data = json.loads(cfg.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if not isinstance(data, dict):
-            continue
-        for holder in (data, data.get("text_config"), data.get("llm_config")):
-            if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
-                return int(holder["vocab_size"])
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def config_vocab_size(model: str) -> int | None:
+    """``vocab_size`` from the model's config.json (local dir or the HF cache), if found."""
+    data = read_model_config(model) if model else None
+    if data is None:
+        return None
+    for holder in (data, data.get("text_config"), data.get("llm_config")):
+        if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
+            return int(holder["vocab_size"])
     return None
 
 
@@ -244,10 +258,12 @@ class SGLangBackend(RunDirBinding):
         )
         self.bind(run_dir)
         env = launcher.build_env(self.run_dir, os.environ)
-        if settings.inject:
-            env[ENV_INJECT] = settings.inject  # the scheduler's probe slows phases down
-        if settings.nvtx:
-            env[ENV_NVTX] = "1"
+        # the scheduler's probe: canary slowdowns, NVTX ranges, kernel sampling
+        env.update(
+            probe_env(
+                inject=settings.inject, nvtx=settings.nvtx, kernel_every=settings.kernel_every
+            )
+        )
         return LaunchSpec(cmd=cmd, env=env, ready_deadline_s=1200.0, name="sglang server")
 
     # -- per case --------------------------------------------------------------------------
@@ -347,7 +363,20 @@ class SGLangBackend(RunDirBinding):
         return None  # no reference read inside SGLang: step times are judged raw
 
     def kv_bytes_per_token(self, server_info: dict[str, Any]) -> float | None:
-        return None
+        """KV bytes per context token one GPU reads, from the served model's config.json
+        (``model_path`` of ``/server_info``: a local directory or the HF cache) and the
+        server's ``kv_cache_dtype``, ``dtype`` and ``tp_size`` (see :mod:`.kv_size`).
+        None where the config is not readable here (a remote attached server)."""
+        model = server_info.get("model_path")
+        config = read_model_config(model) if isinstance(model, str) and model else None
+        if config is None:
+            return None
+        return kv_size.kv_bytes_per_token(
+            config,
+            kv_cache_dtype=str(server_info.get("kv_cache_dtype") or "auto"),
+            dtype=str(server_info.get("dtype") or "auto"),
+            tp_size=_int(server_info.get("tp_size")) or 1,
+        )
 
     def mapped_phases(self, server_info: dict[str, Any]) -> frozenset[str] | None:
         """The phases of the hooks the schedulers report installed (``hooks-*.json``),

@@ -45,6 +45,7 @@ from typing import Any
 
 from pytest_specperf.engines.sglang import kv_fragment
 from pytest_specperf.engines.sglang.phase_map import HookEntry
+from pytest_specperf.probe.inject import InjectControl
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RunDirSink
 from pytest_specperf.probe.spans import PhaseInjector, StepProbe
@@ -161,13 +162,17 @@ class ProbeRuntime:
         meta_suffix: str | None = None,
         injector: PhaseInjector | None = None,
         nvtx: bool = False,
+        kernel_every: int = 0,
+        control: InjectControl | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._kernel_every = kernel_every
         self.rank = rank
         self.labels = dict(labels or {})
         self._use_cuda = use_cuda
         self._injector = injector
         self._nvtx = nvtx
+        self._control = control
         self.meta_suffix = meta_suffix or f"pid{os.getpid()}"
         self.sink: DeferredSink | None = (
             DeferredSink(self.run_dir, rank=rank) if self.run_dir is not None else None
@@ -207,6 +212,8 @@ class ProbeRuntime:
                 labels=self.labels,
                 injector=self._injector,
                 nvtx=self._nvtx,
+                kernel_every=self._kernel_every,
+                control=self._control,
             )
         return self._probe
 

@@ -163,14 +163,13 @@ def scrape(client: ServerClient) -> MetricsSnapshot:
     return parse_prometheus(body)
 
 
-def _delta(
-    before: MetricsSnapshot, after: MetricsSnapshot, name: str, **labels: str
-) -> float | None:
-    a = after.total(name, **labels)
-    if a is None:
-        return None
-    b = before.total(name, **labels) or 0.0
-    return a - b
+def _deltas(
+    before: MetricsSnapshot, after: MetricsSnapshot, name: str, key: str
+) -> dict[str, float]:
+    """Growth of counter ``name`` between the scrapes, per value of its label ``key`` (no
+    entry: absent after the window)."""
+    prev = before.by_label(name, key)
+    return {k: v - prev.get(k, 0.0) for k, v in after.by_label(name, key).items()}
 
 
 def _differs(ours: float, theirs: float, tolerance: float, floor: float) -> bool:
@@ -219,29 +218,22 @@ def _graph_passes(
     before: MetricsSnapshot, after: MetricsSnapshot, recs: Sequence[StepRecord], tolerance: float
 ) -> list[str]:
     """Graph replays vs eager target passes, per decode batch."""
-    modes = {
-        m: v - before.by_label(GRAPH_PASSES, "mode").get(m, 0.0)
-        for m, v in after.by_label(GRAPH_PASSES, "mode").items()
-    }
+    modes = _deltas(before, after, GRAPH_PASSES, "mode")
     if not modes:
         return [f"{GRAPH_PASSES} is absent (server not started with --enable-metrics?)"]
     out = []
-    ours_graph = sum(1 for r in recs if _ran(r, TARGET_GRAPH_RUNNERS, replay=True))
-    ours_eager = sum(1 for r in recs if _ran(r, TARGET_EAGER_RUNNERS, replay=False))
-    theirs_graph = modes.get("decode_cuda_graph", 0.0)
-    theirs_eager = modes.get("decode_none", 0.0)
-    if _differs(ours_graph, theirs_graph, tolerance, 1.0):
-        out.append(
-            f"CUDA-graph decode passes: SGLang counted {theirs_graph:.0f} "
-            f"({GRAPH_PASSES}{{mode=decode_cuda_graph}}), our probe saw {ours_graph} "
-            f"steps whose target forward replayed a graph"
-        )
-    if _differs(ours_eager, theirs_eager, tolerance, 1.0):
-        out.append(
-            f"eager decode passes: SGLang counted {theirs_eager:.0f} "
-            f"({GRAPH_PASSES}{{mode=decode_none}}), our probe saw {ours_eager} steps "
-            f"whose target forward ran eagerly"
-        )
+    for what, mode, runners, replay, how in (
+        ("CUDA-graph", "decode_cuda_graph", TARGET_GRAPH_RUNNERS, True, "replayed a graph"),
+        ("eager", "decode_none", TARGET_EAGER_RUNNERS, False, "ran eagerly"),
+    ):
+        ours = sum(1 for r in recs if _ran(r, runners, replay=replay))
+        theirs = modes.get(mode, 0.0)
+        if _differs(ours, theirs, tolerance, 1.0):
+            out.append(
+                f"{what} decode passes: SGLang counted {theirs:.0f} "
+                f"({GRAPH_PASSES}{{mode={mode}}}), our probe saw {ours} "
+                f"steps whose target forward {how}"
+            )
     return out
 
 
@@ -249,7 +241,7 @@ def _forward_time(
     before: MetricsSnapshot, after: MetricsSnapshot, recs: Sequence[StepRecord], tolerance: float
 ) -> tuple[float | None, list[str]]:
     """GPU time of forward passes; returns our comparable total (None: not compared)."""
-    cats = after.by_label(FORWARD_SECONDS, "category")
+    cats = _deltas(before, after, FORWARD_SECONDS, "category")
     with_dev = [r for r in recs if r.device_ns is not None]
     if not cats:
         return None, [
@@ -261,8 +253,7 @@ def _forward_time(
             "our records carry no device times (probe ran without CUDA events); "
             "forward GPU time not compared"
         ]
-    prev = before.by_label(FORWARD_SECONDS, "category")
-    theirs = sum(v - prev.get(c, 0.0) for c, v in cats.items() if c not in PREFILL_CATEGORIES)
+    theirs = sum(v for c, v in cats.items() if c not in PREFILL_CATEGORIES)
     ours_step = sum(r.device_step_ns or 0 for r in with_dev) / 1e9
     if theirs > ours_step * (1 + tolerance) + 1e-3:
         return None, [

@@ -79,14 +79,17 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
 
     version = installed_version()
     algo = _algorithm(ctx)
-    # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup
-    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo))
+    # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup; the run
+    # dir's control file switches injections while the server runs (attach-mode canaries)
+    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo), run_dir=run_dir)
     rt = ProbeRuntime(
         run_dir,
         rank=_int(ctx.get("tp_rank")),
         labels=dict(setup.labels),
         injector=setup.injector,
         nvtx=setup.nvtx,
+        kernel_every=setup.kernel_every,
+        control=setup.control,
     )
     pm, refused = _effective_map(version, algo)
 
@@ -97,7 +100,7 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
         report = install(rt, pm, register, resolve_target, algo)
     else:
         log.error("pytest-specperf: %s (no hook installed)", refused)
-        report = refused_report(pm, algo, refused)
+        report = hooks_report(pm, algo, refused)
     report.update(process=_process_info(ctx), sglang_version=version)
     if rt.sink is not None:
         rt.sink.write_meta(f"hooks-{rt.meta_suffix}", report)
@@ -149,8 +152,9 @@ def _effective_map(version: str | None, algo: str | None) -> tuple[PhaseMap, str
     return pm, None
 
 
-def refused_report(pm: PhaseMap, algorithm: str | None, reason: str) -> dict[str, Any]:
-    """The hooks report of a scheduler that installed nothing, and why."""
+def hooks_report(pm: PhaseMap, algorithm: str | None, refused: str | None = None) -> dict[str, Any]:
+    """A scheduler's hooks report before any hook is installed: empty lists, and why it
+    installs nothing when it ``refused``."""
     return {
         "phase_map": list(pm.sources),
         "speculative_algorithm": algorithm,
@@ -158,8 +162,8 @@ def refused_report(pm: PhaseMap, algorithm: str | None, reason: str) -> dict[str
         "missing": [],
         "signature_changed": [],
         "not_for_this_algorithm": [],
-        "refused": reason,
-        "phase_map_error": reason if reason.startswith("phase map ") else None,
+        "refused": refused,
+        "phase_map_error": refused if refused and refused.startswith("phase map ") else None,
     }
 
 
@@ -181,16 +185,7 @@ def install(
     from pytest_specperf.engines.sglang.hooks import make_hook
 
     usable = families_for(algorithm)
-    report: dict[str, Any] = {
-        "phase_map": list(pm.sources),
-        "speculative_algorithm": algorithm,
-        "installed": [],
-        "missing": [],
-        "signature_changed": [],
-        "not_for_this_algorithm": [],
-        "refused": None,
-        "phase_map_error": None,
-    }
+    report = hooks_report(pm, algorithm)
     for entry in pm.active():
         if not installs(entry.family, usable):
             report["not_for_this_algorithm"].append(entry.target)

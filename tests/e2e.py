@@ -1,0 +1,31 @@
+"""What the end-to-end plugin tests share: the options of the pytest runs they start, and
+their test file of one gated case."""
+
+from __future__ import annotations
+
+#: Short cases (8 measured steps after 2 warm-up steps, no automatic extension: the case
+#: counts its steps; tests/test_noise_e2e.py has the extension) against the ``test-box``
+#: baselines, without pytest's cache, in file order.
+SHORT_RUN = (
+    "--specperf-steps=8",
+    "--specperf-warmup-steps=2",
+    "--specperf-max-time=0",
+    "--specperf-device=test-box",
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "no:randomly",
+)
+
+#: One case at ctx=2048 (as ``test_case.py``) whose only gate is ``verify``: tests move
+#: verify far beyond any drift of the machine, while the other phases are left to that
+#: drift (the calibration tests deal with it).
+VERIFY_CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify"])
+@pytest.mark.parametrize("context_len", [2048])
+def test_decode(specperf, context_len):
+    run = specperf.decode(context_len=context_len)
+    assert run.steps == 8
+"""

@@ -1,0 +1,97 @@
+"""Canaries that prove each activity verdict end to end on a CPU (real reference server).
+
+* ``verify_wait=MS``: the phase's thread sleeps inside verify: wall time grows, CPU time
+  does not -> "the thread waited inside verify";
+* ``verify=1.10``: busy work inside verify -> "busy on the CPU";
+* ``host_stall=MS``: a busy stall outside every phase -> "host stall";
+* the founding incident's shape (most of the step idle inside verify) on a first run with
+  no baseline fails a ``min_active_share`` budget.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from e2e import SHORT_RUN
+
+pytestmark = pytest.mark.timeout(600)
+
+CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify"]{budget})
+@pytest.mark.parametrize("context_len", [2048])
+def test_decode(specperf, context_len):
+    specperf.decode(context_len=context_len)
+"""
+ARGS = (*SHORT_RUN, "--specperf-json=report.json", "-rP")
+
+
+def _run(pytester, inject: str, budget: str = ""):
+    pytester.makepyfile(test_case=CASE.format(budget=budget))
+    result = pytester.runpytest_subprocess(*ARGS, f"--specperf-inject={inject}", timeout=300)
+    report = json.loads((pytester.path / "report.json").read_text())
+    return result, report["cases"][0]
+
+
+def test_verify_wait_reads_as_waiting_inside_verify(pytester):
+    result, case = _run(pytester, "verify_wait=40")
+    result.assert_outcomes(passed=1)  # no baseline, no budget: it passes, and says why
+    result.stdout.fnmatch_lines(
+        [
+            "*bottleneck: host only (no device timing): step * ms, CPU time *% of it*",
+            "*verify: span * ms, CPU * ms (*%)*: the thread waited inside verify (waits, "
+            "not work)",
+            "*phase*now ms*cpu ms*waited ms*",
+        ]
+    )
+    verify = case["activity"]["phases"]["verify"]
+    assert verify["span_ms"] >= 40 and verify["cpu_ms"] < 0.5 * verify["span_ms"]
+    assert verify["idle_ms"] == pytest.approx(verify["span_ms"] - verify["active_ms"])
+    assert case["activity"]["source"] == "cpu"
+    assert case["bottleneck"]["lines"][0].startswith("verify: span")
+
+
+def test_busy_verify_reads_as_work(pytester):
+    result, case = _run(pytester, "verify=1.10")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["*verify: span * ms, CPU * ms (*%)*: busy on the CPU (work, not waits)"]
+    )
+    assert "waited inside verify" not in result.stdout.str()
+    assert case["labels"] == {"inject": "verify=1.1"}
+
+
+def test_host_stall_reads_as_a_stall_outside_the_phases(pytester):
+    result, case = _run(pytester, "host_stall=20")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*unaccounted * ms outside every phase, CPU * ms (*%)*: host stall (work outside "
+            "the mapped phases)"
+        ]
+    )
+    unacc = case["activity"]["phases"]["unaccounted"]
+    assert unacc["span_ms"] >= 20
+
+
+def test_incident_shape_fails_a_first_run_on_its_active_share_budget(pytester):
+    """Most of the step idle inside verify, no baseline: NO_BASELINE would pass, the
+    budget fails the case with the diagnosis."""
+    result, case = _run(pytester, "verify_wait=60", budget=', min_active_share="50%"')
+    assert result.ret == 1
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*over budget: active_share *% < min 50.0% (min_active_share) at ctx=2048 "
+            "kv=contiguous [[]baselines/test-box.yaml[]] [[]injected: verify_wait=60[]]",
+            "*bottleneck: host only*",
+            "*verify: span * ms, CPU * ms*the thread waited inside verify (waits, not work)",
+            "*test_decode ctx=2048 kv=contiguous bs=1*OVER_BUDGET (NO_BASELINE) [[]injected[]]",
+        ]
+    )
+    assert case["verdict"] == "NO_BASELINE" and case["failed"] is True
+    (budget,) = case["budgets"]
+    assert budget["budget"] == "min_active_share" and budget["failed"] is True
+    assert budget["value"] < 0.5

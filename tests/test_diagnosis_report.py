@@ -1,0 +1,138 @@
+"""The diagnosis of a judged case in every report: lines, failure message, JSON (no server).
+
+Runs are built from synthetic step records through the real summarizing and judging code:
+a CPU run whose verify waited, and a GPU-shaped run with kernel samples (the device times
+and kernel samples are made-up figures in the shape the probe writes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_specperf.judging.budgets import Budgets
+from pytest_specperf.judging.diagnosis import time_went
+from pytest_specperf.judging.judge import Case, judge_case
+from pytest_specperf.judging.samples import KVLayout, Window, build_run
+from pytest_specperf.judging.verdict import Tolerances
+from pytest_specperf.probe import PHASES
+from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, PhaseKernels
+from pytest_specperf.probe.record import StepRecord
+from pytest_specperf.reporting.report import case_json, strict
+from pytest_specperf.reporting.terminal import diagnosis_lines, failure_message, top_kernels
+
+MS = 1_000_000
+
+
+def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: int = 16):
+    host = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_ms * MS)}
+    cpu = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_cpu_ms * MS)}
+    step = sum(host.values()) + 30_000
+    out = []
+    for i in range(n):
+        kw = {}
+        if gpu:
+            kw["device_ns"] = dict(host)
+            kw["device_step_ns"] = step
+            if i % 4 == 0:
+                kw["kernels"] = _sample(verify_ms)
+        out.append(
+            StepRecord(
+                step=i, wall_ns=i, mode="decode", rids=["r"], context_len=46000, batch_size=1,
+                accepted_tokens=3, step_ns=step, host_ns=dict(host), unaccounted_ns=30_000,
+                cpu_ns=dict(cpu), step_cpu_ns=sum(cpu.values()) + 30_000, **kw,
+            )
+        )
+    return out
+
+
+def _sample(verify_ms: float) -> KernelSample:
+    names = [f"kernel_{i}" for i in range(7)]
+    top = tuple(KernelTotal(n, 2, int((7 - i) * 0.1 * MS)) for i, n in enumerate(names))
+    return KernelSample(
+        "cuda",
+        {
+            "verify": PhaseKernels(int(2.8 * MS), top),
+            "draft": PhaseKernels(9 * MS, (KernelTotal("draft_gemm", 4, 9 * MS),)),
+            STEP_KEY: PhaseKernels(int(11.8 * MS)),
+        },
+        cost_ns=3 * MS,
+    )
+
+
+def _run(records):
+    blocks = [i // 4 for i in range(len(records))]
+    return build_run(
+        records, blocks, context_len=46000, batch_size=1, layout=KVLayout("contiguous", 1.0),
+        window=Window(wall_s=1.0),
+    )  # fmt: skip
+
+
+def _case(run, budgets=None, gates=None):
+    return Case(
+        nodeid="t.py::test_d[46000]", test="t.py::test_d", key="ctx=46000 kv=contiguous bs=1",
+        run=run, fingerprint={"backend": "reference"}, tolerances=Tolerances(0.07, 0.25),
+        gates=gates, kv_bytes_per_token=131072.0, peak_bandwidth_bytes_per_s=4.8e12,
+        budgets=budgets,
+    )  # fmt: skip
+
+
+def test_cpu_case_says_verify_waited_and_fails_its_budget_without_a_baseline():
+    run = _run(_records(verify_ms=40.0, verify_cpu_ms=4.0))
+    outcome = judge_case(_case(run, Budgets(min_active_share=0.5)), None, Path("b.yaml"))
+    assert outcome.verdict.verdict.value == "NO_BASELINE" and outcome.failed
+    lines = diagnosis_lines(outcome)
+    assert lines[0].startswith("over budget: active_share ")
+    assert any(line.startswith("bottleneck: host only") for line in lines)
+    assert "  verify: span 40.0 ms, CPU 4.0 ms (10%): the thread waited inside verify" in "\n".join(
+        lines
+    )
+    message = failure_message(outcome, "b.yaml", regression=False)
+    first = message.splitlines()[0]
+    assert first.startswith("over budget: active_share") and "at ctx=46000 kv=contiguous" in first
+    assert message.count("over budget: active_share") == 1  # not repeated below
+    assert "cpu ms" in message and "waited ms" in message  # the phase table's columns
+    data = json.loads(json.dumps(strict(case_json(outcome))))
+    assert data["failed"] is True and data["budgets"][0]["failed"] is True
+    assert data["activity"]["source"] == "cpu"
+    assert data["activity"]["phases"]["verify"]["idle_ms"] == 36.0
+    assert data["kernels"] is None
+
+
+def test_time_went_says_whether_the_grown_phase_worked_or_waited():
+    base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
+    waited = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
+    worked = _run(_records(verify_ms=40.0, verify_cpu_ms=39.5))
+    assert time_went(waited, base).endswith(
+        "verify took 20.00 ms (100%) of the growth; its CPU time grew 0.50 ms: the thread "
+        "waited inside verify (waits, not work)"
+    )
+    assert time_went(worked, base).endswith(
+        "its CPU time grew 19.50 ms: busy inside verify (work, not waits)"
+    )
+
+
+def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
+    run = _run(_records(verify_ms=12.0, verify_cpu_ms=0.5, gpu=True))
+    assert run.active_source == "device" and run.kernels is not None
+    outcome = judge_case(_case(run, Budgets(max_step_ms=10.0)), None, Path("b.yaml"))
+    lines = "\n".join(diagnosis_lines(outcome))
+    assert "verify: span 12.0 ms, device active 2.8 ms (23%): the GPU idled inside verify" in lines
+    assert "verify read the 46000-token KV at" in lines
+    table = top_kernels(outcome)
+    assert table[0] == "top kernels of the step (per step, 4 sampled step(s), cuda):"
+    assert table[3].split()[:2] == ["draft_gemm", "draft"]  # the largest first
+    assert len(table) == 3 + 5  # head, header, rule, five kernels
+    message = failure_message(outcome, "b.yaml", regression=False)
+    assert "top kernels of the step" in message and "active ms" in message
+    data = json.loads(json.dumps(strict(case_json(outcome))))
+    verify = data["kernels"]["phases"]["verify"]
+    assert data["kernels"]["sampled_steps"] == 4 and data["kernels"]["cost_ms_per_sample"] == 3.0
+    assert verify[0] == {"name": "kernel_0", "calls": 2.0, "total_ms": 0.7, "share": 0.7 / 12}
+    assert data["activity"]["phases"]["verify"]["active_ms"] == 2.8
+    assert data["bottleneck"]["lines"][:2] == [
+        "draft: device active 9.0 ms (90% of its 10.0 ms span): busy kernels (no DRAM figure "
+        "to tell memory-, compute- and latency-bound apart) (top: draft_gemm 9.0 ms)",
+        "verify: span 12.0 ms, device active 2.8 ms (23%): the GPU idled inside verify "
+        "(waits, not work)",
+    ]
