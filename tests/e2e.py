@@ -29,3 +29,12 @@ def test_decode(specperf, context_len):
     run = specperf.decode(context_len=context_len)
     assert run.steps == 8
 """
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a pytest process a test interrupts with SIGINT: SIGINT back to its
+    default. A shell starts background jobs with SIGINT ignored, the ignoring is inherited,
+    and Python then never raises KeyboardInterrupt (the test would see no Ctrl-C at all)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

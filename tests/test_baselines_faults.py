@@ -199,7 +199,7 @@ V1_CORRUPTIONS = {
 
 @pytest.mark.parametrize("what", list(V1_CORRUPTIONS))
 def test_each_corrupt_case_of_issue_12_is_a_case_problem(tmp_path, what):
-    v1 = Path(__file__).resolve().parent.parent / "baselines" / "cpu-amd-epyc-2c.yaml"
+    v1 = Path(__file__).resolve().parent / "data" / "baselines-v1-cpu-amd-epyc-2c.yaml"
     data = yaml.safe_load(v1.read_text())
     per = data["cases"]["perf_tests/test_decode.py::test_decode"]
     _v1_case_edit(per["ctx=32768 kv=contiguous bs=1"], what)

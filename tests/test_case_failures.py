@@ -158,12 +158,18 @@ def test_ctrl_c_is_held_while_torch_imports() -> None:
     from pytest_specperf.telemetry.loader import ctrl_c_deferred
 
     reached = False
-    with pytest.raises(KeyboardInterrupt):
-        with ctrl_c_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # an interrupt would be raised here without the deferral
-            reached = True
-        time.sleep(0.05)
+    # Python's own handler, also where this process started with SIGINT ignored (a shell's
+    # background job): otherwise no KeyboardInterrupt would ever come
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # an interrupt would be raised here without the deferral
+                reached = True
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert reached
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from e2e import sigint_default
 
 from pytest_specperf.judging.baselines import write_baselines
 from pytest_specperf.server.decoder import DEADLINE_FLOOR_S
@@ -97,7 +98,7 @@ def _start(work: Path, *extra: str) -> Session:
         [sys.executable, "-m", "pytest", "test_fault.py", "-p", "no:cacheprovider", "-q",
          "--specperf-device=test-box", *extra],
         cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=sigint_default,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not info.exists():

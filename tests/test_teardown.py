@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from e2e import sigint_default
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,8 +46,8 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "test_hold.py", "-p", "no:cacheprovider", "-q"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+        start_new_session=True, preexec_fn=sigint_default,
+    )  # fmt: skip
     deadline = time.monotonic() + 120
     while not pidfile.exists():
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
