@@ -67,16 +67,21 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def test_phase_factor_stretches_the_phase_itself():
-    probe = StepProbe(None, injector=Injector(parse_inject("verify=1.5")))
-    for _ in range(3):
+def _draft_10_verify_20(spec: str, steps: int) -> list:
+    """Records of ``steps`` steps of 10 ms draft and 20 ms verify under ``spec``."""
+    probe = StepProbe(None, injector=Injector(parse_inject(spec)))
+    for _ in range(steps):
         probe.begin_step(context_len=1, batch_size=1, rids=[])
         with probe.phase("draft"):
             _busy(0.010)
         with probe.phase("verify"):
             _busy(0.020)
         probe.end_step(accepted_tokens=1)
-    recs = probe.take_completed()
+    return probe.take_completed()
+
+
+def test_phase_factor_stretches_the_phase_itself():
+    recs = _draft_10_verify_20("verify=1.5", 3)
     for r in recs:
         assert r.host_ns["verify"] == pytest.approx(30e6, rel=0.15)  # 20 ms x 1.5
         assert r.host_ns["draft"] == pytest.approx(10e6, rel=0.15)  # untouched
@@ -88,15 +93,7 @@ def test_all_stretches_every_phase_alike():
     its share of the step (no phase gate sees it) while the step grows by the factor."""
     spec = parse_inject("all=1.5")
     assert str(spec) == "all=1.5" and spec.uniform == 1.5
-    probe = StepProbe(None, injector=Injector(spec))
-    for _ in range(5):
-        probe.begin_step(context_len=1, batch_size=1, rids=[])
-        with probe.phase("draft"):
-            _busy(0.010)
-        with probe.phase("verify"):
-            _busy(0.020)
-        probe.end_step(accepted_tokens=1)
-    recs = probe.take_completed()
+    recs = _draft_10_verify_20("all=1.5", 5)
     draft = statistics.median(r.host_ns["draft"] for r in recs)
     verify = statistics.median(r.host_ns["verify"] for r in recs)
     assert draft == pytest.approx(15e6, rel=0.15)  # the median: robust to a preemption

@@ -142,13 +142,17 @@ def destination_problem(path: Path) -> str | None:
         return f"a file path this user may write ({e.strerror or e})"
 
 
+def _from_invocation_dir(raw: Any, config: pytest.Config) -> Path:
+    """``raw`` as a path, relative to the directory pytest was invoked in."""
+    path = Path(raw)
+    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
+
+
 def _report_path(raw: Any, source: str, config: pytest.Config) -> Path | None:
     """A report file (JSON, Markdown), relative to the current directory."""
     if not raw:
         return None
-    path = Path(raw)
-    if not path.is_absolute():
-        path = Path(config.invocation_params.dir) / path
+    path = _from_invocation_dir(raw, config)
     problem = destination_problem(path)
     if problem is not None:
         raise _usage(source, raw, problem)
@@ -187,36 +191,33 @@ def _inject(raw: Any, source: str, config: pytest.Config) -> InjectSpec | None:
         raise pytest.UsageError(f"{source}: invalid value {raw!r}: {e}") from None
 
 
-def _seconds(raw: Any, source: str, config: pytest.Config) -> float:
-    if raw is None:
-        return DEFAULT_READY_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 1 <= value <= 86400:
-        raise _usage(source, raw, "seconds in [1, 86400]")
-    return value
+def _seconds_in(default: float, low: float, expected: str) -> Parse:
+    """A parser of seconds in ``[low, 86400]``; ``expected`` is what the error says."""
+
+    def parse(raw: Any, source: str, config: pytest.Config) -> float:
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not low <= value <= 86400:  # NaN fails too
+            raise _usage(source, raw, expected)
+        return value
+
+    return parse
 
 
-def _max_time(raw: Any, source: str, config: pytest.Config) -> float:
-    if raw is None:
-        return DEFAULT_MAX_TIME_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 86400:
-        raise _usage(source, raw, "seconds in [0, 86400] (0: no automatic extension)")
-    return value
+_seconds = _seconds_in(DEFAULT_READY_TIMEOUT_S, 1, "seconds in [1, 86400]")
+_max_time = _seconds_in(
+    DEFAULT_MAX_TIME_S, 0, "seconds in [0, 86400] (0: no automatic extension)"
+)
 
 
 def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
     if not raw:
         return None
-    path = Path(raw)
-    if not path.is_absolute():
-        path = Path(config.invocation_params.dir) / path
+    path = _from_invocation_dir(raw, config)
     if not path.is_dir():
         raise _usage(source, raw, "a directory of JSON reports (--specperf-json of earlier runs)")
     return path
