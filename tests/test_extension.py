@@ -84,3 +84,23 @@ def test_no_rounds_without_a_budget_or_when_recording(make_run, undecided, max_t
     undecided += [["verify"]] * 3
     _handle(max_time, update)._extend(None, [decoder], FakeClock(1.0))
     assert decoder.rounds == 1
+
+
+@pytest.mark.parametrize(
+    ("max_time", "rounds", "says"),
+    [
+        (None, 1, "about 40 steps would decide: record the baseline and run with "
+         "--specperf-steps 40"),
+        (0.0, 1, "about 40 steps would decide and the automatic extension is off "
+         "(--specperf-max-time 0): raise it, or run with --specperf-steps 40"),
+        (25.0, 3, "about 40 steps would decide: the automatic extension stopped after 3 "
+         "rounds at --specperf-max-time 25 s"),
+    ],
+)  # fmt: skip
+def test_unit_steps_advice_names_the_extension_state(max_time, rounds, says):
+    from types import SimpleNamespace
+
+    from pytest_specperf.reporting.terminal import _steps_advice
+
+    fake_verdict = SimpleNamespace(steps_to_decide=40, rounds=rounds)  # a unit-test double
+    assert says in _steps_advice(fake_verdict, max_time)
