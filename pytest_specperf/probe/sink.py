@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -122,7 +122,8 @@ class RunDirSink:
         self.rank = rank
         fd, self.path = self._create(f"steps-rank{rank}-pid{os.getpid()}")
         self._file: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
-        self._buffer: list[StepRecord] = []
+        #: records, or (builder, raw figures) pairs built when the batch is written
+        self._buffer: list[StepRecord | tuple[Callable[[Any], StepRecord], Any]] = []
         self._oldest = 0.0
 
     def _create(self, stem: str) -> tuple[int, Path]:
@@ -138,9 +139,17 @@ class RunDirSink:
         raise RunDirError(self.run_dir, f"already holds {_NAME_TRIES} files named {stem}*")
 
     def write(self, record: StepRecord) -> None:
+        self._add(record)
+
+    def write_deferred(self, build: Callable[[Any], StepRecord], raw: Any) -> None:
+        """A record that ``build(raw)`` makes when its batch is written: the work of making
+        it leaves the decode step (and runs with warm caches, batch by batch)."""
+        self._add((build, raw))
+
+    def _add(self, item: StepRecord | tuple[Callable[[Any], StepRecord], Any]) -> None:
         if not self._buffer:
             self._oldest = time.monotonic()
-        self._buffer.append(record)
+        self._buffer.append(item)
         if len(self._buffer) >= _BATCH_RECORDS or time.monotonic() - self._oldest > _BATCH_SECONDS:
             self.flush()
 
@@ -159,7 +168,8 @@ class RunDirSink:
 
     def flush(self) -> None:
         if self._buffer:
-            lines = [json.dumps(r.to_json(), separators=(",", ":")) for r in self._buffer]
+            records = (r if isinstance(r, StepRecord) else r[0](r[1]) for r in self._buffer)
+            lines = [json.dumps(r.to_json(), separators=(",", ":")) for r in records]
             self._file.write("\n".join(lines) + "\n")
             self._buffer.clear()
         self._file.flush()

@@ -103,6 +103,11 @@ class DeferredSink(RunDirSink):
                 rec.rids = [r for r in rec.rids if r != rid]
 
     # -- called by the probe --------------------------------------------------------------
+    def write_deferred(self, build: Callable[[Any], StepRecord], raw: Any) -> None:
+        """Built at once: records are completed here (accepted tokens, carried schedule
+        time, finished requests) before they are written."""
+        self.write(build(raw))
+
     def write(self, record: StepRecord) -> None:
         carry = self._carry.pop(record.step, 0)
         if carry:
