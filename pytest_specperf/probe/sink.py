@@ -143,7 +143,7 @@ class RunDirSink:
 
     def write_deferred(self, build: Callable[[Any], StepRecord], raw: Any) -> None:
         """A record that ``build(raw)`` makes when its batch is written: the work of making
-        it leaves the decode step (and runs with warm caches, batch by batch)."""
+        it leaves the decode step and is done batch by batch (measured: README, probe cost)."""
         self._add((build, raw))
 
     def _add(self, item: StepRecord | tuple[Callable[[Any], StepRecord], Any]) -> None:
