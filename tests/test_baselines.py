@@ -1,4 +1,4 @@
-"""Baseline store (schema v2): round trip, runs kept per case, identities kept apart,
+"""Baseline store (schema v3): round trip, runs kept per case, identities kept apart,
 compact entries, what an update moved, atomic writes, refusal of bad files and cases."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e import column
 
 from pytest_specperf.judging.baselines import (
     SCHEMA_VERSION,
@@ -101,8 +102,8 @@ def test_update_appends_runs_and_keeps_everything_else(tmp_path, make_case):
     assert after["cases"]["other::t"]["C"] == before["cases"]["other::t"]["C"]
     b_old, b_new = before["cases"][TEST]["B"], after["cases"][TEST]["B"]
     assert len(b_new["runs"]) == 2 and b_new["runs"][0] == b_old["runs"][0]
-    assert b_new["value"]["step"][0] == b_old["value"]["step"][0]
-    assert b_new["value"]["step"][1] == pytest.approx(2 * b_old["value"]["step"][0], rel=1e-3)
+    assert column(b_new, "step")[0] == column(b_old, "step")[0]
+    assert column(b_new, "step")[1] == pytest.approx(2 * column(b_old, "step")[0], rel=1e-3)
     assert yaml.safe_load(path.read_text())["device"] == {"name": "new"}
 
 
@@ -287,7 +288,7 @@ def test_refuses_to_record_an_invalid_measurement(tmp_path, make_case):
         (record(bad.latest.at, None, values, bad.latest.blocks),),
     )
     with pytest.raises(
-        BaselineError, match=r"refusing to record .*: value.step: expected a finite number, got nan"
+        BaselineError, match=r"refusing to record .*: phases.step.ms: expected a finite number, got nan"
     ):
         write_baselines(path, {}, [bad])
     assert not path.exists()
@@ -306,7 +307,7 @@ ENTRY = "engines: {e: {identity: {backend: reference, model: tiny, draft_model: 
         ("cases: [unclosed", "malformed YAML"),
         (
             "schema_version: 7\nengines: {}\n",
-            "schema_version is 7: this pytest-specperf reads versions 1 and 2. If a newer pytest-specperf wrote the file, upgrade",
+            "schema_version is 7: this pytest-specperf reads versions 1, 2, 3. If a newer pytest-specperf wrote the file, upgrade",
         ),
         ("engines: {}\n", "schema_version is None"),
         ("schema_version: true\n", "schema_version is True"),
@@ -359,7 +360,11 @@ def _corrupt(path: Path, edit) -> CaseProblem:
 
 def _set(field, metric, value):
     def edit(case):
-        case[field][metric] = value
+        if field == "blocks":
+            case[field][metric] = value
+        else:
+            column(case, metric)[:] = []
+            column(case, metric).extend(value)
 
     return edit
 
@@ -368,23 +373,40 @@ def _set(field, metric, value):
     ("edit", "fragment"),
     [
         (
-            lambda c: c.update(value={}),
-            "value: missing required metric(s) step, unaccounted, accept_len",
+            lambda c: c.update(value={}, phases={}),
+            "phases/value: missing required metric(s) step, unaccounted, accept_len",
         ),
-        (lambda c: c["value"].pop("step"), "value: missing required metric(s) step"),
-        (_set("value", "step", [-1]), "value.step: must be > 0, got -1"),
-        (_set("value", "verify", [-2.0]), "value.verify: must be >= 0, got -2"),
-        (_set("value", "verify/rest", [0]), "value.verify/rest: is 0 while verify takes"),
+        (lambda c: c["phases"]["step"].pop("ms"), "phases/value: missing required metric(s) step"),
+        (lambda c: c["value"].pop("accept_len"), "missing required metric(s) accept_len"),
+        (_set("value", "step", [-1]), "phases.step.ms: must be > 0, got -1"),
+        (_set("value", "verify", [-2.0]), "phases.verify.ms: must be >= 0, got -2"),
+        (_set("value", "verify/rest", [0]), "phases.verify.rest: is 0 while verify takes"),
         (
             _set("value", "verify", [float("inf")]),
-            "value.verify: expected a finite number, got inf",
+            "phases.verify.ms: expected a finite number, got inf",
+        ),
+        (_set("value", "tokens_per_s", [-3.0]), "value.tokens_per_s: must be >= 0, got -3"),
+        (
+            lambda c: c["phases"].update(speculate={"ms": [1.0]}),
+            "phases: unknown step part 'speculate' (expected schedule,",
+        ),
+        (
+            lambda c: c["phases"]["verify"].update(wall=[1.0]),
+            "phases.verify: unknown field 'wall' (expected ms, rest, ref, cpu,",
+        ),
+        (
+            lambda c: c["value"].update(verify=[1.0]),
+            "value.verify: given twice (also as phases.verify.ms); keep one",
         ),
         (
             _set("blocks", "verify/rest", [[1.0, float("nan"), 1.0]]),
             "blocks.verify/rest: expected a finite number, got nan",
         ),
-        (_set("value", "step", [1.0, 2.0]), "value.step: has 2 entries, expected one per run (1)"),
-        (_set("value", "step", ["fast"]), "value.step: expected a number, got 'fast'"),
+        (
+            _set("value", "step", [1.0, 2.0]),
+            "phases.step.ms: has 2 entries, expected one per run (1)",
+        ),
+        (_set("value", "step", ["fast"]), "phases.step.ms: expected a number, got 'fast'"),
         (_set("blocks", "step", [[1.0] * 5000]), "blocks.step: more than 4096 entries"),
         (
             lambda c: c.update(fingerprint="0000"),
@@ -411,11 +433,11 @@ def test_an_update_replaces_an_invalid_case_and_keeps_other_identities_raw(tmp_p
     _corrupt(path, _set("value", "step", [-1]))
     sgl = "sglang /models/Qwen3-8B draft=/models/Qwen3-8B-DFlash DFLASH"
     bad_sglang = yaml.safe_load(path.read_text())
-    bad_sglang["engines"][sgl]["cases"][TEST][KEY]["value"]["step"] = [0]  # also invalid
+    column(bad_sglang["engines"][sgl]["cases"][TEST][KEY], "step")[:] = [0]  # also invalid
     path.write_text(yaml.safe_dump(bad_sglang))
     result = write_baselines(path, {}, [make_case(pid=9)])
     assert (
-        "the stored entry was invalid (value.step: must be > 0, got -1)"
+        "the stored entry was invalid (phases.step.ms: must be > 0, got -1)"
         in result.moved[0].started_over
     )
     bf = load_baselines(path)

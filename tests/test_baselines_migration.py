@@ -1,5 +1,7 @@
-"""Migration of schema v1 files (the committed CPU baseline) to v2 on read: every case
-judges exactly as it did, and only an update rewrites the file, as v2."""
+"""Migration of older baseline files on read, by ``schema_version``: v1 (one summary per
+metric and case) and v2 (every metric on its own line) files, both the development box's
+real baselines as those schemas recorded them. Every case judges exactly as it did, and
+only an update rewrites the file, as v3."""
 
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 
 #: The development box's baseline as schema 1 recorded it (commit 4a9f183), kept as the
-#: migration fixture since baselines/cpu-amd-epyc-2c.yaml is re-recorded in schema 2.
+#: migration fixture since baselines/cpu-amd-epyc-2c.yaml is re-recorded in later schemas.
 V1 = Path(__file__).resolve().parent / "data" / "baselines-v1-cpu-amd-epyc-2c.yaml"
+#: The same box's baseline as schema 2 recorded it (commit bdea9d0): three runs (server
+#: processes) for 7 cases, one for 3, with the CPU-time medians and run-queue share.
+V2 = Path(__file__).resolve().parent / "data" / "baselines-v2-cpu-amd-epyc-2c.yaml"
 REF = Identity("reference", "tiny", None, "DFLASH")
 #: Every gate a default or marker-chosen verdict can use on a CPU case.
 GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *PHASES)
@@ -110,14 +115,14 @@ def test_migrated_cases_judge_identically(tol):
     assert len(verdicts) >= 2  # the comparison saw more than one outcome
 
 
-def test_migrated_file_dumps_as_compact_v2(tmp_path):
+def test_migrated_file_dumps_as_compact_v3(tmp_path):
     text = dump_baselines(load_baselines(V1))
-    assert text.startswith("schema_version: 2\n")
+    assert text.startswith("schema_version: 3\n")
     lines = len(text.splitlines())
     print(
-        f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v2: {lines} lines (10 cases, 1 run each)"
+        f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v3: {lines} lines (10 cases, 1 run each)"
     )
-    assert lines < 450
+    assert lines < 350
     path = tmp_path / "v2.yaml"
     path.write_text(text)
     again = load_baselines(path)
@@ -125,14 +130,14 @@ def test_migrated_file_dumps_as_compact_v2(tmp_path):
         assert again.lookup(REF, case.test, case.key).metrics == case.metrics
 
 
-def test_only_an_update_rewrites_v1_as_v2_keeping_every_case(tmp_path, make_case):
+def test_only_an_update_rewrites_v1_as_v3_keeping_every_case(tmp_path, make_case):
     path = tmp_path / "cpu-amd-epyc-2c.yaml"
     shutil.copy(V1, path)
     old = load_baselines(path)
     result = write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
     assert result.case_count() == 11 and result.notes == ()
     new = load_baselines(path)
-    assert new.version == 2
+    assert new.version == 3
     for case in old.all_cases():
         kept = new.lookup(REF, case.test, case.key)
         assert kept.metrics == case.metrics and kept.runs == case.runs
@@ -161,3 +166,85 @@ def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_update(tmp_path, 
         "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=contiguous bs=1]",
         "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=fragmented bs=1]",
     ]
+
+
+# -- schema v2 ---------------------------------------------------------------------------
+
+
+def _entry_sizes(text: str) -> list[tuple[int, int]]:
+    """(runs, lines) of every case entry, in file order (a case key line ``ctx=...:`` to
+    the next line as shallow), in a v2 or v3 file written by the package."""
+    data = yaml.safe_load(text)
+    runs = [
+        len(case["runs"])
+        for entry in data["engines"].values()
+        for per in entry["cases"].values()
+        for case in per.values()
+    ]
+    lines = text.splitlines()
+    sizes = []
+    for i, line in enumerate(lines):
+        if not line.strip().startswith("ctx="):
+            continue
+        indent = len(line) - len(line.lstrip())
+        j = i + 1
+        while j < len(lines) and (
+            len(lines[j]) - len(lines[j].lstrip()) > indent
+            or lines[j].startswith(" " * indent + "-")
+        ):
+            j += 1
+        sizes.append(j - i)
+    assert len(sizes) == len(runs)
+    return list(zip(runs, sizes))
+
+
+def test_the_v2_file_loads_as_it_is_and_dumps_as_v3_with_every_value(tmp_path):
+    before = V2.read_bytes()
+    old = load_baselines(V2)
+    assert old.version == 2 and old.case_count() == 10 and old.problems() == []
+    assert V2.read_bytes() == before  # reading never rewrites
+    text = dump_baselines(old)
+    assert text.startswith("schema_version: 3\n")
+    path = tmp_path / "v3.yaml"
+    path.write_text(text)
+    new = load_baselines(path)
+    assert new.version == 3 and new.problems() == []
+    for case in old.all_cases():
+        again = new.lookup(REF, case.test, case.key)
+        assert again.runs == case.runs and again.steps == case.steps, case.key
+        assert again.fingerprint == case.fingerprint
+    # the reviewable size: a case of 3 runs with every CPU figure
+    v2 = [n for runs, n in _entry_sizes(V2.read_text()) if runs == 3]
+    v3 = [n for runs, n in _entry_sizes(text) if runs == 3]
+    print(f"\nlines per case of 3 runs: v2 {sorted(v2)}, v3 {sorted(v3)}")
+    assert len(v3) == 7 and max(v3) <= 40
+
+
+@pytest.mark.parametrize(
+    "tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)]
+)
+def test_v2_cases_judge_identically_after_an_update_rewrote_them(tmp_path, make_case, tol):
+    path = tmp_path / "cpu-amd-epyc-2c.yaml"
+    shutil.copy(V2, path)
+    old = load_baselines(path)
+    write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
+    new = load_baselines(path)
+    assert new.version == 3 and new.case_count() == 11
+    for case in old.all_cases():
+        kept = new.lookup(REF, case.test, case.key)
+        now = {m: _scaled(s, 1.3 if m.startswith("verify") else 1.0)
+               for m, s in case.metrics.items()}  # fmt: skip
+        for gate in GATES:
+            a, b = judge_gate(gate, case.metrics, now, tol), judge_gate(gate, kept.metrics, now, tol)
+            assert dataclasses.asdict(a) == dataclasses.asdict(b), (case.key, gate)
+
+
+def test_an_untouched_v3_entry_is_written_exactly_as_it_was(tmp_path, make_case):
+    path = tmp_path / "cpu.yaml"
+    path.write_text(dump_baselines(load_baselines(V2)))
+    before = path.read_text()
+    write_baselines(path, {}, [make_case(fingerprint={**make_case().fingerprint, "config": "x"})])
+    after = path.read_text()
+    assert after != before
+    head = before.split("engines:\n", 1)[1]
+    assert head in after  # the reference entry's text, byte for byte

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e import column
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -56,7 +57,7 @@ def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
     stored = _stored(pytester)
     pids = [r["pid"] for r in stored["runs"]]
     assert len(pids) == 3 and len(set(pids)) == 3  # three server processes
-    assert len(stored["value"]["verify/rest"]) == 3
+    assert len(column(stored, "verify/rest")) == 3
     # an update of 2 more processes keeps the last 4
     _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
          "--specperf-keep-runs=4").assert_outcomes(passed=1)  # fmt: skip
@@ -79,7 +80,7 @@ def _flat_blocks(pytester):
     path = pytester.path / "baselines" / "test-box.yaml"
     data = yaml.safe_load(path.read_text())
     case = data["engines"][ENGINE]["cases"][TEST][KEY]
-    value = case["value"]["verify/rest"][-1]
+    value = column(case, "verify/rest")[-1]
     case["blocks"]["verify/rest"][-1] = [value] * len(case["blocks"]["verify/rest"][-1])
     path.write_text(yaml.safe_dump(data))
 

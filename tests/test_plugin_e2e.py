@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e import SHORT_RUN, VERIFY_CASE
+from e2e import SHORT_RUN, VERIFY_CASE, column
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,7 +57,7 @@ def _entry(data: dict) -> dict:
 
 
 def _edit(text: str, fn) -> str:
-    """Apply ``fn(case, entry)`` to the recorded case (schema v2) and return the YAML."""
+    """Apply ``fn(case, entry)`` to the recorded case (schema v3) and return the YAML."""
     data = yaml.safe_load(text)
     fn(_entry(data)["cases"][TEST][KEY], _entry(data))
     return yaml.safe_dump(data)
@@ -68,7 +68,7 @@ def _scale(metric: str, factor: float):
 
     def fn(case, entry):
         for name in (metric, f"{metric}/rest"):
-            case["value"][name][-1] *= factor
+            column(case, name)[-1] *= factor
         blocks = case["blocks"][f"{metric}/rest"]
         blocks[-1] = [b * factor for b in blocks[-1]]
 
@@ -120,7 +120,7 @@ def test_unstable_says_what_would_decide(pytester, recorded):
         blocks[-1] = [
             b * f for b, f in zip(blocks[-1], [0.5, 1.6, 0.6, 1.5, 0.55, 1.55, 0.6, 1.4])
         ]
-        case["value"]["verify"][-1] *= 1.04
+        column(case, "verify")[-1] *= 1.04
 
     _setup(pytester, _edit(recorded, noisy))
     result = _run(pytester, "--specperf-tolerance=5%")
@@ -183,12 +183,12 @@ def test_update_records_measured_and_keeps_the_rest(pytester, recorded):
     assert after["elsewhere.py::test_other"] == before["elsewhere.py::test_other"]
     old, new = before[TEST][KEY], after[TEST][KEY]
     assert len(new["runs"]) == 2 and new["runs"][0] == old["runs"][0]  # the new run appended
-    assert new["value"]["verify"][-1] > 1.5 * old["value"]["verify"][-1]
+    assert column(new, "verify")[-1] > 1.5 * column(old, "verify")[-1]
 
 
 def test_a_corrupt_case_is_invalid_naming_file_case_and_field(pytester, recorded):
     def negative_step(case, entry):
-        case["value"]["step"] = [-1]
+        column(case, "step")[:] = [-1]
         _scale("verify", 0.5)(case, entry)  # would be SLOWER if it were compared
 
     _setup(pytester, _edit(recorded, negative_step))
@@ -198,7 +198,7 @@ def test_a_corrupt_case_is_invalid_naming_file_case_and_field(pytester, recorded
         [
             "INVALID test_case.py::test_decode ctx=2048 kv=contiguous bs=1: *baselines/"
             "test-box.yaml: reference tiny DFLASH: test_case.py::test_decode "
-            "[[]ctx=2048 kv=contiguous bs=1[]]: value.step: must be > 0, got -1; fix the entry*"
+            "[[]ctx=2048 kv=contiguous bs=1[]]: phases.step.ms: must be > 0, got -1; fix the entry*"
         ]
     )
 

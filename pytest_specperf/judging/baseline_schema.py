@@ -3,7 +3,8 @@
 A small typed validator rather than a schema library: the rules that matter here are
 semantic (time medians > 0, a phase's judged form > 0 when the phase is, lists as long as
 the runs, the metrics every verdict needs), every problem must name its field in the
-file's own terms (``value.step``, or ``metrics.step.median`` in a v1 file), and the
+file's own terms (``phases.step.ms`` in a v3 file, ``value.step`` in a v2 file,
+``metrics.step.median`` in a v1 file), and the
 package keeps its dependencies few. Nothing here reads files or raises anything but
 ``Invalid``, whose text is ``<field>: <problem>``.
 """
@@ -21,9 +22,13 @@ from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEVICE_BUSY,
     STEP,
+    STEP_PARTS,
     STEP_PER_REF,
     TOKENS_PER_S,
+    active_form,
     center_of,
+    cpu_form,
+    device_form,
     is_rest_form,
     rest_form,
 )
@@ -58,6 +63,25 @@ BLOCK_METRICS = frozenset(
     {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
 )
 _CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
+_CASE_FIELDS_V3 = ("fingerprint", "steps", "runs", "phases", "value", "blocks")
+#: A v3 case's ``phases`` row: per step part (each phase, ``unaccounted``, ``step``) its
+#: forms, by field: ``ms`` the wall time, ``rest`` its share of the rest of the step, ``ref``
+#: the step relative to the KV read time, ``cpu`` the probe thread's CPU time, ``device``
+#: and ``device_rest`` the device time and its share, ``active`` the active time.
+ROW_FIELDS: tuple[tuple[str, Callable[[str], str]], ...] = (
+    ("ms", lambda p: p),
+    ("rest", rest_form),
+    ("ref", lambda p: f"{p}/ref"),
+    ("cpu", cpu_form),
+    ("device", device_form),
+    ("device_rest", lambda p: rest_form(device_form(p))),
+    ("active", active_form),
+)
+#: metric name -> (step part, field) of the v3 row that holds it
+ROW_OF: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {form(p): (p, f) for p in STEP_PARTS for f, form in ROW_FIELDS}
+)
+_METRIC_OF = MappingProxyType({row: m for m, row in ROW_OF.items()})
 
 
 def keeps_blocks(metric: str) -> bool:
@@ -154,7 +178,7 @@ def check_run(run: RunRecord, name: Namer) -> None:
             _bound(m, number(x, field), field)
 
 
-# -- schema v2 ---------------------------------------------------------------------------
+# -- schema v2 and v3: shared parts ------------------------------------------------------
 
 
 def _mapping(v: Any, field: str) -> dict[Any, Any]:
@@ -219,25 +243,79 @@ def _columns(raw: Any, kind: str, n: int) -> dict[str, list[Any]]:
     return out
 
 
-def parse_v2_case(raw: Any) -> tuple[str, int, tuple[RunRecord, ...]]:
-    """A v2 case entry: its fingerprint reference, steps per run and runs."""
+# -- schema v3: the step parts' forms grouped in one row each ----------------------------
+
+
+def split_rows(
+    values: Mapping[str, list[Any]],
+) -> tuple[dict[str, dict[str, list[Any]]], dict[str, list[Any]]]:
+    """Per-run columns as a v3 case writes them: the step parts' rows (in phase order,
+    fields in ``ROW_FIELDS`` order) and the other metrics (sorted)."""
+    rows: dict[str, dict[str, list[Any]]] = {}
+    for part in STEP_PARTS:
+        row = {f: values[form(part)] for f, form in ROW_FIELDS if form(part) in values}
+        if row:
+            rows[part] = row
+    rest = {m: values[m] for m in sorted(values) if m not in ROW_OF}
+    return rows, rest
+
+
+def field_name(kind: str, metric: str, suffix: str = "") -> str:
+    """Where a v3 case holds ``metric`` (``kind`` "value" or "blocks"): ``phases.verify.rest``,
+    ``value.accept_len``, ``blocks.verify/rest``; ``suffix`` names the run (``[1]``)."""
+    if not metric:
+        return "phases/value" if kind == "value" else kind
+    row = ROW_OF.get(metric) if kind == "value" else None
+    return f"phases.{row[0]}.{row[1]}{suffix}" if row else f"{kind}.{metric}{suffix}"
+
+
+def _rows(raw: Any, n: int) -> dict[str, list[Any]]:
+    """A v3 ``phases`` mapping as metric -> one entry per run."""
+    out: dict[str, list[Any]] = {}
+    for part, row in _mapping(raw, "phases").items():
+        if part not in STEP_PARTS:
+            raise Invalid(
+                f"phases: unknown step part {brief(part)} (expected {', '.join(STEP_PARTS)})"
+            )
+        for f, per_run in _mapping(row, f"phases.{part}").items():
+            metric = _METRIC_OF.get((part, f))
+            if metric is None:
+                fields = ", ".join(f for f, _ in ROW_FIELDS)
+                raise Invalid(f"phases.{part}: unknown field {brief(f)} (expected {fields})")
+            out[metric] = _list(per_run, f"phases.{part}.{f}", length=n)
+    return out
+
+
+def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]:
+    """A v2 or v3 case entry: its fingerprint reference, steps per run and runs."""
     d = _mapping(raw, "case")
-    extra = sorted(str(k) for k in d if k not in _CASE_FIELDS_V2)
+    allowed = _CASE_FIELDS_V3 if version >= 3 else _CASE_FIELDS_V2
+    extra = sorted(str(k) for k in d if k not in allowed)
     if extra:
-        raise Invalid(f"unknown field(s) {', '.join(extra)[:120]}")
+        raise Invalid(f"unknown field(s) {', '.join(extra)[:120]} (expected {', '.join(allowed)})")
     ref = d.get("fingerprint")
     if not isinstance(ref, str) or not ref:
         raise Invalid(f"fingerprint: expected a fingerprint hash, got {brief(ref)}")
     steps = _int(d.get("steps"), "steps", 1, MAX_STEPS)
     meta = _runs_v2(d.get("runs"))
     n = len(meta)
-    values = _columns(d.get("value"), "value", n)
+    values = _columns(d.get("value", {} if version >= 3 else None), "value", n)
+    grouped: dict[str, list[Any]] = {}
+    if version >= 3:
+        grouped = _rows(d.get("phases"), n)
+        twice = sorted(set(grouped) & set(values))
+        if twice:
+            part, f = ROW_OF[twice[0]]
+            raise Invalid(f"value.{twice[0]}: given twice (also as phases.{part}.{f}); keep one")
+        values.update(grouped)
     blocks = _columns(d.get("blocks", {}), "blocks", n)
     runs = []
     for i, (at, pid) in enumerate(meta):
         suffix = f"[{i}]" if n > 1 else ""
 
         def name(kind: str, metric: str, suffix: str = suffix) -> str:
+            if version >= 3:
+                return field_name(kind, metric, suffix)
             return f"{kind}.{metric}{suffix}" if metric else kind
 
         run = make_run(

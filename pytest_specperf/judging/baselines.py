@@ -1,8 +1,8 @@
 """YAML baseline store: ``<dir>/<device-slug>.yaml``, one file per device model.
 
-Layout (``schema_version: 2``)::
+Layout (``schema_version: 3``)::
 
-    schema_version: 2
+    schema_version: 3
     device: {name: ..., kind: cpu, ...}
     engines:
       reference tiny DFLASH:                 # identity: backend, model, draft, algorithm
@@ -16,10 +16,18 @@ Layout (``schema_version: 2``)::
               steps: 32                                  # measured steps per run
               runs:                                      # one per server process, newest last
               - {at: '2026-12-01T10:00:00+00:00', pid: 4711}
-              value:                                     # per metric, each run's center
-                step: [48.58, 48.71]
+              phases:                                    # per step part, each run's centers:
+                verify: {ms: [31.2, 31.4], rest: [3.51, 3.52], cpu: [31.0, 31.3]}
+                step: {ms: [40.9, 41.0], ref: [6.87, 6.91], cpu: [40.8, 40.9]}
+              value:                                     # the other metrics, each run's center
+                accept_len: [3.125, 3.125]
               blocks:                                    # per judged form, each run's blocks
-                verify/rest: [[0.61, 0.62, ...], [0.60, 0.63, ...]]
+                verify/rest: [[3.45, 3.42, ...], [3.52, 3.49, ...]]
+
+A ``phases`` row holds one step part's forms (``ms`` wall time, ``rest`` its share of the
+rest of the step, ``ref`` the step against the KV read time, ``cpu`` the probe thread's CPU
+time, ``device``/``device_rest``/``active`` on a GPU), so a case of three runs takes about
+35 lines.
 
 The identity selects the entry, so a reference run and an SGLang run (or two models) on
 one device never read or overwrite each other's cases; the rest of the fingerprint is
@@ -29,7 +37,8 @@ changed starts over, so runs of different engines are never pooled.
 
 Files are read through ``baseline_io`` (size, shape and symlink limits, safe loading
 only), by ``schema_version``: a v1 file (one summary per metric and case) is migrated on
-read, each case becoming one run, and rewritten as v2 only by an update. File-level
+read, each case becoming one run; a v2 file (every metric on its own line under ``value``)
+is read as it is; both are rewritten as v3 only by an update. File-level
 problems raise ``BaselineError``; a case that fails validation is a ``CaseProblem`` that
 the judge reports as INVALID, naming file, case and field.
 """
@@ -67,10 +76,12 @@ from pytest_specperf.judging.baseline_schema import (
     RunRecord,
     brief,
     check_run,
+    field_name,
     keeps_blocks,
     make_run,
+    parse_case,
     parse_v1_case,
-    parse_v2_case,
+    split_rows,
 )
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.stats import Summary, stable
@@ -98,9 +109,9 @@ __all__ = [
     "write_baselines",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Versions this reader understands (older ones are migrated on read).
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 #: Runs kept per case by an update (the last K).
 DEFAULT_KEEP_RUNS = 5
 #: Fingerprint fields that must match for a baseline to be comparable.
@@ -298,7 +309,7 @@ class CaseBaseline:
         """Read ``to_json``'s form, validated as a stored case; ``ValueError`` if unusable."""
         try:
             fp = MappingProxyType(dict(d["fingerprint"]))
-            ref, steps, runs = parse_v2_case(d["case"])
+            ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
             test, key = str(d["test"]), str(d["key"])
         except (Invalid, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
@@ -345,8 +356,8 @@ class _Entry:
 
 @dataclass
 class BaselineFile:
-    """A read baseline file: entries by identity; ``raw`` is the v2 data as read (kept for
-    writing untouched what an update does not record)."""
+    """A read baseline file: entries by identity; ``raw`` is the v2/v3 data as read (kept
+    for writing untouched what an update does not record)."""
 
     path: Path
     version: int
@@ -432,20 +443,21 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
         raise BaselineError(
             path,
             f"schema_version is {brief(version)}: this pytest-specperf reads versions "
-            f"{' and '.join(map(str, READABLE_VERSIONS))}. If a newer pytest-specperf wrote "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. If a newer pytest-specperf wrote "
             "the file, upgrade (pip install -U pytest-specperf); otherwise move the file away "
             "and re-record with --specperf-update-baselines",
         )
-    return _from_v2(path, data) if version == 2 else _from_v1(path, data)
+    return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
 
 
-def _from_v2(path: Path, data: dict[str, Any]) -> BaselineFile:
+def _from_v2(path: Path, data: dict[str, Any], version: int) -> BaselineFile:
+    """A v2 or v3 file (they differ only inside a case)."""
     _only(path, data, ("schema_version", "device", "engines"), "top level")
     device = _mapping(path, data.get("device"), "device")
     engines = _mapping(path, data.get("engines"), "engines")
     entries: dict[Identity, _Entry] = {}
     for name, raw in engines.items():
-        entry = _entry_v2(path, name, raw)
+        entry = _entry_v2(path, name, raw, version)
         other = entries.get(entry.identity)
         if other is not None:
             raise BaselineError(
@@ -454,10 +466,10 @@ def _from_v2(path: Path, data: dict[str, Any]) -> BaselineFile:
                 "cases into one, or remove one",
             )
         entries[entry.identity] = entry
-    return BaselineFile(path, 2, device, entries, raw=data)
+    return BaselineFile(path, version, device, entries, raw=data)
 
 
-def _entry_v2(path: Path, name: Any, raw: Any) -> _Entry:
+def _entry_v2(path: Path, name: Any, raw: Any, version: int) -> _Entry:
     where = f"engines[{brief(name)}]"
     if not isinstance(name, str):
         raise BaselineError(path, f"{where}: engine names must be strings")
@@ -489,15 +501,17 @@ def _entry_v2(path: Path, name: Any, raw: Any) -> _Entry:
                 path, name, test, "*", "expected a mapping of cases"
             )
             continue
-        entry.cases[test] = {str(k): _case_v2(path, entry, test, str(k), c) for k, c in per.items()}
+        entry.cases[test] = {
+            str(k): _case_v2(path, entry, test, str(k), c, version) for k, c in per.items()
+        }
     return entry
 
 
 def _case_v2(
-    path: Path, entry: _Entry, test: str, key: str, raw: Any
+    path: Path, entry: _Entry, test: str, key: str, raw: Any, version: int
 ) -> CaseBaseline | CaseProblem:
     try:
-        ref, steps, runs = parse_v2_case(raw)
+        ref, steps, runs = parse_case(raw, version)
         fp = entry.fingerprints.get(ref)
         if fp is None:
             raise Invalid(f"fingerprint: {ref[:40]!r} is not among this engine's fingerprints")
@@ -611,15 +625,33 @@ def _moved(engine: str, old: Any, new: CaseBaseline, why: str | None) -> Moved:
 
 
 def _case_dict(c: CaseBaseline) -> dict[str, Any]:
+    rows, value = split_rows({m: [stable(r.values[m]) for r in c.runs] for m in c.latest.values})
     return {
         "fingerprint": c.fingerprint_hash,
         "steps": c.steps,
         "runs": [FlowMap(at=r.at, pid=r.pid) for r in c.runs],
-        "value": {m: [stable(r.values[m]) for r in c.runs] for m in sorted(c.latest.values)},
+        "phases": {part: FlowMap(row) for part, row in rows.items()},
+        "value": value,
         "blocks": {
             m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
         },
     }
+
+
+def _v3_case(case: Any) -> Any:
+    """A v2 case entry as read, in v3 form (its ``value`` split into ``phases`` rows);
+    anything else (an entry too broken to split) as it is, to stay INVALID."""
+    if not isinstance(case, dict) or not isinstance(case.get("value"), dict):
+        return case
+    if not all(isinstance(m, str) for m in case["value"]):
+        return case
+    rows, value = split_rows(case["value"])
+    out = {k: v for k, v in case.items() if k not in ("value", "blocks")}
+    out["phases"] = rows
+    out["value"] = value
+    if "blocks" in case:
+        out["blocks"] = case["blocks"]
+    return out
 
 
 def _unshare(x: Any) -> Any:
@@ -631,30 +663,41 @@ def _unshare(x: Any) -> Any:
     return x
 
 
-def _restyle(entry: Any) -> None:
-    """Give a v2 entry as read the writer's one-line styles (identity, runs) back, so an
-    entry an update does not touch is written exactly as it was."""
+def _restyle(entry: Any, version: int) -> None:
+    """Give an entry as read the writer's one-line styles (identity, runs, phase rows)
+    back, so an entry an update does not touch is written exactly as it was (a v2 entry's
+    cases in v3 form)."""
     if not isinstance(entry, dict):
         return
     if isinstance(entry.get("identity"), dict):
         entry["identity"] = FlowMap(entry["identity"])
     cases = entry.get("cases")
     for per in cases.values() if isinstance(cases, dict) else ():
-        for case in per.values() if isinstance(per, dict) else ():
-            runs = case.get("runs") if isinstance(case, dict) else None
+        if not isinstance(per, dict):
+            continue
+        for key, case in list(per.items()):
+            if version < 3:
+                case = per[key] = _v3_case(case)
+            if not isinstance(case, dict):
+                continue
+            runs, rows = case.get("runs"), case.get("phases")
             if isinstance(runs, list):
                 case["runs"] = [FlowMap(r) if isinstance(r, dict) else r for r in runs]
+            if isinstance(rows, dict):
+                case["phases"] = {p: FlowMap(r) if isinstance(r, dict) else r
+                                  for p, r in rows.items()}  # fmt: skip
 
 
 def _engines_out(existing: BaselineFile | None, notes: list[str]) -> dict[str, Any]:
-    """The ``engines`` mapping to write, before this update's cases: a v2 file's as read,
-    a v1 file's migrated (its invalid cases cannot be, and are dropped with a note)."""
+    """The ``engines`` mapping to write, before this update's cases: a v3 file's as read,
+    a v2 file's with its cases in v3 form, a v1 file's migrated (its invalid cases cannot
+    be, and are dropped with a note)."""
     if existing is None:
         return {}
     if existing.raw is not None:
         engines = _unshare(existing.raw.get("engines") or {})
         for entry in engines.values():
-            _restyle(entry)
+            _restyle(entry, existing.version)
         return dict(engines)
     out: dict[str, Any] = {}
     for e in existing.entries.values():
@@ -766,7 +809,7 @@ def _check_measured(path: Path, measured: Sequence[CaseBaseline]) -> None:
     for c in measured:
         for run in c.runs:
             try:
-                check_run(run, lambda kind, m: f"{kind}.{m}" if m else kind)
+                check_run(run, field_name)
             except Invalid as e:
                 raise BaselineError(
                     path, f"refusing to record {c.test} [{c.key}]: {e}; nothing was written"
@@ -817,7 +860,7 @@ def write_baselines(
 
 
 def dump_baselines(bf: BaselineFile) -> str:
-    """The v2 text of a read file (a v1 file migrated), as an update would write it."""
+    """The v3 text of a read file (a v1 or v2 file migrated), as an update would write it."""
     doc, _, _ = _merge(bf, bf.device, [], DEFAULT_KEEP_RUNS)
     return dump_yaml(doc)
 
