@@ -215,6 +215,48 @@ def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[di
     return rows
 
 
+def outcome_at(
+    judged: Judged, tol_phase: float, tol_step: float, expect: str | None
+) -> tuple[bool, bool, bool]:
+    """One run re-judged at a pair of tolerances, as ``judge_report`` judges it: whether
+    it fails, whether a failing case names ``expect``, and whether a case that does not
+    fail is UNSTABLE."""
+    failed = detected = unstable = False
+    for case in judged:
+        bad = slower_at((case,), tol_phase, "phase")[0] + slower_at((case,), tol_step, "step")[0]
+        if bad:
+            failed = True
+            detected = detected or (expect is not None and expect in bad)
+        elif _unstable_at(case, tol_phase, tol_step):
+            unstable = True
+    return failed, detected, unstable
+
+
+#: The pairs of tolerances the calibration re-judges its runs at (phases, step).
+PAIR_GRID = tuple(
+    (round(0.01 * p, 2), st) for p in range(3, 8) for st in (0.05, 0.08, 0.10, 0.15, 0.25)
+)
+
+
+def pair_sweep(conds: list[Condition]) -> list[dict[str, Any]]:
+    """Per pair of tolerances in ``PAIR_GRID``, every condition's failed, detected and
+    UNSTABLE runs: the table defaults are chosen from (false alarms, detection and
+    undecided runs at once)."""
+    rows = []
+    for tp, ts in PAIR_GRID:
+        row: dict[str, Any] = {"tolerance": tp, "step_tolerance": ts}
+        for c in conds:
+            outs = [outcome_at(r.judged, tp, ts, c.expect) for r in c.runs]
+            row[c.name] = {
+                "failed": sum(f for f, _, _ in outs),
+                "detected": sum(d for _, d, _ in outs),
+                "unstable": sum(u for _, _, u in outs),
+                "runs": len(outs),
+            }
+        rows.append(row)
+    return rows
+
+
 def recommend(rows: list[dict[str, Any]], conds: list[Condition]) -> float | None:
     """Smallest tolerance with at most 1 false alarm per 20 A/A runs (hog runs included)."""
     for row in rows:
@@ -270,8 +312,11 @@ class CalibrateOptions:
             )
         if args.repetitions < 1:
             raise ValueError("--repetitions must be at least 1")
-        if not 0 < args.host_stall_share < 5:
-            raise ValueError("--host-stall-share must be in (0, 5)")
+        if not 0 <= args.host_stall_share < 5:
+            raise ValueError(
+                f"--host-stall-share {args.host_stall_share:g}: must be in [0, 5) "
+                "(0 leaves the host-stall condition out)"
+            )
         for f in args.inject or ():
             try:
                 inj = parse_inject(f)
@@ -429,15 +474,19 @@ class Calibration:
         return out
 
     def conditions(self, stall_ms: float) -> list[Condition]:
-        """A/A, each injected factor, the host stall, and A/A with a hog if asked."""
+        """A/A, each injected factor, the host stall (unless its share is 0), and A/A
+        with a hog if asked."""
         conds = [Condition("A/A")]
         for f in self.opts.injects:
             conds.append(Condition(f, inject=f, expect=expected_metric(f)))
-        conds.append(
-            Condition(
-                f"host_stall={stall_ms:g}ms", inject=f"host_stall={stall_ms:g}", expect=UNACCOUNTED
+        if self.opts.host_stall_share > 0:
+            conds.append(
+                Condition(
+                    f"host_stall={stall_ms:g}ms",
+                    inject=f"host_stall={stall_ms:g}",
+                    expect=UNACCOUNTED,
+                )
             )
-        )
         if self.opts.hog:
             conds.append(Condition("A/A + CPU hog", hog=True))
         return conds
@@ -514,6 +563,7 @@ class Calibration:
             "suite": list(self.opts.suite),
             "repetitions": self.opts.repetitions,
             "sweep": swept,
+            "pairs": pair_sweep(conds),
             "recommended_tolerance": {kind: recommend(rows, conds) for kind, rows in swept.items()},
             "judged_at": list(self.opts.tolerances) if self.opts.tolerances else None,
             "host_stall_ms": stall_ms,
@@ -697,6 +747,32 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
     ]
 
 
+def _pair_table(summary: dict[str, Any]) -> list[str]:
+    """Each pair of tolerances: A/A columns 'failed runs, runs with an UNSTABLE case',
+    injected columns 'runs that detected it (failed naming its metric)'."""
+    rows = summary.get("pairs")
+    if not rows:
+        return []
+    conds = summary["conditions"]
+    cells = []
+    for row in rows:
+        line = [f"{row['tolerance']:.0%}", f"{row['step_tolerance']:.0%}"]
+        for r in conds:
+            v = row[r["condition"]]
+            n = v["runs"]
+            if r["expect"] is None:
+                line.append(f"{v['failed']}/{n} fail, {v['unstable']}/{n} U")
+            else:
+                line.append(f"{v['detected']}/{n}")
+        cells.append(line)
+    return [
+        "",
+        "the same runs judged at pairs of tolerances (A/A: runs that would fail, runs with "
+        "an UNSTABLE case; injected: runs that would fail naming the injected metric)",
+        *render_table(["phases", "step", *(r["condition"] for r in conds)], cells),
+    ]
+
+
 def _footer(summary: dict[str, Any]) -> list[str]:
     wall = summary["wall_s"]
     resumed = summary.get("resumed_runs")
@@ -727,6 +803,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         *_verdict_table(summary),
         *_sweep_table(summary, "phase"),
         *_sweep_table(summary, "step"),
+        *_pair_table(summary),
         *_noise_table(summary),
         *_footer(summary),
     ]
@@ -775,7 +852,8 @@ def add_parser(sub: Any) -> None:
         "--host-stall-share",
         type=float,
         default=0.20,
-        help="host stall per step, as a share of the median case's step (default 0.2)",
+        help="host stall per step, as a share of the median case's step (default 0.2; "
+        "0 leaves the host-stall condition out)",
     )
     c.add_argument(
         "--hog", action="store_true", help="add A/A repetitions with a busy process on one core"

@@ -12,6 +12,8 @@ from pytest_specperf.calibrate import (
     Condition,
     format_table,
     judge_report,
+    outcome_at,
+    pair_sweep,
     recommend,
     slower_at,
     sweep,
@@ -94,6 +96,30 @@ def test_sweep_and_recommendation():
     assert [r["A/A"]["failed"] for r in step_rows] == [20, 0]
 
 
+def test_pairs_of_tolerances_count_failures_detections_and_unstable_runs():
+    wobbly = _case("ctx=8192", "UNSTABLE", [("verify", "UNSTABLE", 0.02, 0.02)])
+    aa, inj = Condition("A/A"), Condition("verify=1.10", inject="verify=1.10", expect="verify")
+    aa.runs = [_run_outcome({"cases": [*AA["cases"], wobbly]}, None) for _ in range(4)]
+    inj.runs = [_run_outcome(INJ, "verify") for _ in range(4)]
+    judged = aa.runs[0].judged
+    # step +6% (noise 1%) fails at a 5% step tolerance; verify's 2% noise band (6%) is
+    # wider than 5% (UNSTABLE) and within 7% (SAME)
+    assert outcome_at(judged, 0.05, 0.05, None) == (True, False, True)
+    assert outcome_at(judged, 0.05, 0.08, None) == (False, False, True)
+    assert outcome_at(judged, 0.07, 0.08, None) == (False, False, False)
+    rows = {(r["tolerance"], r["step_tolerance"]): r for r in pair_sweep([aa, inj])}
+    assert rows[(0.05, 0.05)]["A/A"] == {"failed": 4, "detected": 0, "unstable": 4, "runs": 4}
+    assert rows[(0.07, 0.08)]["A/A"] == {"failed": 0, "detected": 0, "unstable": 0, "runs": 4}
+    assert rows[(0.07, 0.08)]["verify=1.10"]["detected"] == 4  # +8.8% at 7%
+    summary = {"conditions": [{"condition": "A/A", "expect": None},
+                              {"condition": "verify=1.10", "expect": "verify"}],
+               "pairs": list(rows.values())}  # fmt: skip
+    from pytest_specperf.calibrate import _pair_table
+
+    text = "\n".join(_pair_table(summary))
+    assert "7%      8%    0/4 fail, 0/4 U  4/4" in text, text
+
+
 def test_table_is_readable():
     aa = Condition("A/A")
     aa.runs = [_run_outcome(AA, None)]
@@ -116,12 +142,21 @@ def test_table_is_readable():
      "and pytest's -k selects tests after --"),
     (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
     (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR (or all=FACTOR) per --inject"),
-    (["calibrate", "--host-stall-share", "0"], "--host-stall-share must be in"),
+    (["calibrate", "--host-stall-share", "-0.1"], "--host-stall-share -0.1: must be in [0, 5)"),
     (["calibrate", "--server-url", "ftp://h:1"], "--server-url: server URL 'ftp://h:1' must look like"),
 ])
 def test_cli_errors(capsys, argv, message):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_host_stall_share_zero_leaves_the_stall_condition_out(tmp_path):
+    from pytest_specperf.calibrate import Calibration
+
+    names = [c.name for c in Calibration(_args(tmp_path, host_stall_share=0.0)).conditions(9.0)]
+    assert names == ["A/A", "verify=1.10"]
+    names = [c.name for c in Calibration(_args(tmp_path)).conditions(9.0)]
+    assert names == ["A/A", "verify=1.10", "host_stall=9ms"]
 
 
 def _args(tmp_path, resume=True, **kw):
