@@ -427,14 +427,17 @@ def test_unit_schedule_time_is_carried_into_the_next_decode_step(rt: ProbeRuntim
 
     sched(prep, None)
     assert 200_000 <= rt.carry_ns < 50_000_000
-    carried = rt.carry_ns
+    carried, carried_cpu = rt.carry_ns, rt.carry_cpu_ns
+    assert 0 < carried_cpu <= carried * 1.1  # busy(): CPU time, about the wall time
     batch = FakeScheduleBatch([FakeReq("s", 10)])
     step(lambda self, b: FakeResult([2]), None, batch)
-    assert rt.carry_ns == 0
+    assert rt.carry_ns == rt.carry_cpu_ns == 0
     rt.flush(None)
     (r,) = read_records(tmp_path, rids={"s"})
     assert r.host_ns["schedule"] == carried
     assert r.step_ns >= carried
+    if r.cpu_ns is not None:  # a step that read CPU time: the carried CPU time is in it
+        assert r.cpu_ns["schedule"] >= carried_cpu and r.step_cpu_ns >= carried_cpu
 
 
 def test_unit_mixed_batch_consumes_the_carry_of_its_prepare_for_decode(
@@ -574,6 +577,28 @@ def test_unit_deferred_sink_holds_decode_records_until_accepted(tmp_path: Path) 
     assert [(r.step, r.accepted_tokens) for r in got] == [(0, 4), (2, 5)]
     assert got[0].host_ns["schedule"] == 25 and got[0].step_ns == 125
     assert got[0].unaccounted_ns == 40
+
+
+def test_unit_deferred_sink_carries_schedule_cpu_time_where_the_step_read_it(
+    tmp_path: Path,
+) -> None:
+    """Carried schedule time is CPU work: added to the CPU times too, else ``schedule``
+    would read as waiting (wall grew, CPU did not)."""
+    sink = DeferredSink(tmp_path)
+    with_cpu = _rec(0, ["a"])
+    with_cpu.cpu_ns, with_cpu.step_cpu_ns = {"schedule": 0, "verify": 50}, 90
+    sink.note_carry(0, 25, 20)
+    sink.note_carry(0, 5, 4)  # two prepare_for_decode calls before one step add up
+    sink.write(with_cpu)
+    sink.note_carry(1, 25, 20)
+    sink.write(_rec(1, ["a"]))  # a step that read no CPU time keeps none
+    sink.set_accepted(0, 3)
+    sink.set_accepted(1, 3)
+    sink.flush()
+    got = {r.step: r for r in read_records(tmp_path)}
+    assert got[0].host_ns["schedule"] == 30 and got[0].step_ns == 130
+    assert got[0].cpu_ns == {"schedule": 24, "verify": 50} and got[0].step_cpu_ns == 114
+    assert got[1].step_ns == 125 and got[1].cpu_ns is None and got[1].step_cpu_ns is None
 
 
 def test_unit_deferred_sink_expires_and_releases(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ A decode step is one call of the speculative worker's ``forward_batch_generation
 
 - ``schedule``: ``ScheduleBatch.prepare_for_decode`` runs in the scheduler loop *before*
   the worker call; its host time is carried into the next step's ``schedule`` phase and
-  ``step_ns`` (device time is not: it runs on the schedule stream). That next step is a
+  ``step_ns``, and its thread CPU time into the step's ``cpu_ns`` and ``step_cpu_ns`` (on
+  the steps that read CPU time), so that carried time does not read as waiting (device
+  time is not carried: it runs on the schedule stream). That next step is a
   decode step, or an extend step when mixed chunked prefill merged the decode batch into
   a prefill batch; either way the carry is consumed by the step it preceded, never by a
   later one;
@@ -54,6 +56,7 @@ logger = logging.getLogger("pytest_specperf.sglang")
 
 Hook = Callable[..., Any]
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
 _STEP_ATTR = "_specperf_step"
 
 
@@ -73,14 +76,16 @@ class DeferredSink(RunDirSink):
         self.max_hold = max_hold
         self._held: dict[int, StepRecord] = {}
         self._accepted: dict[int, int] = {}
-        self._carry: dict[int, int] = {}
+        self._carry: dict[int, tuple[int, int]] = {}
         self._finished: dict[str, int | None] = {}
         self._newest = -1
 
     # -- fed by the hooks ----------------------------------------------------------------
-    def note_carry(self, step: int, host_ns: int) -> None:
-        """Host time spent on ``schedule`` for ``step`` before the step began."""
-        self._carry[step] = self._carry.get(step, 0) + host_ns
+    def note_carry(self, step: int, host_ns: int, cpu_ns: int = 0) -> None:
+        """Host (wall) and thread CPU time spent on ``schedule`` for ``step`` before the
+        step began."""
+        wall, cpu = self._carry.get(step, (0, 0))
+        self._carry[step] = (wall + host_ns, cpu + cpu_ns)
 
     def set_accepted(self, step: int, tokens: int) -> None:
         rec = self._held.pop(step, None)
@@ -109,10 +114,13 @@ class DeferredSink(RunDirSink):
         self.write(build(raw))
 
     def write(self, record: StepRecord) -> None:
-        carry = self._carry.pop(record.step, 0)
+        carry, carry_cpu = self._carry.pop(record.step, (0, 0))
         if carry:
             record.host_ns["schedule"] = record.host_ns.get("schedule", 0) + carry
             record.step_ns += carry
+        if carry_cpu and record.cpu_ns is not None and record.step_cpu_ns is not None:
+            record.cpu_ns["schedule"] = record.cpu_ns.get("schedule", 0) + carry_cpu
+            record.step_cpu_ns += carry_cpu
         if record.mode != "decode":
             for rid in record.rids:  # a new request reusing an old id
                 self._finished.pop(rid, None)
@@ -188,9 +196,11 @@ class ProbeRuntime:
         self.graph_depth = 0
         self.carry_depth = 0
         self.carry_ns = 0
+        self.carry_cpu_ns = 0
         self.step_no = 0  # number the probe gives the next step
         self.cur_mode: str | None = None
         self.cur_carry = 0
+        self.cur_carry_cpu = 0
         self.processing_step: int | None = None
         self.dirty = False
         self.kv_layout: dict[str, Any] | None = None
@@ -260,7 +270,7 @@ class ProbeRuntime:
         if fm.is_extend() or getattr(batch, "is_extend_in_batch", False):
             mode = "extend"  # a mixed batch (decode merged into a prefill) too
         elif fm.is_idle():
-            self.carry_ns = 0  # belongs to no recorded step
+            self.carry_ns = self.carry_cpu_ns = 0  # belongs to no recorded step
             return False
         else:
             mode = "decode"
@@ -273,6 +283,7 @@ class ProbeRuntime:
         self.cur_mode = mode
         # prepare_for_decode ran for this batch (mixed into a prefill batch when extend)
         self.cur_carry, self.carry_ns = self.carry_ns, 0
+        self.cur_carry_cpu, self.carry_cpu_ns = self.carry_cpu_ns, 0
         return True
 
     def end(self, result: Any) -> None:
@@ -282,8 +293,8 @@ class ProbeRuntime:
         step = self.step_no
         self.step_no += 1
         if self.sink is not None and self.cur_carry:
-            self.sink.note_carry(step, self.cur_carry)
-        self.cur_carry = 0
+            self.sink.note_carry(step, self.cur_carry, self.cur_carry_cpu)
+        self.cur_carry = self.cur_carry_cpu = 0
         self.probe.end_step(accepted_tokens=0)
         self.dirty = True
         if self.cur_mode == "decode" and result is not None:
@@ -508,11 +519,12 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
             if not carry or rt.carry_depth:
                 return original(*args, **kwargs)
             rt.carry_depth = 1
-            t0 = _perf_ns()
+            c0, t0 = _thread_ns(), _perf_ns()
             try:
                 return original(*args, **kwargs)
             finally:
                 rt.carry_ns += _perf_ns() - t0
+                rt.carry_cpu_ns += _thread_ns() - c0
                 rt.carry_depth = 0
         if outermost and rt.phase_depth:
             return original(*args, **kwargs)
