@@ -535,17 +535,21 @@ class Calibration:
         self._check_plan(conds)
         k = self.opts.repetitions
         total, n = len(conds) * k, 0
+        walls: list[float] = []
         for rep in range(k):
             for cond in conds:
                 n += 1
-                out, rc, _ = self.repetition(cond, rep)
+                out, rc, dt = self.repetition(cond, rep)
+                if dt is not None:
+                    walls.append(dt)
+                left = _eta(walls, total - n)
                 if out is None:
                     print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
-                          f"(exit {rc}); see {self.work}", flush=True)  # fmt: skip
+                          f"(exit {rc}); see {self.work}{left}", flush=True)  # fmt: skip
                     continue
                 cond.runs.append(out)
-                print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{k}  {_line(out)}",
-                      flush=True)  # fmt: skip
+                print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{k}  {_line(out)}"
+                      f"{left}", flush=True)  # fmt: skip
         return self.summarize(conds, base, stall_ms, ref_step)
 
     def summarize(
@@ -649,6 +653,15 @@ def _line(out: RunOutcome) -> str:
     text += f", {len(out.unstable_cases)} UNSTABLE" if out.unstable_cases else ""
     text += f"  {out.wall_s:.0f} s" if out.wall_s is not None else "  -"
     return text + ("  (resumed)" if out.resumed else "")
+
+
+def _eta(walls: Sequence[float], runs_left: int) -> str:
+    """``  (about 1h 5m left)``: the runs left at the median wall time of those run."""
+    if not walls or runs_left <= 0:
+        return ""
+    left = sorted(walls)[len(walls) // 2] * runs_left
+    hours, minutes = int(left // 3600), int(left % 3600 // 60)
+    return f"  (about {f'{hours}h ' if hours else ''}{max(minutes, 1)}m left)"
 
 
 def _run_walls(conds: list[Condition]) -> dict[str, float] | None:

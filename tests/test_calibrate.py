@@ -120,6 +120,14 @@ def test_pairs_of_tolerances_count_failures_detections_and_unstable_runs():
     assert "7%      8%    0/4 fail, 0/4 U  4/4" in text, text
 
 
+def test_progress_says_how_long_is_left():
+    from pytest_specperf.calibrate import _eta
+
+    assert _eta([], 10) == "" and _eta([60.0], 0) == ""
+    assert _eta([50.0, 70.0, 1000.0], 79) == "  (about 1h 32m left)"  # median 70 s x 79
+    assert _eta([20.0], 1) == "  (about 1m left)"
+
+
 def test_table_is_readable():
     aa = Condition("A/A")
     aa.runs = [_run_outcome(AA, None)]
