@@ -396,7 +396,7 @@ def _set(field, metric, value):
         ),
         (
             lambda c: c["value"].update(verify=[1.0]),
-            "value.verify: given twice (also as phases.verify.ms); keep one",
+            "value.verify: belongs in phases.verify.ms; move it there",
         ),
         (
             _set("blocks", "verify/rest", [[1.0, float("nan"), 1.0]]),

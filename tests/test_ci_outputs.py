@@ -140,6 +140,10 @@ def test_recorded_case_survives_the_wire(make_case):
     case = make_case(pid=4711, at="2026-01-02T03:04:05+00:00")
     back = CaseBaseline.from_json(json.loads(json.dumps(case.to_json())))
     assert back == case
+    # pytest-xdist's wire (execnet) takes plain types only, not dict subclasses
+    from execnet.gateway_base import dumps_internal, loads_internal
+
+    assert CaseBaseline.from_json(loads_internal(dumps_internal(case.to_json()))) == case
     broken = case.to_json()
     broken["fingerprint"]["engine_version"] = "9.9"  # no longer the hash the case names
     with pytest.raises(ValueError, match="fingerprint hash"):

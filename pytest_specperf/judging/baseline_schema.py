@@ -303,10 +303,10 @@ def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]
     grouped: dict[str, list[Any]] = {}
     if version >= 3:
         grouped = _rows(d.get("phases"), n)
-        twice = sorted(set(grouped) & set(values))
-        if twice:
-            part, f = ROW_OF[twice[0]]
-            raise Invalid(f"value.{twice[0]}: given twice (also as phases.{part}.{f}); keep one")
+        misplaced = sorted(m for m in values if m in ROW_OF)
+        if misplaced:
+            part, f = ROW_OF[misplaced[0]]
+            raise Invalid(f"value.{misplaced[0]}: belongs in phases.{part}.{f}; move it there")
         values.update(grouped)
     blocks = _columns(d.get("blocks", {}), "blocks", n)
     runs = []

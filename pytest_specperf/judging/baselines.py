@@ -26,8 +26,8 @@ Layout (``schema_version: 3``)::
 
 A ``phases`` row holds one step part's forms (``ms`` wall time, ``rest`` its share of the
 rest of the step, ``ref`` the step against the KV read time, ``cpu`` the probe thread's CPU
-time, ``device``/``device_rest``/``active`` on a GPU), so a case of three runs takes about
-35 lines.
+time, ``device``/``device_rest`` on a GPU; ``active`` is read, not written), so a case
+of three runs takes about 35 lines.
 
 The identity selects the entry, so a reference run and an SGLang run (or two models) on
 one device never read or overwrite each other's cases; the rest of the fingerprint is
@@ -297,6 +297,8 @@ class CaseBaseline:
         sends the cases it measured for an update to the controller this way)."""
         case = _case_dict(self)
         case["runs"] = [dict(r) for r in case["runs"]]
+        # plain dicts only: pytest-xdist's wire (execnet) refuses dict subclasses (FlowMap)
+        case["phases"] = {p: dict(r) for p, r in case["phases"].items()}
         return {
             "test": self.test,
             "key": self.key,
@@ -642,6 +644,8 @@ def _v3_case(case: Any) -> Any:
     """A v2 case entry as read, in v3 form (its ``value`` split into ``phases`` rows);
     anything else (an entry too broken to split) as it is, to stay INVALID."""
     if not isinstance(case, dict) or not isinstance(case.get("value"), dict):
+        return case
+    if "phases" in case:  # not a v2 field: the entry stays INVALID, its data kept
         return case
     if not all(isinstance(m, str) for m in case["value"]):
         return case
