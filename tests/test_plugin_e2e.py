@@ -81,7 +81,11 @@ def _run(pytester, *extra):
 
 def test_same_passes(pytester, recorded):
     _setup(pytester, recorded)
-    result = _run(pytester, "--specperf-tolerance=60%")
+    # 8 steps of a 5 ms case against one baseline run: the band is the 10% prior between
+    # processes (x sqrt 2) plus the blocks' scatter, and a busy CI box has put it at
+    # +-22% (x3 = 67%); 90% keeps this about the path (unchanged -> SAME -> passes), the
+    # detection tests below judge at 7%
+    result = _run(pytester, "--specperf-tolerance=90%")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME*"])
 
