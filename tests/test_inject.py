@@ -81,11 +81,15 @@ def _draft_10_verify_20(spec: str, steps: int) -> list:
 
 
 def test_phase_factor_stretches_the_phase_itself():
-    recs = _draft_10_verify_20("verify=1.5", 3)
-    for r in recs:
-        assert r.host_ns["verify"] == pytest.approx(30e6, rel=0.15)  # 20 ms x 1.5
-        assert r.host_ns["draft"] == pytest.approx(10e6, rel=0.15)  # untouched
-        assert r.unaccounted_ns < 1e6
+    """verify=1.5 makes verify 1.5x as long and leaves draft alone. Judged on the median of
+    5 steps: one step preempted on a busy 2-core box (129 ms once in a CI run) is the
+    machine, not the injector; a broken injector moves every step."""
+    recs = _draft_10_verify_20("verify=1.5", 5)
+    verify = statistics.median(r.host_ns["verify"] for r in recs)
+    draft = statistics.median(r.host_ns["draft"] for r in recs)
+    assert verify == pytest.approx(30e6, rel=0.15)  # 20 ms x 1.5
+    assert draft == pytest.approx(10e6, rel=0.15)  # untouched
+    assert statistics.median(r.unaccounted_ns for r in recs) < 1e6
 
 
 def test_all_stretches_every_phase_alike():
