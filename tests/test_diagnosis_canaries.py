@@ -50,7 +50,10 @@ def test_verify_wait_reads_as_waiting_inside_verify(pytester):
     assert verify["span_ms"] >= 40 and verify["cpu_ms"] < 0.5 * verify["span_ms"]
     assert verify["idle_ms"] == pytest.approx(verify["span_ms"] - verify["active_ms"])
     assert case["activity"]["source"] == "cpu"
-    assert case["bottleneck"]["lines"][0].startswith("verify: span")
+    # one line per phase of at least MIN_LINE_SHARE of the step, in phase order: draft
+    # (about 6% of this step on a slower box) may come first; verify's must say it waited
+    (verify_line,) = [x for x in case["bottleneck"]["lines"] if x.startswith("verify: span")]
+    assert "the thread waited inside verify" in verify_line
 
 
 def test_busy_verify_reads_as_work(pytester):
