@@ -175,7 +175,10 @@ def test_update_records_measured_and_keeps_the_rest(pytester, recorded):
     _entry(data)["cases"]["elsewhere.py::test_other"] = {
         "ctx=1 kv=contiguous bs=1": copy.deepcopy(_entry(data)["cases"][TEST][KEY])
     }
-    path = _setup(pytester, _edit(yaml.safe_dump(data), _scale("verify", 0.5)))
+    # verify stored at a fifth of what was measured: the new run, measured, reads well
+    # above it even when the box runs faster than when the fixture was recorded (it ran
+    # 31% faster once, which a half-scaled verify and a 1.5x check could not absorb)
+    path = _setup(pytester, _edit(yaml.safe_dump(data), _scale("verify", 0.2)))
     before = _entry(yaml.safe_load(path.read_text()))["cases"]
     result = _run(pytester, "--specperf-update-baselines")
     result.assert_outcomes(passed=1)  # a regression does not fail an update run
@@ -187,7 +190,7 @@ def test_update_records_measured_and_keeps_the_rest(pytester, recorded):
     assert after["elsewhere.py::test_other"] == before["elsewhere.py::test_other"]
     old, new = before[TEST][KEY], after[TEST][KEY]
     assert len(new["runs"]) == 2 and new["runs"][0] == old["runs"][0]  # the new run appended
-    assert column(new, "verify")[-1] > 1.5 * column(old, "verify")[-1]
+    assert column(new, "verify")[-1] > 2.0 * column(old, "verify")[-1]
 
 
 def test_a_corrupt_case_is_invalid_naming_file_case_and_field(pytester, recorded):
