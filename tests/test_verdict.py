@@ -255,3 +255,91 @@ def test_stored_form_applies_the_case_rule():
     assert draft.rejudged(0.05, case_disturbed=True) is Verdict.UNSTABLE
     assert unacc.rejudged(0.05, case_disturbed=True) is Verdict.SLOWER
     assert not case_disturbed([draft, unacc])
+
+
+def _decode_metrics(step_ms, ref_ms, accepted):
+    """Per-step summaries of a decode run (8 blocks of 2 steps): the step, its read-time
+    form, the accept length and tokens/s, as ``judging.samples`` makes them."""
+    from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, STEP_PER_REF, TOKENS_PER_S
+
+    ref = [ref_ms * (1 + 0.01 * (b % 3)) for b in BLOCKS]  # each block's own KV read
+    steps = [step_ms * x / 21.0 * (1 + 0.01 * (b % 3)) for x, b in zip(BASE, BLOCKS)]
+    acc = [accepted[b % len(accepted)] for b in BLOCKS]
+    return {
+        STEP: summarize(steps, BLOCKS),
+        STEP_PER_REF: summarize([s_ / r for s_, r in zip(steps, ref)], BLOCKS),
+        ACCEPT_LEN: summarize(acc, BLOCKS, center="mean"),
+        TOKENS_PER_S: summarize([a / (s_ / 1e3) for a, s_ in zip(acc, steps)], BLOCKS, center="mean"),
+    }
+
+
+def test_tokens_per_s_on_another_machine_is_judged_per_read_time():
+    """A machine 2.8x slower (every step and every KV read 2.8x longer, same accept length)
+    is no regression: tokens/s is judged per KV read time (``tokens/ref``), the raw drop shown."""
+    from pytest_specperf.judging.verdict import Tolerances, judge_gate
+
+    accepted = [3, 4, 2, 3]
+    base = _decode_metrics(40.0, 6.9, accepted)
+    now = _decode_metrics(40.0 * 2.8, 6.9 * 2.8, accepted)
+    mv = judge_gate("tokens_per_s", base, now, Tolerances(0.07, 0.25))
+    assert mv is not None and mv.verdict is Verdict.SAME, mv.describe()
+    assert mv.basis == "per the request's KV read time"
+    assert mv.change == pytest.approx(0.0, abs=1e-9)
+    assert mv.raw_change == pytest.approx(1 / 2.8 - 1, rel=1e-6)
+    assert "raw -64.3%" in mv.describe()
+
+
+def test_tokens_per_s_drop_from_accept_length_still_fails():
+    """Fewer accepted tokens per step at the same step time: tokens/ref drops as tokens/s."""
+    from pytest_specperf.judging.verdict import Tolerances, judge_gate
+
+    base = _decode_metrics(40.0, 6.9, [3, 4, 2, 3])
+    now = _decode_metrics(40.0, 6.9, [2, 3, 1, 2])  # a quarter to a half fewer per step
+    mv = judge_gate("tokens_per_s", base, now, Tolerances(0.07, 0.25))
+    assert mv is not None and mv.verdict is Verdict.SLOWER, mv.describe()
+    assert mv.change == pytest.approx(2.0 / 3.0 - 1, rel=1e-6)
+
+
+def test_tokens_per_ref_from_a_stored_run_matches_the_live_arithmetic():
+    """A stored (compact) baseline run derives ``tokens/ref`` by the same arithmetic as a
+    live run, so a baseline recorded before the form existed is judged on it too."""
+    from pytest_specperf.judging.verdict import tokens_per_ref
+
+    live = _decode_metrics(40.0, 6.9, [3, 4, 2, 3])
+    stored = {m: Summary.compact(x.value, x.blocks, x.n, x.center) for m, x in live.items()}
+    a, b = tokens_per_ref(live), tokens_per_ref(stored)
+    assert a is not None and b is not None
+    assert a.value == pytest.approx(b.value) and a.blocks == pytest.approx(b.blocks)
+    assert tokens_per_ref({k: v for k, v in live.items() if k != "step/ref"}) is None
+
+
+def test_tokens_per_s_without_a_read_time_is_judged_raw():
+    """A backend that reports no KV read time (SGLang): tokens/s as it is."""
+    from pytest_specperf.judging.verdict import Tolerances, judge_gate
+
+    base = _decode_metrics(40.0, 6.9, [3, 4, 2, 3])
+    now = _decode_metrics(40.0 * 1.5, 6.9 * 1.5, [3, 4, 2, 3])
+    for d in (base, now):
+        del d["step/ref"]
+    mv = judge_gate("tokens_per_s", base, now, Tolerances(0.07, 0.25))
+    assert mv is not None and mv.basis is None and mv.verdict is Verdict.SLOWER
+
+
+def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
+    """Steps 2.8x longer with KV reads 2.8x longer: every case SAME, and the summary says
+    the raw times come from another machine; at the same read time it says nothing."""
+    from types import SimpleNamespace
+
+    from pytest_specperf.judging.verdict import Tolerances, judge_gate
+    from pytest_specperf.reporting.terminal import machine_note
+
+    tol = Tolerances(0.07, 0.25)
+    base = _decode_metrics(40.0, 6.9, [3, 4, 2, 3])
+    slow = judge_gate("step", base, _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), tol)
+    same = judge_gate("step", base, _decode_metrics(40.4, 6.9, [3, 4, 2, 3]), tol)
+    assert slow is not None and same is not None and slow.verdict is Verdict.SAME
+    note = machine_note([SimpleNamespace(metrics=(slow,))] * 3)  # type: ignore[list-item]
+    assert note is not None
+    assert note.startswith("machine: KV reads took 2.80x as long as in the baselines (median of 3")
+    assert "record this machine's own baselines" in note
+    assert machine_note([SimpleNamespace(metrics=(same,))]) is None  # type: ignore[list-item]

@@ -67,6 +67,9 @@ UTIL_TENSOR: Final = "util.tensor"
 UTIL_GPU: Final = "util.gpu"
 #: the step relative to the request's KV read time (see ``judged_form``)
 STEP_PER_REF: Final = "step/ref"
+#: accepted tokens per KV read time: the mean accept length over ``step/ref``, the
+#: drift-free form of tokens/s (derived from both where they are judged)
+TOKENS_PER_REF: Final = "tokens/ref"
 #: the step's device time (first event to last event on the stream)
 DEVICE_STEP: Final = "device.step"
 #: share of the step something worked: on a GPU the device (union of kernels and copies,
@@ -162,9 +165,11 @@ def spec(name: str) -> MetricSpec:
 
 def base_metric(name: str) -> str:
     """``device.verify/rest`` -> ``verify``; ``step/ref``, ``device.step``, ``cpu.step`` and
-    ``active.step`` -> ``step``."""
+    ``active.step`` -> ``step``; ``tokens/ref`` -> ``tokens_per_s``."""
     if name == STEP_PER_REF:
         return STEP
+    if name == TOKENS_PER_REF:
+        return TOKENS_PER_S
     for prefix in (_DEVICE_PREFIX, _CPU_PREFIX, _ACTIVE_PREFIX):
         name = name.removeprefix(prefix)
     return name.removesuffix(_REST_SUFFIX)

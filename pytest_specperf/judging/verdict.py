@@ -32,10 +32,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypedDict
 
 from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
     DISTURBABLE_METRICS,
     MIN_PHASE_SHARE,
     STEP,
     STEP_PER_REF,
+    TOKENS_PER_REF,
+    TOKENS_PER_S,
     MetricKind,
     device_form,
     is_phase,
@@ -755,6 +758,8 @@ def judged_form(metric: str) -> tuple[str, str | None]:
         return rest_form(metric), "against the rest of the step"
     if metric == STEP:
         return STEP_PER_REF, "against the request's KV read time"
+    if metric == TOKENS_PER_S:
+        return TOKENS_PER_REF, "per the request's KV read time"
     return metric, None
 
 
@@ -795,9 +800,42 @@ class Runs:
         )
 
 
+def tokens_per_ref(metrics: Mapping[str, Summary]) -> Summary | None:
+    """``tokens/ref`` of one run: its mean accept length over its ``step/ref``, the run's
+    center and each block's alike; None without both, or when their blocks differ.
+
+    Derived from the two stored forms (never stored itself), so a baseline recorded
+    before it existed is judged on it too, by the same arithmetic as the current run.
+    """
+    acc, spr = metrics.get(ACCEPT_LEN), metrics.get(STEP_PER_REF)
+    if acc is None or spr is None or len(acc.blocks) != len(spr.blocks) or spr.value <= 0:
+        return None
+    if any(b <= 0 for b in spr.blocks):
+        return None
+    blocks = [a / b for a, b in zip(acc.blocks, spr.blocks)]
+    return Summary.compact(acc.value / spr.value, blocks, min(acc.n, spr.n), "mean")
+
+
+def _with_derived(runs: Runs, form: str) -> Runs:
+    """``runs`` with the derived ``form`` (``tokens/ref``) added to every run that has
+    what it is derived from."""
+    if form != TOKENS_PER_REF:
+        return runs
+
+    def add(rs: tuple[Mapping[str, Summary], ...]) -> tuple[Mapping[str, Summary], ...]:
+        out: list[Mapping[str, Summary]] = []
+        for r in rs:
+            derived = tokens_per_ref(r)
+            out.append(r if derived is None else {**r, form: derived})
+        return tuple(out)
+
+    return Runs(add(runs.base), add(runs.now), add(runs.history))
+
+
 def _judge_form(metric: str, runs: Runs, tolerance: float) -> MetricVerdict | None:
     """Judge a time on its drift-free form when both sides have it, else as it is."""
     form, basis = judged_form(metric)
+    runs = _with_derived(runs, form)
     raw = metric
     device = device_form(metric)
     if basis is not None and runs.of(rest_form(device)) is not None:

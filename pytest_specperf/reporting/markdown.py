@@ -14,6 +14,7 @@ from pytest_specperf.reporting.terminal import (
     RunSummary,
     case_notes,
     head_lines,
+    machine_note,
     no_baseline_hint,
     strict_line,
     summary_rows,
@@ -83,7 +84,9 @@ def markdown_summary(s: RunSummary, cases: Sequence[CaseView]) -> str:
     else:
         lines.append("No case was measured.")
     hint = no_baseline_hint(s, cases)
-    notes = [*([hint] if hint else []), *case_notes(cases, s.max_time_s)]
+    machine = machine_note(cases)
+    notes = [*([hint] if hint else []), *([machine] if machine else []),
+             *case_notes(cases, s.max_time_s)]  # fmt: skip
     notes += [s.telemetry_note] if s.telemetry_note else []
     notes += [*s.backend_notes, *s.notes, *s.written, *(f"ERROR: {e}" for e in s.errors)]
     if notes:

@@ -8,6 +8,7 @@ call it.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -363,6 +364,34 @@ def head_lines(s: RunSummary) -> list[str]:
     return lines
 
 
+#: KV reads this many times slower or faster than the baselines' (median over the cases)
+#: mean the baselines come from another machine, or this one has changed
+MACHINE_RATIO = 1.5
+
+
+def machine_note(cases: Sequence[CaseView]) -> str | None:
+    """A line when the KV read time moved far from the baselines': raw times in the table
+    are then not comparable, though the verdicts (judged against the read time and the
+    rest of the step) are. The read time's ratio is the raw step's over ``step/ref``'s."""
+    ratios = []
+    for c in cases:
+        for m in c.metrics:
+            if m.metric == "step" and m.basis and m.raw_change is not None:
+                ratios.append((1 + m.raw_change) / (1 + m.change))
+    if not ratios:
+        return None
+    r = statistics.median(ratios)
+    if 1 / MACHINE_RATIO <= r <= MACHINE_RATIO:
+        return None
+    how = f"{r:.2f}x as long as" if r > 1 else f"{1 / r:.2f}x less time than"
+    return (
+        f"machine: KV reads took {how} in the baselines (median of {len(ratios)} "
+        "case(s)): another machine, or this one changed. The verdicts hold (steps and "
+        "tokens/s are judged against the read time, phases against the rest of their "
+        "step); the raw times are not comparable: record this machine's own baselines"
+    )
+
+
 def no_baseline_hint(s: RunSummary, cases: Sequence[CaseView]) -> str | None:
     missing = [c for c in cases if c.verdict is Verdict.NO_BASELINE]
     if not missing or s.update:
@@ -400,6 +429,8 @@ def run_summary(s: RunSummary, cases: Sequence[CaseView]) -> list[str]:
     lines = [*head_lines(s), *summary_table(cases)] if cases else []
     hint = no_baseline_hint(s, cases)
     lines += [hint] if hint else []
+    machine = machine_note(cases)
+    lines += [machine] if machine else []
     lines += case_notes(cases, s.max_time_s)
     if cases:
         lines += [s.telemetry_note] if s.telemetry_note else []
