@@ -93,16 +93,27 @@ def test_eos_stops_unless_ignored(tiny_engine_factory):
     from pytest_specperf.engines.reference.engine import EOS_TOKEN_ID
 
     eng = tiny_engine_factory("NONE")
-    # find a prompt whose greedy continuation hits EOS within the first tokens
-    for seed in range(200):
-        ids = _prompt(seed, 8)
-        free = eng.generate(
-            [GenRequest(rid="e", max_new_tokens=64, input_ids=ids, ignore_eos=True)]
-        )[0].output_ids
-        if EOS_TOKEN_ID in free:
+    # find the first prompt whose greedy continuation hits EOS within 64 tokens, a full
+    # batch of candidates at a time (one by one took 35 s on a slow box)
+    batch = eng.cfg.max_batch_size
+    seed = None
+    for first in range(0, 200, batch):
+        seeds = range(first, min(first + batch, 200))
+        outs = eng.generate(
+            [GenRequest(rid=f"c{s}", max_new_tokens=64, input_ids=_prompt(s, 8), ignore_eos=True)
+             for s in seeds]
+        )  # fmt: skip
+        seed = next((s for s, o in zip(seeds, outs) if EOS_TOKEN_ID in o.output_ids), None)
+        if seed is not None:
             break
-    else:
+    if seed is None:
         pytest.skip("no EOS in 200 greedy continuations")
+    ids = _prompt(seed, 8)
+    # the continuation alone, as the stopped request decodes it
+    free = eng.generate(
+        [GenRequest(rid="e", max_new_tokens=64, input_ids=ids, ignore_eos=True)]
+    )[0].output_ids
+    assert EOS_TOKEN_ID in free
     stopped = eng.generate([GenRequest(rid="e", max_new_tokens=64, input_ids=ids)])[0]
     assert stopped.output_ids == free[: free.index(EOS_TOKEN_ID) + 1]
     assert stopped.finish_reason == "stop"
