@@ -729,7 +729,7 @@ def _detects(expect: str | None, kind: str) -> bool:
 
 _SWEEP_TITLES = {
     "phase": "phases, accept length, unaccounted share: --specperf-tolerance",
-    "step": "raw step time and tokens/s: --specperf-step-tolerance",
+    "step": "step time and tokens/s: --specperf-step-tolerance",
 }
 
 

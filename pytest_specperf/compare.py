@@ -30,7 +30,7 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.reporting.rebuild import run_from_case
 from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
-from pytest_specperf.reporting.terminal import case_notes, summary_table
+from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
@@ -114,6 +114,8 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
     lines = [describe_run("A", a), describe_run("B (judged against A)", b)]
     cases = [CaseView.of(o, baseline_file=str(a.path)) for o in outcomes]
     lines += summary_table(cases) if cases else ["run B has no cases"]
+    machine = machine_note(cases)  # two runs from two machines: the raw times do not compare
+    lines += [machine] if machine else []
     lines += case_notes(cases)
     in_b = {(c.test, c.key) for c in b.cases}
     lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]

@@ -161,3 +161,17 @@ def test_telemetry_reader_names_bad_fields():
         TelemetrySummary.from_dict({"available": True, "metrics": {"x": {"median": "a"}}})
     with pytest.raises(ValueError, match="telemetry: expected an object"):
         TelemetrySummary.from_dict({"metrics": {}})
+
+
+def test_runs_from_a_slower_machine_compare_same_and_the_machine_is_named(
+    tmp_path, make_run, reference_fp
+):
+    """Run B on a machine 2.8x slower (every phase and the KV read): no regression, and the
+    output says the raw times come from another machine."""
+    a = _write(tmp_path / "a.json", _case(make_run(steps=32), reference_fp))
+    b = _write(tmp_path / "b.json", _case(make_run(steps=32, scale=2.8), reference_fp))
+    out = io.StringIO()
+    assert compare.run(_args(a, b), out) == 0
+    text = out.getvalue()
+    assert "SAME" in text and "SLOWER" not in text
+    assert "machine: KV reads took 2.80x as long as in the baselines" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -338,8 +339,16 @@ def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
     slow = judge_gate("step", base, _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), tol)
     same = judge_gate("step", base, _decode_metrics(40.4, 6.9, [3, 4, 2, 3]), tol)
     assert slow is not None and same is not None and slow.verdict is Verdict.SAME
-    note = machine_note([SimpleNamespace(metrics=(slow,))] * 3)  # type: ignore[list-item]
+    case = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,))
+    note = machine_note([case] * 3)  # type: ignore[list-item]
     assert note is not None
     assert note.startswith("machine: KV reads took 2.80x as long as in the baselines (median of 3")
-    assert "record this machine's own baselines" in note
-    assert machine_note([SimpleNamespace(metrics=(same,))]) is None  # type: ignore[list-item]
+    assert "under its own name (--specperf-device NAME or --specperf-baselines DIR)" in note
+    assert machine_note([case], recording=True) is None  # type: ignore[list-item]
+    assert machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(same,))]) is None  # type: ignore[list-item]
+    # a throttled GPU's INVALID case reads slowly too: not another machine
+    invalid = SimpleNamespace(verdict=Verdict.INVALID, metrics=(slow,))
+    assert machine_note([invalid]) is None  # type: ignore[list-item]
+    # a verdict read back from JSON without a finite change is left out, not printed as nan
+    broken = SimpleNamespace(verdict=Verdict.SAME, metrics=(dataclasses.replace(slow, change=math.nan),))
+    assert machine_note([broken]) is None  # type: ignore[list-item]

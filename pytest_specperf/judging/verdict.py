@@ -720,7 +720,8 @@ def parse_fraction(text: str) -> float:
 class Tolerances:
     """Allowed change: ``phase`` for phases judged against the rest of their step
     (drift cancels out, so it can be tight), accept length and the points-judged metrics;
-    ``step`` for the step time and tokens/s, which carry the machine's drift."""
+    ``step`` for the step time and tokens/s, which carry the machine's drift (less of it
+    judged against the KV read time, but more noise between processes)."""
 
     phase: float
     step: float

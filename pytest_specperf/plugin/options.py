@@ -330,9 +330,9 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "--specperf-step-tolerance",
-        "relative change the step time (judged against the request's KV read time) and "
-        f"tokens/s may show before they count (default {DEFAULT_STEP_TOLERANCE:.0%}; wider: "
-        "they carry the machine's drift)",
+        "relative change the step time and tokens/s (both judged against the request's KV "
+        f"read time where the backend reports it) may show before they count (default "
+        f"{DEFAULT_STEP_TOLERANCE:.0%}; wider: they carry the noise between processes)",
         _fraction(DEFAULT_STEP_TOLERANCE),
         metavar="FRACTION",
     ),

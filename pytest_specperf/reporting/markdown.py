@@ -84,7 +84,7 @@ def markdown_summary(s: RunSummary, cases: Sequence[CaseView]) -> str:
     else:
         lines.append("No case was measured.")
     hint = no_baseline_hint(s, cases)
-    machine = machine_note(cases)
+    machine = machine_note(cases, recording=s.update)
     notes = [*([hint] if hint else []), *([machine] if machine else []),
              *case_notes(cases, s.max_time_s)]  # fmt: skip
     notes += [s.telemetry_note] if s.telemetry_note else []

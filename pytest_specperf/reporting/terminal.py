@@ -8,6 +8,7 @@ call it.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -369,26 +370,36 @@ def head_lines(s: RunSummary) -> list[str]:
 MACHINE_RATIO = 1.5
 
 
-def machine_note(cases: Sequence[CaseView]) -> str | None:
+def machine_note(cases: Sequence[CaseView], *, recording: bool = False) -> str | None:
     """A line when the KV read time moved far from the baselines': raw times in the table
     are then not comparable, though the verdicts (judged against the read time and the
-    rest of the step) are. The read time's ratio is the raw step's over ``step/ref``'s."""
+    rest of the step) are. The read time's ratio is the raw step's over ``step/ref``'s.
+
+    Not while recording, and not from INVALID cases (a throttled GPU reads slowly too)."""
+    if recording:
+        return None
     ratios = []
     for c in cases:
+        if c.verdict is Verdict.INVALID:
+            continue
         for m in c.metrics:
-            if m.metric == "step" and m.basis and m.raw_change is not None:
+            if m.metric != "step" or not m.basis or m.raw_change is None:
+                continue
+            if math.isfinite(m.raw_change) and math.isfinite(m.change) and m.change > -1:
                 ratios.append((1 + m.raw_change) / (1 + m.change))
     if not ratios:
         return None
     r = statistics.median(ratios)
-    if 1 / MACHINE_RATIO <= r <= MACHINE_RATIO:
+    if not math.isfinite(r) or r <= 0 or 1 / MACHINE_RATIO <= r <= MACHINE_RATIO:
         return None
     how = f"{r:.2f}x as long as" if r > 1 else f"{1 / r:.2f}x less time than"
     return (
         f"machine: KV reads took {how} in the baselines (median of {len(ratios)} "
         "case(s)): another machine, or this one changed. The verdicts hold (steps and "
         "tokens/s are judged against the read time, phases against the rest of their "
-        "step); the raw times are not comparable: record this machine's own baselines"
+        "step); the raw times are not comparable. Record this machine's baselines under "
+        "its own name (--specperf-device NAME or --specperf-baselines DIR): an update of "
+        "this file would pool both machines' runs"
     )
 
 
@@ -429,7 +440,7 @@ def run_summary(s: RunSummary, cases: Sequence[CaseView]) -> list[str]:
     lines = [*head_lines(s), *summary_table(cases)] if cases else []
     hint = no_baseline_hint(s, cases)
     lines += [hint] if hint else []
-    machine = machine_note(cases)
+    machine = machine_note(cases, recording=s.update)
     lines += [machine] if machine else []
     lines += case_notes(cases, s.max_time_s)
     if cases:
