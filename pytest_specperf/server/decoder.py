@@ -27,6 +27,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 #: least 3 blocks to estimate the noise from. More steps mean more blocks, so the noise of
 #: the median shrinks as 1/sqrt(steps), which the UNSTABLE advice relies on.
 BLOCK_STEPS = 4
+#: Seconds between looks at a running request's records (progress, liveness, deadline).
+POLL_S = 0.2
 #: Steps dropped at the start of every measured request (post-prefill transient).
 DISCARD_PER_BLOCK = 1
 #: Seconds to wait for the records of a finished request to reach the sink.
@@ -277,7 +280,9 @@ class Decoder:
             self._check_alive()
             if time.monotonic() - t0 > deadline_s:
                 raise self._stopped(rids[0], deadline_s)
-            time.sleep(0.2)
+            # progress every POLL_S, but on as soon as the response is in (a sleep made every
+            # request wait for the next tick: 0.1 s on average, a second or so per case)
+            futures.wait([fut], timeout=POLL_S)
         try:
             resp = fut.result()
         except (ServerUnreachable, ServerHTTPError) as e:
