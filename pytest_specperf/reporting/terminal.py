@@ -383,7 +383,7 @@ def machine_note(cases: Sequence[CaseView], *, recording: bool = False) -> str |
         if c.verdict is Verdict.INVALID:
             continue
         for m in c.metrics:
-            if m.metric != "step" or not m.basis or m.raw_change is None:
+            if m.metric != STEP or not m.basis or m.raw_change is None:
                 continue
             if math.isfinite(m.raw_change) and math.isfinite(m.change) and m.change > -1:
                 ratios.append((1 + m.raw_change) / (1 + m.change))

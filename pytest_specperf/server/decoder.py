@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent import futures
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -221,7 +220,9 @@ class Decoder:
         self.progress = progress
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
+        self._pool = futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="specperf-http"
+        )
         self.pace = pace or Pace(step_s=(baseline_step_ms or 0.0) / 1e3)
         self._got = _Blocks()
         self._window = _Window(time.monotonic())
