@@ -492,15 +492,26 @@ class Calibration:
         return conds
 
     def _check_plan(self, conds: list[Condition]) -> None:
+        """A resumed calibration keeps every condition it had; it may add conditions
+        (``--hog``, another ``--inject``), whose repetitions then start from the first."""
         names = [c.name for c in conds]
         plan = self.work / "conditions.json"
         if self.opts.resume and plan.exists():
             before = json.loads(plan.read_text())
-            if before != names:
+            dropped = [b for b in before if b not in names]
+            if dropped:
                 raise SystemExit(
                     f"--resume: this work dir was calibrated with conditions {before}, now "
-                    f"{names}; give the same --inject/--hog/--host-stall-share, or a new "
+                    f"{names} (without {dropped}); give the same --inject/--hog/"
+                    "--host-stall-share (conditions can be added, not dropped), or a new "
                     "--work-dir"
+                )
+            added = [n for n in names if n not in before]
+            if added:
+                print(
+                    f"resuming with added condition(s) {added}: their repetitions start "
+                    "from the first, interleaved with the others' remaining ones",
+                    flush=True,
                 )
         plan.write_text(json.dumps(names))
 
@@ -895,7 +906,8 @@ def add_parser(sub: Any) -> None:
         "--resume",
         action="store_true",
         help="continue an interrupted calibration in --work-dir: reuse its baseline and the "
-        "repetitions that finished (same --inject/--hog options required)",
+        "repetitions that finished (its --inject/--hog/--host-stall-share conditions "
+        "again; more may be added, and a larger --repetitions extends it)",
     )
     c.add_argument(
         "pytest_args",

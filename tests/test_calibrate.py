@@ -213,8 +213,22 @@ def test_resume_refuses_other_conditions(tmp_path, monkeypatch):
     (tmp_path / "conditions.json").write_text(json.dumps(["A/A", "verify=1.05"]))
     cal = Calibration(_args(tmp_path))
     with pytest.raises(SystemExit, match=r"--resume: this work dir was calibrated with "
-                       r"conditions \['A/A', 'verify=1.05'\]"):
+                       r"conditions \['A/A', 'verify=1.05'\].*without \['verify=1.05'\]"):
         cal.run()
+    assert json.loads((tmp_path / "conditions.json").read_text()) == ["A/A", "verify=1.05"]
+
+
+def test_resume_may_add_conditions(tmp_path, capsys):
+    import json
+
+    from pytest_specperf.calibrate import Calibration
+
+    (tmp_path / "conditions.json").write_text(json.dumps(["A/A", "verify=1.10"]))
+    cal = Calibration(_args(tmp_path, hog=True, host_stall_share=0.0))
+    cal._check_plan(cal.conditions(9.0))
+    assert "added condition(s) ['A/A + CPU hog']" in capsys.readouterr().out
+    assert json.loads((tmp_path / "conditions.json").read_text()) == [
+        "A/A", "verify=1.10", "A/A + CPU hog"]
 
 
 def test_resume_needs_a_work_dir(capsys):
