@@ -905,9 +905,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--resume",
         action="store_true",
-        help="continue an interrupted calibration in --work-dir: reuse its baseline and the "
-        "repetitions that finished (its --inject/--hog/--host-stall-share conditions "
-        "again; more may be added, and a larger --repetitions extends it)",
+        help="continue the calibration in --work-dir: its baseline and finished runs are "
+        "reused; conditions may be added, not dropped; a larger --repetitions extends it",
     )
     c.add_argument(
         "pytest_args",
