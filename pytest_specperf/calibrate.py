@@ -399,9 +399,15 @@ class Calibration:
             f"--specperf-baselines={self.baselines}", f"--specperf-json={report_path}",
             *self.common_args, *extra,
         ]  # fmt: skip
+        from pytest_specperf.server.supervisor import set_pdeathsig
+
         t = time.monotonic()
         with open(self.work / f"{tag}.log", "wb") as log:
-            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+            # Ctrl-C reaches the run too (same process group); a calibrate killed or
+            # terminated takes it down (SIGTERM), and the run's servers go with it.
+            rc = subprocess.call(
+                cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig
+            )
         dt = time.monotonic() - t
         (self.work / f"{tag}.rc").write_text(f"{rc} {dt:.1f}\n")
         return rc, _read(report_path), dt

@@ -308,3 +308,54 @@ def test_the_baselines_process_noise_is_shown(tmp_path, make_case):
     lines = _noise_table(summary)
     assert "noise between server processes in the baseline" in lines[1]
     assert any(line.startswith("test_d ctx=8192 kv=contiguous bs=1  3") for line in lines)
+
+
+def test_a_killed_calibrate_takes_its_running_pytest_down(tmp_path):
+    """Before, a calibrate ended by SIGTERM or SIGKILL (a CI job's timeout) left the suite's
+    pytest running to its end, minutes later; now that pytest gets SIGTERM at once."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "pytest.pid"
+    (tmp_path / "test_slow.py").write_text(
+        "import os, pathlib, time\n"
+        "def test_slow():\n"
+        f"    pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+    )
+    cal = subprocess.Popen(
+        [sys.executable, "-m", "pytest_specperf", "calibrate", "--repetitions", "1",
+         "--work-dir", str(tmp_path / "work"), "--", str(tmp_path / "test_slow.py")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert cal.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        cal.kill()
+        cal.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not _alive(child):
+                return
+            time.sleep(0.1)
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the calibration's pytest (pid {child}) outlived the killed calibrate")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cal.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie (an orphan's reaper may be slow to collect it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
