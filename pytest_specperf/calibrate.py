@@ -27,6 +27,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from pytest_specperf.judging.verdict import (
     DEFAULT_TOLERANCE,
     MetricVerdict,
     Verdict,
+    Z,
     case_disturbed,
     parse_fraction,
 )
@@ -79,6 +81,8 @@ class RunOutcome:
     named_right: bool
     cases: int
     judged: Judged
+    #: the compared cases' names (test and key), in the order of ``judged``
+    names: tuple[str, ...] = ()
     rep: int = 0
     exit: int = 0
     wall_s: float | None = None
@@ -94,6 +98,7 @@ class RunOutcome:
             "detected": self.detected,
             "named_right": self.named_right,
             "unstable_cases": list(self.unstable_cases),
+            "names": list(self.names),
             "slower_cases": [c.__dict__ | {"metrics": list(c.metrics), "gated": list(c.gated)}
                              for c in self.slower_cases],
             "judged": [[m.to_json() for m in case] for case in self.judged],
@@ -194,6 +199,7 @@ def judge_report(
         named_right=detected and not wrong,
         cases=len(report.cases),
         judged=judged,
+        names=tuple(f"{c.test.rsplit('::', 1)[-1]} {c.key}" for c in compared),
     )  # fmt: skip
 
 
@@ -597,6 +603,7 @@ class Calibration:
             "conditions": [_condition_row(c) for c in conds],
             "baseline_cases": [c.key for c in base.cases],
             "baseline_noise": baseline_noise(self.baselines),
+            "unstable_parts": unstable_parts(conds[0]),  # the quiet A/A runs
             "work_dir": str(self.work),
         }
 
@@ -625,6 +632,61 @@ def baseline_noise(directory: Path) -> list[dict[str, Any]]:
                 row[form] = None if tau2 is None else math.sqrt(tau2)
             rows.append(row)
     return rows
+
+
+def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
+    """Per case and metric that was UNSTABLE in any run of ``cond`` (at the tolerance the
+    run used): in how many, and the medians of its noise, of the part from this run's
+    blocks (``within``, what more steps shrink) and of the part between server processes
+    (``sqrt(noise^2 - within^2)``, what only more processes shrink): why, case by case."""
+    groups: dict[tuple[str, str], list[MetricVerdict]] = {}
+    for run in cond.runs:
+        for name, case in zip(run.names, run.judged):
+            disturbed = case_disturbed(case)
+            for m in case:
+                if m.rejudged(m.tolerance, case_disturbed=disturbed) is Verdict.UNSTABLE:
+                    groups.setdefault((name, m.metric), []).append(m)
+    rows = []
+    for (name, metric), ms in groups.items():
+        parts = [(m.noise_at(m.tolerance), m.within or 0.0) for m in ms if m.within is not None]
+        noise = [(n, w) for n, w in parts if math.isfinite(n)]
+        rows.append({
+            "case": name, "metric": metric, "unstable": len(ms), "runs": len(cond.runs),
+            "tolerance": ms[0].tolerance,
+            "noise": _median([n for n, _ in noise]),
+            "within": _median([w for _, w in noise]),
+            "between": _median([math.sqrt(max(n**2 - w**2, 0.0)) for n, w in noise]),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (-r["unstable"], r["case"], r["metric"]))
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _unstable_table(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("unstable_parts") or ()
+    if not rows:
+        return []
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.2f}%"
+
+    cells = [
+        [r["case"], r["metric"], f"{r['unstable']}/{r['runs']}", pct(r["noise"]),
+         pct(r["within"]), pct(r["between"]),
+         "-" if r["noise"] is None else f"{Z * r['noise'] * 100:.1f}% > {r['tolerance']:.0%}"]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "",
+        "why quiet A/A runs were UNSTABLE (medians over the runs where the metric was): "
+        "noise = this run's blocks (within: more steps shrink it) and between processes",
+        *render_table(
+            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise > tol"],
+            cells,
+        ),
+    ]
 
 
 def _noise_table(summary: dict[str, Any]) -> list[str]:
@@ -835,6 +897,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         *_sweep_table(summary, "step"),
         *_pair_table(summary),
         *_noise_table(summary),
+        *_unstable_table(summary),
         *_footer(summary),
     ]
 

@@ -359,3 +359,24 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+def test_unstable_parts_say_which_case_and_what_more_steps_could_fix():
+    from pytest_specperf.calibrate import Condition, _unstable_table, unstable_parts
+
+    def wide(key, within):
+        c = _case(key, "UNSTABLE", [("verify", "UNSTABLE", 0.01, 0.03), ("step", "SAME", 0.0, 0.01)])
+        c["metrics"][0].update(within=within, between=0.02, between_hat2=0.0004, between_runs=3,
+                               base_runs=3, now_runs=1, tolerance=0.07)
+        return c
+
+    runs = [_run_outcome({"cases": [wide("ctx=131072", w), _case("ctx=32768", "SAME", [
+        ("verify", "SAME", 0.01, 0.004)])]}, None, (0.07, 0.25)) for w in (0.02, 0.025, 0.03)]
+    rows = unstable_parts(Condition("A/A", runs=runs))
+    assert [(r["case"], r["metric"], r["unstable"], r["runs"]) for r in rows] == [
+        ("t ctx=131072", "verify", 3, 3)]  # the quiet case and the SAME step are not listed
+    noise = rows[0]["noise"]
+    assert math.isfinite(noise) and rows[0]["within"] == pytest.approx(0.025)
+    assert rows[0]["between"] == pytest.approx(math.sqrt(noise**2 - 0.025**2), rel=0.1)
+    text = "\n".join(_unstable_table({"unstable_parts": rows}))
+    assert "t ctx=131072" in text and "3/3" in text and "> 7%" in text
