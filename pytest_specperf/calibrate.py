@@ -672,10 +672,15 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x * 100:.2f}%"
 
+    def band(r: dict[str, Any]) -> str:  # a disturbed case is UNSTABLE whatever its band
+        if r["noise"] is None:
+            return "-"
+        wide = Z * r["noise"]
+        return f"{wide * 100:.1f}% {'>' if wide > r['tolerance'] else '<='} {r['tolerance']:.0%}"
+
     cells = [
         [r["case"], r["metric"], f"{r['unstable']}/{r['runs']}", pct(r["noise"]),
-         pct(r["within"]), pct(r["between"]),
-         "-" if r["noise"] is None else f"{Z * r['noise'] * 100:.1f}% > {r['tolerance']:.0%}"]
+         pct(r["within"]), pct(r["between"]), band(r)]
         for r in rows
     ]  # fmt: skip
     return [
@@ -683,7 +688,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         "why quiet A/A runs were UNSTABLE (medians over the runs where the metric was): "
         "noise = this run's blocks (within: more steps shrink it) and between processes",
         *render_table(
-            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise > tol"],
+            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise vs tol"],
             cells,
         ),
     ]
