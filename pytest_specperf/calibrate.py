@@ -648,8 +648,11 @@ def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
                     groups.setdefault((name, m.metric), []).append(m)
     rows = []
     for (name, metric), ms in groups.items():
-        parts = [(m.noise_at(m.tolerance), m.within or 0.0) for m in ms if m.within is not None]
-        noise = [(n, w) for n, w in parts if math.isfinite(n)]
+        noise = [
+            (n, m.within)
+            for m in ms
+            if m.within is not None and math.isfinite(n := m.noise_at(m.tolerance))
+        ]
         rows.append({
             "case": name, "metric": metric, "unstable": len(ms), "runs": len(cond.runs),
             "tolerance": ms[0].tolerance,

@@ -40,6 +40,16 @@ def sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped; an orphan's reaper may be
+    slow to collect it) is gone for our purposes."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def column(case: dict, metric: str) -> list:
     """A stored case's per-run list of ``metric`` as the file holds it (schema v3: a step
     part's forms in its ``phases`` row, the others under ``value``): the list itself, so

@@ -320,6 +320,8 @@ def test_a_killed_calibrate_takes_its_running_pytest_down(tmp_path):
     import sys
     import time
 
+    from e2e import alive
+
     pid_file = tmp_path / "pytest.pid"
     (tmp_path / "test_slow.py").write_text(
         "import os, pathlib, time\n"
@@ -342,7 +344,7 @@ def test_a_killed_calibrate_takes_its_running_pytest_down(tmp_path):
         cal.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if not _alive(child):
+            if not alive(child):
                 return
             time.sleep(0.1)
         os.kill(child, signal.SIGKILL)
@@ -350,15 +352,6 @@ def test_a_killed_calibrate_takes_its_running_pytest_down(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(cal.pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Running, and not a zombie (an orphan's reaper may be slow to collect it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def test_unstable_parts_say_which_case_and_what_more_steps_could_fix():

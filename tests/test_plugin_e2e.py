@@ -274,10 +274,10 @@ def test_stalled(specperf, context_len):
 def test_host_stall_is_reported_as_unaccounted_time(pytester):
     """The incident: the host stalls between phases; the failure says where the time went.
 
-    The stall is about one step long (15 ms against 10-14 ms at 2048 tokens), so that it
-    outgrows what a slower machine adds to every phase between the two runs: a 3 ms stall
-    once lost to verify's growth on a box whose KV reads took 1.7x as long in the second
-    run (CI, 2026-12-02)."""
+    The stall is about one step long (the step took 13.9 ms at 2048 tokens in the run
+    below), so that it outgrows what a slower machine adds to every phase between the two
+    runs: a 3 ms stall once lost to verify's growth (3.4 ms) on a box whose KV reads took
+    1.7x as long in the second run (CI, 2026-12-02)."""
     pytester.makepyfile(test_stall=STALL_CASE)
     _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
     result = _run(pytester, "--specperf-inject=host_stall=15")

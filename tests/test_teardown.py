@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e import sigint_default
+from e2e import alive, sigint_default
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,19 +24,6 @@ def test_hold(model_server):
     Path(os.environ["SPECPERF_TEST_PIDFILE"]).write_text(json.dumps(info))
     time.sleep(120)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone for our purposes
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -60,7 +47,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
 def _gone(pid: int, within: float = 30.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.2)
     return False
@@ -68,7 +55,7 @@ def _gone(pid: int, within: float = 30.0) -> bool:
 
 def test_ctrl_c_tears_the_server_down(tmp_path):
     proc, server_pid = _start(tmp_path)
-    assert _alive(server_pid)
+    assert alive(server_pid)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out.decode()
