@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Re-judge a finished calibration against baselines made of its own quiet A/A runs.
+
+    python scripts/rejudge_inline.py WORK_DIR [--k 3 5 8]
+
+``specperf calibrate`` judges every run against the baseline it recorded first (in
+``--processes`` server processes, before the repetitions). This script asks what the
+same runs would give against a baseline recorded *inline*: the first K quiet A/A runs of
+the calibration (one server process each, interleaved with the other conditions), judged
+by the plugin's own rule (``judging.verdict.judge_runs``, every gate the run was judged
+on). Every condition's repetitions K and later are judged, so all columns cover the same
+rounds. The disturbance check (run-queue share) is not applied here: nothing else ran.
+
+It prints first how far the recorded baseline sits from the quiet A/A runs (the offset
+a judged run inherits whatever its own noise), then the counts per K and tolerance pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.judging.baseline_schema import make_run
+from pytest_specperf.judging.baselines import load_baselines
+from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
+
+Run = Mapping[str, Summary]
+#: condition -> repetition -> test and case key -> (its run's summaries, the gates it was judged on)
+Table = dict[str, dict[int, dict[str, tuple[Run, list[str]]]]]
+PAIRS = ((0.03, 0.10), (0.04, 0.10), (0.05, 0.15), (0.07, 0.25))
+FORMS = ("verify/rest", "draft/rest", "step/ref")
+#: the gate an injected condition must fail on to count as caught
+EXPECT = {"verify_1.05": "verify", "all_1.10": "step"}
+
+
+def read_runs(work_dir: Path) -> tuple[Table, dict[str, dict[int, Mapping[str, float]]]]:
+    runs: Table = defaultdict(dict)
+    values: dict[str, dict[int, Mapping[str, float]]] = defaultdict(dict)
+    for f in sorted(work_dir.glob("rep*-*.json")):
+        rep_tag, cond = f.stem.split("-", 1)
+        rep = int(rep_tag[3:])
+        for c in json.loads(f.read_text())["cases"]:
+            r = c["runs"][0]
+            name = f"{c['test'].rsplit('::', 1)[-1]} {c['key']}"
+            summaries = make_run("", None, r["values"], r["blocks"]).summaries(r["steps"])
+            gates = [m["metric"] for m in c["metrics"]]
+            runs[cond].setdefault(rep, {})[name] = (summaries, gates)
+            if cond == "A_A":
+                values[name][rep] = r["values"]
+    return runs, values
+
+
+def offsets(work_dir: Path, aa: dict[str, dict[int, Mapping[str, float]]]) -> None:
+    (path,) = (work_dir / "baselines").glob("*.yaml")
+    bf = load_baselines(path)
+    assert bf is not None
+    print("recorded baseline against the quiet A/A runs (one process each)")
+    print(f"{'case':51} {'form':12} {'baseline runs':26} {'A/A median':>10} {'A/A sd':>7} "
+          f"{'offset':>7}")
+    for cb in sorted(bf.all_cases(), key=lambda c: (c.test, c.key)):
+        name = f"{cb.test.rsplit('::', 1)[-1]} {cb.key}"
+        if name not in aa:
+            continue
+        for form in FORMS:
+            base = [r.values[form] for r in cb.runs if form in r.values]
+            now = [v[form] for v in aa[name].values() if form in v]
+            if not base or len(now) < 2:
+                continue
+            mid = statistics.median(now)
+            print(f"{name:51} {form:12} {' '.join(f'{x:.4f}' for x in base):26} "
+                  f"{mid:10.4f} {statistics.stdev(now) / mid:7.2%} "
+                  f"{statistics.mean(base) / mid - 1:+7.2%}")
+
+
+def judge(runs: Table, cond: str, k: int, tol: Tolerances) -> tuple[int, int, int, int]:
+    """Runs judged, runs with a SLOWER gate, runs failing on the expected gate, runs with
+    an UNSTABLE gate."""
+    aa = runs["A_A"]
+    first = sorted(aa)[:k]
+    n = slower = caught = unstable = 0
+    for rep, cases in sorted(runs[cond].items()):
+        if rep < k:
+            continue
+        verdicts: list[tuple[str, Verdict]] = []
+        for key, (now, gates) in cases.items():
+            base = tuple(aa[i][key][0] for i in first)
+            for m in gates:
+                mv = judge_runs(m, Runs(base, (now,)), tol)
+                if mv is not None:
+                    verdicts.append((m, mv.verdict))
+        n += 1
+        slower += any(v is Verdict.SLOWER for _, v in verdicts)
+        caught += any(v is Verdict.SLOWER and m == EXPECT.get(cond) for m, v in verdicts)
+        unstable += any(v is Verdict.UNSTABLE for _, v in verdicts)
+    return n, slower, caught, unstable
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work_dir", type=Path)
+    ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 8])
+    args = ap.parse_args()
+    runs, aa_values = read_runs(args.work_dir)
+    offsets(args.work_dir, aa_values)
+    print("\nthe later repetitions judged against the first K quiet A/A runs")
+    print("K   phases  step  A/A fail  A/A UNSTABLE  verify=1.05  all=1.10  hog fail")
+    for k in args.k:
+        for phase, step in PAIRS:
+            tol = Tolerances(phase, step)
+            row: dict[str, Any] = {c: judge(runs, c, k, tol) for c in runs}
+            n, f, _, u = row["A_A"]
+            v = row.get("verify_1.05", (0, 0, 0, 0))
+            a = row.get("all_1.10", (0, 0, 0, 0))
+            h = row.get("A_A___CPU_hog", (0, 0, 0, 0))
+            print(f"{k:<3} {phase:>6.0%} {step:>5.0%}  {f:>3}/{n:<4} {u:>5}/{n:<6} "
+                  f"{v[2]:>5}/{v[0]:<5} {a[2]:>4}/{a[0]:<4} {h[1]:>3}/{h[0]}")
+
+
+if __name__ == "__main__":
+    main()
