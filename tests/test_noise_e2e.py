@@ -190,5 +190,10 @@ def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
     assert case["labels"]["inject"] == "all=2"
     step, verify = _metric(case, "step"), _metric(case, "verify")
     assert step["verdict"] == "SLOWER" and step["change"] > 0.5
-    # verify doubled, and so did the rest of the step: judged against it, it barely moves
-    assert verify["raw_change"] > 0.5 and abs(verify["change"]) < step["change"] / 2
+    # verify doubled, and so did the rest of the step: judged against it, it barely moves.
+    # Its raw change carries the machine's drift (a CI run recorded the baseline while KV
+    # reads were 1.6x slower: verify raw +43%), so it is taken per KV read time, as the
+    # step is judged: the read time changed by (1 + raw) / (1 + judged) of the step.
+    ref = (1 + step["raw_change"]) / (1 + step["change"])
+    assert (1 + verify["raw_change"]) / ref - 1 > 0.5
+    assert abs(verify["change"]) < step["change"] / 2
