@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_specperf import __version__, calibrate, compare, history, plain_text
+from pytest_specperf import __version__, plain_text
+from pytest_specperf.cli import calibrate, compare, history
 from pytest_specperf.engines.sglang import check as sglang_check
 
 

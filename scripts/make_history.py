@@ -46,7 +46,7 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_r
 from pytest_specperf.judging.verdict import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE, Tolerances
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.reporting.benchmark import benchmark_entry, machine_entries, run_header
-from pytest_specperf.reporting.report import SPECPERF_KEY, report_payload, write_report
+from pytest_specperf.store.report import SPECPERF_KEY, report_payload, write_report
 
 CONTEXTS = (1024, 8192, 32768, 46000, 131072)
 LAYOUTS = ("contiguous", "fragmented")

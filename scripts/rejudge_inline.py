@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_specperf.calibrate import expected_metric
+from pytest_specperf.cli.calibrate import expected_metric
 from pytest_specperf.judging.baseline_schema import make_run
 from pytest_specperf.judging.baselines import load_baselines
 from pytest_specperf.judging.stats import Summary

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_specperf.judging import baseline_io, baselines
+from pytest_specperf.judging import baselines
 from pytest_specperf.judging.baselines import (
     BaselineError,
     CaseBaseline,
@@ -31,6 +31,7 @@ from pytest_specperf.judging.baselines import (
 )
 from pytest_specperf.judging.verdict import Tolerances, judge_gate
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.store import baseline_io
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf import compare
+from pytest_specperf.cli import compare
 from pytest_specperf.judging.judge import Case, as_baseline, judge_case
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.reporting.rebuild import run_from_case
-from pytest_specperf.reporting.report import read_report, report_payload, write_report
+from pytest_specperf.store.rebuild import run_from_case
+from pytest_specperf.store.report import read_report, report_payload, write_report
 from pytest_specperf.telemetry.summary import MetricSummary, TelemetrySummary
 
 TEST = "perf_tests/t.py::test_d"

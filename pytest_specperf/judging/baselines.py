@@ -56,20 +56,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specperf.judging.baseline_io import (
-    LOCK_TIMEOUT_S,
-    RAISE_LIMIT,
-    BaselineError,
-    FlowMap,
-    atomic_write,
-    dump_yaml,
-    locked,
-    parse_yaml,
-    read_bounded,
-    real_target,
-    remove_stale_temps,
-    resolve_max_bytes,
-)
 from pytest_specperf.judging.baseline_schema import (
     MAX_RUNS,
     Invalid,
@@ -87,6 +73,20 @@ from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import fmt_value
 from pytest_specperf.probe.phases import ALL_PHASES
+from pytest_specperf.store.baseline_io import (
+    LOCK_TIMEOUT_S,
+    RAISE_LIMIT,
+    BaselineError,
+    FlowMap,
+    atomic_write,
+    dump_yaml,
+    locked,
+    parse_yaml,
+    read_bounded,
+    real_target,
+    remove_stale_temps,
+    resolve_max_bytes,
+)
 
 __all__ = [
     "DEFAULT_KEEP_RUNS",

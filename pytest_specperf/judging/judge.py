@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.bottleneck import Bottleneck
 from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
+from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEFAULT_POINT_GATES,
@@ -40,8 +42,6 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.telemetry.bottleneck import Bottleneck
-from pytest_specperf.telemetry.gates import invalid_reasons
 
 
 @dataclass(frozen=True)

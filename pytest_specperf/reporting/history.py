@@ -19,14 +19,14 @@ from pathlib import Path
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
-from pytest_specperf.reporting.report import (
+from pytest_specperf.reporting.table import render_table
+from pytest_specperf.store.report import (
     CaseReport,
     ForeignFile,
     Report,
     ReportError,
     read_report,
 )
-from pytest_specperf.reporting.table import render_table
 
 
 class MissingExtra(RuntimeError):

@@ -28,10 +28,10 @@ from pytest_specperf.judging.verdict import (
     Verdict,
     parse_fraction,
 )
-from pytest_specperf.reporting.rebuild import run_from_case
-from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.rebuild import run_from_case
+from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")

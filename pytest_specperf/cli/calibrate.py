@@ -49,8 +49,8 @@ from pytest_specperf.judging.verdict import (
     parse_fraction,
 )
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
-from pytest_specperf.reporting.report import Report, ReportError, read_report, strict
 from pytest_specperf.reporting.table import render_table
+from pytest_specperf.store.report import Report, ReportError, read_report, strict
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
