@@ -46,6 +46,7 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_r
 from pytest_specperf.judging.verdict import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE, Tolerances
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.reporting.benchmark import benchmark_entry, machine_entries, run_header
+from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.report import SPECPERF_KEY, report_payload, write_report
 
 CONTEXTS = (1024, 8192, 32768, 46000, 131072)
@@ -106,7 +107,7 @@ def _night(night: int, runs: int, cases: Sequence[tuple[int, str]], rng: random.
         outcomes.append(judge_case(case, baselines.get(case.key), Path("baselines/synthetic.yaml"),
                                    record=record))
         if record:
-            baselines[case.key] = as_baseline(case)
+            baselines[case.key] = as_baseline(case, at=utc_now())
     return outcomes
 
 

@@ -291,7 +291,7 @@ def test_the_baselines_process_noise_is_shown(tmp_path, make_case):
     import dataclasses
 
     from pytest_specperf.cli.calibrate import baseline_noise
-    from pytest_specperf.judging.baselines import write_baselines
+    from pytest_specperf.store.baselines import write_baselines
 
     runs = [make_case(seed=1, factors=f) for f in ({}, {"verify": 1.1}, {})]
     case = dataclasses.replace(runs[0], runs=tuple(r.runs[0] for r in runs))

@@ -472,8 +472,8 @@ class Calibration:
         return report
 
     def _noisy_cases(self) -> list[str]:
-        from pytest_specperf.judging.baselines import load_baselines
         from pytest_specperf.judging.verdict import QUIET_SCATTER, noisiest_phase
+        from pytest_specperf.store.baselines import load_baselines
 
         out = []
         for path in self.baselines.glob("*.yaml"):
@@ -616,8 +616,8 @@ def baseline_noise(directory: Path) -> list[dict[str, Any]]:
     """Per baseline case with several runs: for each form of ``NOISE_FORMS``, the raw
     between-process standard deviation ``tau_hat`` (no prior) and the block-to-block one,
     from its runs (``judging.noise``): why a tolerance can or cannot be met here."""
-    from pytest_specperf.judging.baselines import load_baselines
     from pytest_specperf.judging.noise import anova_between, log_rows
+    from pytest_specperf.store.baselines import load_baselines
 
     rows = []
     for path in sorted(directory.glob("*.yaml")):

@@ -30,6 +30,7 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import run_from_case
 from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
 
@@ -95,7 +96,7 @@ def compare_runs(a: Report, b: Report, given: Tolerances | None = None) -> list[
         base_case = in_a.get((c.test, c.key))
         base = None
         if base_case is not None:
-            base = as_baseline(_case(a, base_case, case.tolerances))
+            base = as_baseline(_case(a, base_case, case.tolerances), at=utc_now())
         outcomes.append(
             judge_case(case, base, a.path, missing=f"not in run A ({a.path.name})")
         )

@@ -281,9 +281,9 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
     return None
 
 
-def as_baseline(case: Case) -> CaseBaseline:
+def as_baseline(case: Case, *, at: str) -> CaseBaseline:
     """What an update stores for ``case``: one run per server process (its siblings
-    included), each with its utilization medians."""
+    included), each with its utilization medians, recorded ``at`` (an ISO timestamp)."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
         metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
@@ -296,6 +296,7 @@ def as_baseline(case: Case) -> CaseBaseline:
                 fingerprint=case.fingerprint,
                 steps=run.steps,
                 metrics=metrics,
+                at=at,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
             )
         )

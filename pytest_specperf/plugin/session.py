@@ -13,16 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import (
-    BaselineFile,
-    CaseBaseline,
-    WriteResult,
-    load_baselines,
-)
+from pytest_specperf.judging.baselines import BaselineFile, CaseBaseline
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.baselines import WriteResult, load_baselines
 
 if TYPE_CHECKING:
     from pytest_specperf.server.model_server import ModelServer
