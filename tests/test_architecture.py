@@ -9,7 +9,7 @@
 - ``telemetry/`` samples only: it imports nothing from ``judging/`` (the verdict rules).
 - Only ``cli/`` parses a command line with argparse (the reference engine's server process
   reads its own argv: it is launched by the backend, not a command of ``specperf``).
-- ``engines/protocol.py`` imports no backend implementation (the registry picks them).
+- ``server/protocol.py`` imports no backend implementation (the registry picks them).
 - No function is longer than 60 lines, except the ones the README's architecture note
   names with their reason.
 """
@@ -162,7 +162,7 @@ def test_only_cli_parses_a_command_line() -> None:
 
 
 def test_the_backend_protocol_imports_no_implementation() -> None:
-    protocol = PACKAGE / "engines" / "protocol.py"
+    protocol = PACKAGE / "server" / "protocol.py"
     assert _offenders([protocol], ("pytest_specperf.engines.reference",
                                    "pytest_specperf.engines.sglang")) == []  # fmt: skip
 
