@@ -7,11 +7,9 @@ import math
 import pytest
 
 from pytest_specperf import __main__ as cli
-from pytest_specperf.cli.calibrate import (
-    CalibrateOptions,
+from pytest_specperf.cli.calibrate import CalibrateOptions, format_table, judge_report
+from pytest_specperf.judging.calibration import (
     Condition,
-    format_table,
-    judge_report,
     outcome_at,
     pair_sweep,
     recommend,
