@@ -66,7 +66,6 @@ DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
 RECORD_ATTEMPTS = 3
 
 
-
 def judge_report(
     report: Report, expect: str | None, tolerances: tuple[float, float] | None = None
 ) -> RunOutcome:

@@ -27,4 +27,3 @@ def main(argv: list[str] | None = None) -> int:
         return sglang_check.run(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
-

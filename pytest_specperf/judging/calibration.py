@@ -37,7 +37,6 @@ class JudgedCase(Protocol):
     def metrics(self) -> tuple[MetricVerdict, ...]: ...
 
 
-
 @dataclass(frozen=True)
 class SlowCase:
     """A case of a run that failed: its key, the metric it blames, and every slow one."""
