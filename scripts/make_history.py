@@ -9,7 +9,7 @@ shaped like the reference engine's, with step-to-step jitter and night-to-night 
 time -> the bridge's pure half (``reporting.benchmark``) -> pytest-benchmark's own
 ``Metadata``, ``pytest_benchmark_generate_json`` and ``FileStorage.save`` (``--format
 benchmark``, the default: OUT is a pytest-benchmark storage, ``OUT/<machine>/NNNN_*.json``),
-or ``reporting.report.write_report`` (``--format report``: one ``--specperf-json`` report
+or ``store.report.write_report`` (``--format report``: one ``--specperf-json`` report
 per night). What happens over the nights (as fractions of --runs, so that a short history
 has the same story):
 

@@ -3,7 +3,7 @@
 A and B are saved runs: a JSON report (``--specperf-json``), a pytest-benchmark file
 (``--benchmark-json``), or a run of pytest-benchmark's storage named by its number or
 name (``0003``, ``0003_nightly``; ``--storage``). Each case of B is rebuilt from its saved
-steps (``reporting.rebuild``), run A's case becomes its baseline exactly as
+steps (``store.rebuild``), run A's case becomes its baseline exactly as
 ``--specperf-update-baselines`` would have stored it (``judging.judge.as_baseline``), and
 ``judging.judge.judge_case`` decides, with the gates and tolerances B was judged with
 (or those given here). A case of B that A lacks is NO_BASELINE; a different engine

@@ -1,4 +1,4 @@
-"""YAML baseline store: ``<dir>/<device-slug>.yaml``, one file per device model.
+"""Baseline records (pure): ``<dir>/<device-slug>.yaml``, one file per device model.
 
 Layout (``schema_version: 3``)::
 
@@ -35,12 +35,12 @@ compared (a mismatch is INVALID). An update appends the new run to each recorded
 keeps the last ``keep_runs``; a case whose engine fingerprint, step count or metric set
 changed starts over, so runs of different engines are never pooled.
 
-Files are read through ``baseline_io`` (size, shape and symlink limits, safe loading
-only), by ``schema_version``: a v1 file (one summary per metric and case) is migrated on
-read, each case becoming one run; a v2 file (every metric on its own line under ``value``)
-is read as it is; both are rewritten as v3 only by an update. File-level
-problems raise ``BaselineError``; a case that fails validation is a ``CaseProblem`` that
-the judge reports as INVALID, naming file, case and field.
+Files are read and written by ``store.baselines`` through ``store.baseline_io`` (size,
+shape and symlink limits, safe loading only), by ``schema_version``: a v1 file (one
+summary per metric and case) is migrated on read, each case becoming one run; a v2 file
+(every metric on its own line under ``value``) is read as it is; both are rewritten as v3
+only by an update. File-level problems raise ``BaselineError``; a case that fails
+validation is a ``CaseProblem`` that the judge reports as INVALID, naming file, case and field.
 """
 
 from __future__ import annotations
