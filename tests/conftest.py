@@ -76,7 +76,8 @@ REFERENCE_FP = {
 def make_run():
     """Build a DecodeRun from synthetic step records through the real summarizing code:
     ``scale`` slows every phase, ``factors`` one phase (``{"verify": 1.2}``)."""
-    from pytest_specperf.judging.samples import KVLayout, Window, build_run
+    from pytest_specperf.judging.samples import Window, build_run
+    from pytest_specperf.probe.layout import KVLayout
     from pytest_specperf.probe.record import StepRecord
 
     def make(steps=16, scale=1.0, factors=None, seed=0):

@@ -4,6 +4,7 @@ whose /server_info lacks what the capacity check needs, and the baseline size li
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 import yaml
@@ -173,30 +174,24 @@ def test_ctrl_c_is_held_while_torch_imports() -> None:
     assert reached
 
 
-class FakeSession:
-    """Only what ``baseline_step_ms`` asks of a session: its baseline file."""
+def _inputs(bf):
+    """Run inputs holding only a baseline file (the rest is not asked for)."""
+    from pytest_specperf.run.inputs import RunInputs
 
-    def __init__(self, bf):
-        self._bf = bf
-
-    def baselines(self):
-        return self._bf
-
-
-class FakeItem:
-    nodeid = "perf_tests/t.py::test_d"
+    return RunInputs(None, Path("b.yaml"), bf, None, None, None, None)  # type: ignore[arg-type]
 
 
 def test_the_first_deadline_comes_from_the_baselines_step_time(tmp_path, make_case, reference_fp):
     from pytest_specperf.judging.metrics import STEP
-    from pytest_specperf.plugin.cases import baseline_step_ms
+    from pytest_specperf.run.cases import baseline_step_ms
     from pytest_specperf.store.baselines import load_baselines, write_baselines
 
     case = make_case()  # perf_tests/t.py::test_d, ctx=8192 kv=contiguous bs=1
     path = tmp_path / "b.yaml"
     write_baselines(path, {"name": "box"}, [case])
-    sess = FakeSession(load_baselines(path))
-    got = baseline_step_ms(sess, FakeItem(), reference_fp, "ctx=8192 kv=contiguous bs=1")
+    inputs = _inputs(load_baselines(path))
+    test = "perf_tests/t.py::test_d"
+    got = baseline_step_ms(inputs, reference_fp, test, "ctx=8192 kv=contiguous bs=1")
     assert got == pytest.approx(case.metrics[STEP].value) and got > 40  # synthetic ~48 ms
-    assert baseline_step_ms(sess, FakeItem(), reference_fp, "ctx=1 kv=contiguous bs=1") is None
-    assert baseline_step_ms(FakeSession(None), FakeItem(), reference_fp, "x") is None
+    assert baseline_step_ms(inputs, reference_fp, test, "ctx=1 kv=contiguous bs=1") is None
+    assert baseline_step_ms(_inputs(None), reference_fp, test, "x") is None

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_specperf.engines import get_backend
-from pytest_specperf.judging.samples import KVLayout
+from pytest_specperf.probe.layout import KVLayout
+from pytest_specperf.run.measure import decode_run
 from pytest_specperf.server.decoder import CaseSpec, Decoder
 from pytest_specperf.server.model_server import ModelServer, start_server
 from pytest_specperf.server.protocol import BackendSettings
@@ -49,7 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterable[ModelServer]:
 def test_blocks_of_a_case(server: ModelServer) -> None:
     decoder = Decoder(server, lambda done, total, note: None)
     try:
-        run = decoder.decode(CaseSpec(1024, 1, 8, 2, KVLayout("contiguous", 0.0), "t"))
+        run = decode_run(decoder.decode(CaseSpec(1024, 1, 8, 2, KVLayout("contiguous", 0.0), "t")))
     finally:
         decoder.close()
     assert run.steps == 8 and len(set(run.blocks)) == 4  # blocks of 2 steps
@@ -60,7 +61,7 @@ def test_telemetry_samples_one_long_decode_after_the_blocks(server: ModelServer)
     sampler = FakeSampler()
     decoder = Decoder(server, lambda done, total, note: None, sampler=sampler)  # type: ignore[arg-type]
     try:
-        run = decoder.decode(CaseSpec(1024, 1, 8, 2, KVLayout("contiguous", 0.0), "t"))
+        run = decode_run(decoder.decode(CaseSpec(1024, 1, 8, 2, KVLayout("contiguous", 0.0), "t")))
     finally:
         decoder.close()
     assert sampler.calls == ["start", "stop"]

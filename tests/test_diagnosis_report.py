@@ -13,10 +13,11 @@ from pathlib import Path
 from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.diagnosis import time_went
 from pytest_specperf.judging.judge import Case, judge_case
-from pytest_specperf.judging.samples import KVLayout, Window, build_run
+from pytest_specperf.judging.samples import Window, build_run
 from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.probe import PHASES
 from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, PhaseKernels
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.reporting.terminal import diagnosis_lines, failure_message, top_kernels
 from pytest_specperf.store.report import case_json, strict

@@ -1,15 +1,14 @@
-"""The automatic extension's loop (plugin.fixtures), with test doubles for the decoders,
-the progress line and the judge; the real thing runs in tests/test_noise_e2e.py."""
+"""The automatic extension's loop (``run.measure.more_rounds``), with test doubles for the
+decoders and the progress line, and the judge's answers as a list; the real thing runs
+in tests/test_noise_e2e.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
-from pytest_specperf.plugin import cases
-from pytest_specperf.plugin.fixtures import SpecperfHandle
+from pytest_specperf.run.measure import Extension, extension, more_rounds
 
 
 class FakeDecoder:
@@ -18,11 +17,10 @@ class FakeDecoder:
     def __init__(self, make_run, clock, round_s=4.0):
         self.make_run, self.clock, self.round_s = make_run, clock, round_s
         self.rounds, self.notes = 1, []
-        self.server = None  # the handle names the server being measured when one fails
+        self.server = None  # the loop names the server being measured when one fails
 
-    def run(self, case):
-        run = self.make_run(steps=8 * self.rounds)
-        return dataclasses.replace(run, rounds=self.rounds, round_steps=8)
+    def measured(self, case):
+        return SimpleNamespace(rounds=self.rounds)
 
     def more(self, case, *, note=""):
         self.notes.append(note)
@@ -39,51 +37,55 @@ class FakeClock:
         return self.t
 
 
-def _handle(max_time, update=False):
-    settings = SimpleNamespace(max_time_s=max_time, update_baselines=update)
-    handle = SpecperfHandle.__new__(SpecperfHandle)
-    handle._session, handle._item, handle.runs = SimpleNamespace(settings=settings), None, []
-    return handle
-
-
 @pytest.fixture
 def undecided(monkeypatch):
-    """The judge's answer per call: the metrics more rounds would decide."""
+    """The judge's answer per call: the metrics more rounds would decide; the runs are
+    the decoders' round counts (``side_run`` is replaced: the doubles hold no records)."""
     answers: list[list[str]] = []
-
-    def fake(sess, item, handle):
-        return lambda run: answers.pop(0) if answers else []
-
-    monkeypatch.setattr(cases, "undecided_metrics", fake)
+    monkeypatch.setattr(
+        "pytest_specperf.run.measure.side_run", lambda decoders, case: decoders[0].rounds
+    )
     return answers
+
+
+def _extension(max_time, answers):
+    return Extension(max_time, lambda run: answers.pop(0) if answers else [])
 
 
 def test_rounds_go_on_while_undecided_and_stop_when_decided(make_run, undecided, monkeypatch):
     clock = FakeClock(4.0)  # the first round took 4 s
-    monkeypatch.setattr("pytest_specperf.plugin.fixtures.time.monotonic", lambda: clock.t)
+    monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoders = [FakeDecoder(make_run, clock), FakeDecoder(make_run, clock, 0.0)]
     undecided += [["verify"], ["verify", "draft"], []]
-    _handle(60.0)._extend(None, decoders, clock)
+    more_rounds(decoders, None, clock, _extension(60.0, undecided))
     assert [d.rounds for d in decoders] == [3, 3]  # every process, whole rounds
     assert decoders[0].notes == ["round 2 (verify undecided)", "round 3 (verify, draft undecided)"]
 
 
 def test_the_budget_stops_the_rounds(make_run, undecided, monkeypatch):
     clock = FakeClock(10.0)
-    monkeypatch.setattr("pytest_specperf.plugin.fixtures.time.monotonic", lambda: clock.t)
+    monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoder = FakeDecoder(make_run, clock, round_s=10.0)
     undecided += [["verify"]] * 10
-    _handle(29.0)._extend(None, [decoder], clock)
+    more_rounds([decoder], None, clock, _extension(29.0, undecided))
     assert decoder.rounds == 2  # 10 s + 10 s; a third round would end at 30 s, past 29 s
     assert clock.t == 20.0
 
 
-@pytest.mark.parametrize(("max_time", "update"), [(0.0, False), (60.0, True)])
-def test_no_rounds_without_a_budget_or_when_recording(make_run, undecided, max_time, update):
+def test_no_rounds_without_a_budget(make_run, undecided):
     decoder = FakeDecoder(make_run, FakeClock(1.0))
     undecided += [["verify"]] * 3
-    _handle(max_time, update)._extend(None, [decoder], FakeClock(1.0))
+    more_rounds([decoder], None, FakeClock(1.0), _extension(0.0, undecided))
     assert decoder.rounds == 1
+
+
+def test_no_extension_when_recording_or_without_time():
+    def never(run):
+        raise AssertionError("not asked")
+
+    assert extension(60.0, recording=True, undecided=never) is None
+    assert extension(0.0, recording=False, undecided=never) is None
+    assert extension(60.0, recording=False, undecided=never) == Extension(60.0, never)
 
 
 @pytest.mark.parametrize(

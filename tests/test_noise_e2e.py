@@ -86,7 +86,8 @@ def _flat_blocks(pytester):
 
 
 ROUNDS_CASE = """
-from pytest_specperf.judging.samples import KVLayout
+from pytest_specperf.probe.layout import KVLayout
+from pytest_specperf.run.measure import decode_run
 from pytest_specperf.server.decoder import CaseSpec, Decoder
 
 
@@ -95,7 +96,7 @@ def test_rounds(model_server):
     case = CaseSpec(2048, 1, 8, 2, KVLayout("fragmented", 1.0), "r")
     decoder.start(case)
     assert decoder.more(case) and decoder.more(case)
-    run = decoder.run(case)
+    run = decode_run(decoder.measured(case))
     decoder.close()
     assert run.rounds == 3 and run.steps == 24 and run.round_steps == 8
     per_block = {}

@@ -8,10 +8,11 @@ import time
 import pytest
 
 from pytest_specperf.judging.metrics import ACTIVE_SHARE, RUNQ_SHARE, STEP, active_form, cpu_form
-from pytest_specperf.judging.samples import KVLayout, build_run
+from pytest_specperf.judging.samples import build_run
 from pytest_specperf.probe import PHASES, StepProbe
 from pytest_specperf.probe.inject import Injector, parse_inject
 from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, PhaseKernels
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.record import RECORD_VERSION, StepRecord
 
 

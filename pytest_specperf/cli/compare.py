@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_specperf import plain_text
-from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, is_speculative, judge_case
+from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -30,6 +30,7 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.server.protocol import is_speculative
 from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import run_from_case
 from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report

@@ -124,11 +124,6 @@ class CaseOutcome:
         return self.baseline.metrics if self.baseline is not None else None
 
 
-def is_speculative(fingerprint: Mapping[str, Any]) -> bool:
-    """Whether an engine fingerprint names a speculative algorithm (accept length gated)."""
-    return str(fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"
-
-
 class RecordingRefused(Exception):
     """A run that must not become a baseline; the message says why and what to do."""
 

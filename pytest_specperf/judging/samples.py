@@ -36,23 +36,12 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.stats import Summary, summarize
 from pytest_specperf.probe.kernels import STEP_KEY, TOP_KERNELS
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.probe.record import StepRecord
 
 if TYPE_CHECKING:
     from pytest_specperf.telemetry.summary import TelemetrySummary
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    name: str  # contiguous | fragmented
-    level: float
-
-    @property
-    def label(self) -> str:
-        if self.name == "fragmented" and self.level < 1.0:
-            return f"fragmented@{self.level:g}"
-        return self.name
 
 
 @dataclass(frozen=True)

@@ -1,175 +1,43 @@
 """Judge the runs of a test when it ends, and tell pytest: a failure, a warning, a section.
 
-The verdict itself is ``judging.judge.judge_case``; this module gathers what it needs from
-the test item, the session and the server, and turns the outcome into pytest's terms.
+The case is assembled and judged in ``run.cases`` (the verdict itself is
+``judging.judge.judge_case``); this module says what the test item asks (its
+``CaseRequest``) and turns the outcome into pytest's terms.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import math
 import re
 import shlex
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, identity_of
-from pytest_specperf.judging.judge import (
-    Case,
-    CaseOutcome,
-    HistoryRun,
-    as_baseline,
-    judge_case,
-    more_steps_would_decide,
-    noisy_baseline_note,
-    recording_refusal,
-)
+from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, noisy_baseline_note
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
-from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.strict import Unjudged, unjudged
-from pytest_specperf.judging.verdict import Tolerances, Verdict
+from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
-from pytest_specperf.store.baselines import BaselineError, utc_now
+from pytest_specperf.run.cases import CaseRefused, case_of
+from pytest_specperf.run.cases import judge as judge_run
+from pytest_specperf.store.baselines import utc_now
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
 
-#: Parameters that are already part of the case key (or are the layout fixture).
-_KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
-
-
-def test_id(item: pytest.Item) -> str:
-    """The node id without its parametrization: the baseline's test key."""
-    return re.sub(r"\[.*\]$", "", item.nodeid)
-
-
-def case_key(item: pytest.Item, run: DecodeRun) -> str:
-    """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
-    return case_key_of(item, run.context_len, run.kv_layout.label, run.batch_size)
-
-
-def case_key_of(item: pytest.Item, context_len: int, layout: str, batch_size: int) -> str:
-    """The key of a case of ``item`` before it runs (see :func:`case_key`)."""
-    key = f"ctx={context_len} kv={layout} bs={batch_size}"
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None:
-        extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
-        key += "".join(f" {k}={v}" for k, v in extra)
-    return key
-
-
-def _peak_bandwidth(sess: SpecperfSession) -> float | None:
-    dev = sess.device()
-    if dev.kind != "cuda":
-        return None
-    from pytest_specperf.telemetry.bandwidth import peak_bandwidth
-
-    pb = peak_bandwidth(dev.name, dev.nvml_index)
-    return pb.bytes_per_s if pb is not None else None
-
-
-def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run: DecodeRun,
-          key: str) -> Case:  # fmt: skip
-    srv = handle.server
-    opts, s = handle.options, sess.settings
-    return Case(
-        nodeid=item.nodeid,
-        test=test_id(item),
-        key=key,
-        run=run,
-        fingerprint=srv.fingerprint,
-        tolerances=Tolerances(
-            phase=opts.tolerance or s.tolerance, step=opts.step_tolerance or s.step_tolerance
-        ),
-        gates=opts.gate,
-        speculative=srv.speculative,
-        kv_bytes_per_token=srv.backend.kv_bytes_per_token(srv.server_info),
-        peak_bandwidth_bytes_per_s=_peak_bandwidth(sess),
-        server_pid=_pid(srv.server_info.get("pid")),
-        history=_history(sess, test_id(item), key),
-        kv_traffic=_mapping(srv.server_info.get("kv_read")),
-        budgets=s.budgets().over(opts.budgets),
-    )
-
-
-def _mapping(value: object) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
-
-
-def _history(sess: SpecperfSession, test: str, key: str) -> tuple[HistoryRun, ...]:
-    history = sess.history()
-    return history.of(test, key) if history is not None else ()
-
-
-def undecided_metrics(
-    sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle
-) -> Callable[[DecodeRun], list[str]]:
-    """For the automatic extension: the metrics a run measured so far in this test leaves
-    UNSTABLE that more rounds would decide (judged as at the end of the test)."""
-
-    def undecided(run: DecodeRun) -> list[str]:
-        key = _keys(item, [*handle.runs, run])[-1]
-        case = _case(sess, item, handle, run, key)
-        found, _ = _baseline(sess, case)
-        return more_steps_would_decide(case, found)
-
-    return undecided
-
-
-def _pid(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _baseline(
-    sess: SpecperfSession, case: Case
-) -> tuple[CaseBaseline | CaseProblem | None, str]:
-    """The case's baseline (or the problem with it) and, when there is none, why."""
-    try:
-        bf = sess.baselines()
-    except BaselineError as e:
-        raise pytest.fail(str(e), pytrace=False) from None
-    where = sess.display_path(sess.baseline_path)
-    if bf is None:
-        return None, f"no baseline file {where}"
-    identity = identity_of(case.fingerprint)
-    found = bf.lookup(identity, case.test, case.key)
-    if found is not None:
-        return found, ""
-    return None, f"no baseline for {case.key} ({identity.key}) in {where}"
-
-
-def baseline_step_ms(
-    sess: SpecperfSession, item: pytest.Item, fingerprint: dict[str, Any], key: str
-) -> float | None:
-    """The baseline's median step time (ms) of a case about to run, for its deadlines;
-    None without a usable one (the judge reports an unusable baseline after the run)."""
-    try:
-        bf = sess.baselines()
-        found = bf.lookup(identity_of(fingerprint), test_id(item), key) if bf else None
-    except (BaselineError, ValueError):
-        return None
-    step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None
-    if step is None or not math.isfinite(step.value) or step.value <= 0:
-        return None
-    return step.value
-
-
 def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
     """Judge one case (with --specperf-update-baselines, refuse a run that must not be
     recorded; ``queue_record`` queues the others)."""
-    base, missing = _baseline(sess, case)
-    record = sess.settings.update_baselines
-    if record:
-        refusal = recording_refusal(case.run, case.key)
-        if refusal:
-            raise pytest.fail(refusal, pytrace=False)
-    outcome = judge_case(case, base, sess.baseline_path, missing=missing, record=record)
+    shown = sess.display_path(sess.baseline_path)
+    try:
+        outcome = judge_run(sess.inputs(), case, shown, record=sess.settings.update_baselines)
+    except CaseRefused as e:
+        raise pytest.fail(str(e), pytrace=False) from None
     if outcome.run.telemetry is not None and not outcome.run.telemetry.available:
         sess.telemetry_note = outcome.run.telemetry.reason
     return outcome
@@ -197,17 +65,6 @@ def _profile(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
         return f"profile of a re-run failed: {type(e).__name__}: {e}"
     shown = ", ".join(sess.display_path(f) for f in files) or "(no trace written)"
     return f"profile of a re-run of this case: {shown}"
-
-
-def _keys(item: pytest.Item, runs: list[DecodeRun]) -> list[str]:
-    """Case keys of a test's runs; a repeated case gets ``#2``, ``#3``."""
-    seen: dict[str, int] = {}
-    keys = []
-    for run in runs:
-        key = case_key(item, run)
-        seen[key] = seen.get(key, 0) + 1
-        keys.append(key if seen[key] == 1 else f"{key} #{seen[key]}")
-    return keys
 
 
 def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
@@ -316,8 +173,9 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
     """Judge every run of a test that completed; fail it on a regression, and under
     --specperf-strict on a case that was not judged."""
     failures = []
-    for run, key in zip(handle.runs, _keys(item, handle.runs)):
-        case = _case(sess, item, handle, run, key)
+    request = handle.request
+    for run, key in zip(handle.runs, request.keys(handle.runs)):
+        case = case_of(sess.inputs(), request, handle.server, run, key)
         outcome = judge(sess, case)
         outcome, lines = _report(sess, item, handle, outcome)
         problems = _strict(sess, handle, outcome)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,20 +10,25 @@ from typing import Any
 import pytest
 
 from pytest_specperf.engines import BackendUnavailable, get_backend
-from pytest_specperf.judging.samples import DecodeRun, KVLayout
-from pytest_specperf.plugin.markers import CaseOptions, parse_marker
+from pytest_specperf.judging.noise import MAX_PROCESSES
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.plugin.markers import CaseOptions, case_request, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.plugin.xdist import parallel_servers
+from pytest_specperf.probe.layout import KVLayout
+from pytest_specperf.run.cases import CaseRefused, baseline_step_ms, undecided
+from pytest_specperf.run.measure import (
+    MeasurementFailed,
+    Side,
+    SideMeasurement,
+    extension,
+    measure_side,
+    measurement_failure,
+)
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.control import ControlError, release, take_control
-from pytest_specperf.server.decoder import (
-    CaseSpec,
-    Decoder,
-    MeasurementError,
-    ServerExited,
-    sampler_for,
-)
+from pytest_specperf.server.decoder import CaseSpec, Decoder
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
 from pytest_specperf.server.pool import ServerPool
 from pytest_specperf.server.supervisor import ServerStartError
@@ -67,11 +70,10 @@ class SpecperfHandle:
         self._item = item
         self.server = server
         self.options = opts
+        self.request = case_request(session.settings, item, opts)
         self.layout = KVLayout("contiguous", 0.0)
         self.expect_graphs = False
         self.runs: list[DecodeRun] = []
-        #: the server process being measured (named when its measurement fails)
-        self._active: ModelServer | None = None
 
     @property
     def steps(self) -> int:
@@ -136,82 +138,37 @@ class SpecperfHandle:
         prog = sess.progress.case(f"{self._item.name} ctx={context_len} kv={self.layout.label}")
         failure: str | None = None
         try:
-            runs = self._measure(case, prog)
-        except (MeasurementError, ServerHTTPError, ServerUnreachable, ServerStartError) as e:
-            failure = measurement_failure(self._active or self.server, e)
+            measured = self._measure(case, prog)
+        except (MeasurementFailed, CaseRefused) as e:
+            failure = str(e)
+        except ServerStartError as e:  # a server process of --specperf-processes
+            failure = measurement_failure(self.server, e)
         if failure is not None:  # raised here, not in the handler: no chained traceback
             prog.done("failed")
             pytest.fail(failure, pytrace=False)
-        run = dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
-        prog.done(_done_text(run))
-        self.runs.append(run)
-        return run
+        if measured.telemetry_note:
+            sess.telemetry_note = measured.telemetry_note
+        prog.done(_done_text(measured.run))
+        self.runs.append(measured.run)
+        return measured.run
 
-    def _servers(self) -> tuple[ModelServer, ...]:
-        pool = self._session.pool
-        n = self._session.settings.processes
-        return pool.servers(n) if pool is not None else (self.server,)
-
-    def _measure(self, case: CaseSpec, prog: CaseProgress) -> list[DecodeRun]:
-        """The first round of ``case`` in every server process, then more rounds while
-        the judge says they would decide and the time budget allows."""
-        sess = self._session
-        self._active = None
-        servers = self._servers()
-        baseline_ms = self._baseline_ms(case)
-        decoders: list[Decoder] = []
-        try:
-            for i, server in enumerate(servers):
-                self._active = server
-                sampler, note = sampler_for(sess.device(), server, self._pids())
-                if note:
-                    sess.telemetry_note = note
-                decoders.append(
-                    Decoder(server, prog.update, sampler=sampler, baseline_step_ms=baseline_ms)
-                )
-                label = f"process {i + 1}/{len(servers)}" if len(servers) > 1 else ""
-                decoders[-1].start(case, note=label)
-            self._extend(case, decoders, prog)
-            return [d.run(case) for d in decoders]
-        finally:
-            for d in decoders:
-                d.close()
-
-    def _pids(self) -> tuple[int, ...]:
-        pool = self._session.pool
-        return pool.pids() if pool is not None else ()
-
-    def _extend(self, case: CaseSpec, decoders: list[Decoder], prog: CaseProgress) -> None:
-        """More rounds of every process's blocks while some gated metric is UNSTABLE only
-        for want of steps, and the next round fits in ``--specperf-max-time``."""
-        s = self._session.settings
-        if s.max_time_s <= 0 or s.update_baselines:
-            return
-        from pytest_specperf.plugin.cases import undecided_metrics
-
-        undecided = undecided_metrics(self._session, self._item, self)
-        round_s = prog.elapsed()  # the first round in every process, warm-ups included
-        while True:
-            runs = [d.run(case) for d in decoders]
-            metrics = undecided(dataclasses.replace(runs[0], siblings=tuple(runs[1:])))
-            if not metrics:
-                return
-            if prog.elapsed() + round_s > s.max_time_s:
-                return  # the budget is spent: the verdict says so
-            t0 = time.monotonic()
-            note = f"round {runs[0].rounds + 1} ({', '.join(metrics)} undecided)"
-            for d in decoders:
-                self._active = d.server
-                if not d.more(case, note=note):
-                    return
-            round_s = time.monotonic() - t0
-
-    def _baseline_ms(self, case: CaseSpec) -> float | None:
-        # imported here: cases.py imports this module (the handle is what it judges)
-        from pytest_specperf.plugin.cases import baseline_step_ms, case_key_of
-
-        key = case_key_of(self._item, case.context_len, case.layout.label, case.batch_size)
-        return baseline_step_ms(self._session, self._item, self.server.fingerprint, key)
+    def _measure(self, case: CaseSpec, prog: CaseProgress) -> SideMeasurement:
+        """The case on this session's side (every server process), with the automatic
+        extension unless recording or switched off."""
+        sess, s = self._session, self._session.settings
+        pool = sess.pool
+        side = Side(pool.servers(s.processes) if pool is not None else (self.server,))
+        inputs, shown = sess.inputs(), sess.display_path(sess.baseline_path)
+        key = self.request.key(case.context_len, case.layout.label, case.batch_size)
+        more = undecided(inputs, self.request, self.server, self.runs, shown)
+        return measure_side(
+            side, case, prog, device=inputs.device,
+            pids=pool.pids() if pool is not None else (),
+            baseline_step_ms=baseline_step_ms(
+                inputs, self.server.fingerprint, self.request.test, key
+            ),
+            extension=extension(s.max_time_s, recording=s.update_baselines, undecided=more),
+        )  # fmt: skip
 
     def profile(self, run: DecodeRun, trace: Path) -> list[Path]:
         """Re-run ``run``'s case briefly under the server's profiler; return the traces."""
@@ -237,20 +194,6 @@ def _done_text(run: DecodeRun) -> str:
     if run.siblings:
         text += f", {len(run.processes)} processes"
     return text
-
-
-def measurement_failure(server: ModelServer, error: Exception) -> str:
-    """The failure of a case whose measurement broke off: what happened (the server
-    exited, stopped responding, or answered an error) and the server's log tail."""
-    what = str(error)
-    status = server.exit_status()
-    if status is not None and not isinstance(error, ServerExited):
-        what = f"the server {status} during the case ({what})"
-    where = f" ({server.log_path})" if server.log_path is not None else ""
-    return (
-        f"specperf: measurement failed: {what}\n"
-        f"server log{where}, last lines:\n{server.log_tail()}"
-    )
 
 
 #: Decode steps of the profiled re-run of a regressed case.
@@ -304,7 +247,9 @@ def model_server(
     if problem is not None:  # failed here, not in the handler: no chained traceback
         pytest.fail(problem, pytrace=False)
     sess.server = server
-    sess.pool = ServerPool(server, lambda i: _start_more(sess, i, tmp_path_factory))
+    sess.pool = ServerPool(
+        server, lambda i: _start_more(sess, i, tmp_path_factory), limit=MAX_PROCESSES
+    )
     try:
         yield server
     finally:

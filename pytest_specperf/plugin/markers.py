@@ -1,14 +1,18 @@
-"""Markers: ``specperf(...)``, ``long_context``, ``gpu``; validation and auto-marking."""
+"""Markers: ``specperf(...)``, ``long_context``, ``gpu``; validation and auto-marking; what a
+test asks of its cases (``case_request``)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
 
 from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.metrics import GATEABLE, unknown_gates
-from pytest_specperf.judging.verdict import parse_fraction
+from pytest_specperf.judging.verdict import Tolerances, parse_fraction
+from pytest_specperf.plugin.options import Settings
+from pytest_specperf.run.cases import CaseRequest
 
 MARKERS = (
     "specperf(gate=None, tolerance=None, step_tolerance=None, steps=None, warmup=None, "
@@ -150,3 +154,35 @@ def case_context_len(item: pytest.Item, opts: CaseOptions) -> int | None:
         if isinstance(v, int) and not isinstance(v, bool):
             return v
     return opts.context_len
+
+
+#: Parameters that are already part of the case key (or are the layout fixture).
+_KEYED_PARAMS = {"context_len", "batch_size", "fragmented_kv"}
+
+
+def test_id(item: pytest.Item) -> str:
+    """The node id without its parametrization: the baseline's test key."""
+    return re.sub(r"\[.*\]$", "", item.nodeid)
+
+
+def case_params(item: pytest.Item) -> str:
+    """The test's parameters other than the case key's own, `` name=value`` each."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return ""
+    extra = sorted((k, v) for k, v in callspec.params.items() if k not in _KEYED_PARAMS)
+    return "".join(f" {k}={v}" for k, v in extra)
+
+
+def case_request(s: Settings, item: pytest.Item, opts: CaseOptions) -> CaseRequest:
+    """What ``item`` asks of its cases: keys, tolerances, gates and budgets."""
+    return CaseRequest(
+        nodeid=item.nodeid,
+        test=test_id(item),
+        params=case_params(item),
+        tolerances=Tolerances(
+            phase=opts.tolerance or s.tolerance, step=opts.step_tolerance or s.step_tolerance
+        ),
+        gates=opts.gate,
+        budgets=s.budgets().over(opts.budgets),
+    )

@@ -1,7 +1,7 @@
 """Session state: settings, device, baselines, server, outcomes. State only, no policy.
 
 One ``SpecperfSession`` per pytest session, stored in ``config.stash``; no globals. The
-verdicts are decided in ``judging.judge`` (called from ``plugin.cases``), the summary is
+verdicts are decided in ``judging.judge`` (called through ``run.cases``), the summary is
 written by ``reporting.terminal`` (called from ``plugin.finish``).
 """
 
@@ -18,12 +18,12 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
-from pytest_specperf.store.baselines import WriteResult, load_baselines
+from pytest_specperf.run.inputs import RunInputs, load_inputs
+from pytest_specperf.store.baselines import WriteResult
 
 if TYPE_CHECKING:
     from pytest_specperf.server.model_server import ModelServer
     from pytest_specperf.server.pool import ServerPool
-    from pytest_specperf.store.history_runs import History
     from pytest_specperf.telemetry.device import DeviceInfo
 
 
@@ -53,9 +53,7 @@ class SpecperfSession:
     #: pytest-xdist: the workers' results, gathered by the controller
     gathered: Gathered | None = None
     _device: DeviceInfo | None = None
-    _baselines: BaselineFile | None = None
-    _baselines_loaded: bool = False
-    _history: History | None = None
+    _inputs: RunInputs | None = None
 
     def device(self) -> DeviceInfo:
         """The device the cases run on (detected once)."""
@@ -76,27 +74,29 @@ class SpecperfSession:
         except ValueError:
             return str(path)
 
+    def inputs(self) -> RunInputs:
+        """What every case is judged with (device, baselines, history, bandwidth), read
+        once, before the first case is measured."""
+        if self._inputs is None:
+            s = self.settings
+            directory = s.history_dir
+            self._inputs = load_inputs(
+                self.device(),
+                baselines_dir=s.baselines_dir,
+                baseline_max_bytes=s.baseline_max_bytes,
+                history_dir=directory,
+                shown=self.display_path(directory) if directory is not None else None,
+            )
+            if self._inputs.history_note:
+                self.notes.append(self._inputs.history_note)
+        return self._inputs
+
     def baselines(self) -> BaselineFile | None:
         """The device's baseline file, read once; ``BaselineError`` if unusable."""
-        if not self._baselines_loaded:
-            self._baselines = load_baselines(
-                self.baseline_path, max_bytes=self.settings.baseline_max_bytes
-            )
-            self._baselines_loaded = True
-        return self._baselines
-
-
-    def history(self) -> History | None:
-        """Earlier runs of the cases (``--specperf-history``), read once; None without it."""
-        directory = self.settings.history_dir
-        if directory is None:
-            return None
-        if self._history is None:
-            from pytest_specperf.store.history_runs import load_history
-
-            self._history = load_history(directory)
-            self.notes.append(self._history.describe(self.display_path(directory)))
-        return self._history
+        inputs = self.inputs()
+        if inputs.baseline_error is not None:
+            raise inputs.baseline_error
+        return inputs.baselines
 
 
 @dataclass

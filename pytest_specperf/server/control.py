@@ -11,7 +11,6 @@ A/A repetition of ``specperf calibrate``, say) starts from the server's own stat
 
 from __future__ import annotations
 
-from pytest_specperf.judging.samples import KVLayout
 from pytest_specperf.probe.inject import (
     CONTROL_EVERY_STEPS,
     CONTROL_FILE,
@@ -21,6 +20,7 @@ from pytest_specperf.probe.inject import (
     remove_control,
     write_control,
 )
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.decoder import CaseSpec, Decoder, MeasurementError, Pace
 from pytest_specperf.server.model_server import ModelServer

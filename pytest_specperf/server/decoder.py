@@ -5,7 +5,8 @@ measured), then requests of about ``block_steps`` decode steps each, every one s
 from a fresh prefill of ``context_len`` tokens in the requested KV layout, until
 ``steps`` measured steps are collected: the first round. The first step after each
 prefill is dropped (transient). Blocks are the unit of evidence for the noise estimate
-(``judging.noise``); ``judging.samples`` turns the records into a frozen ``DecodeRun``.
+(``judging.noise``). The decoder hands back what it measured as a frozen ``Measured``;
+the run pipeline (``run.measure``) turns it into the ``DecodeRun`` that is judged.
 
 More rounds (the automatic extension) repeat the first round's requests exactly: block
 ``j`` of every round has block ``j``'s prompt, layout seed and length, so that every
@@ -26,13 +27,14 @@ import math
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
 from pytest_specperf.probe.inject import CONTROL_FILE, INJECT_ERROR_LABEL, INJECT_LABEL
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RecordTail
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
@@ -138,6 +140,24 @@ class CaseSpec:
     warmup_steps: int
     layout: KVLayout
     tag: str
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the decoder measured of a case, every round so far: the step records, the
+    block each belongs to, and the figures measured besides them."""
+
+    case: CaseSpec
+    records: tuple[StepRecord, ...]
+    blocks: tuple[int, ...]
+    fragmentation: float | None
+    wall_s: float
+    reference: Mapping[int, float]
+    telemetry: TelemetrySummary | None
+    cross_check: tuple[str, ...]
+    server_pid: int | None
+    rounds: int
+    round_steps: int
 
 
 @dataclass
@@ -429,7 +449,7 @@ class Decoder:
         )
 
     def start(self, case: CaseSpec, *, note: str = "") -> None:
-        """Warm up and measure the first round of ``case`` (``run`` builds the run); the
+        """Warm up and measure the first round of ``case`` (``measured`` hands it back); the
         telemetry decode follows it (``_telemetry_decode``)."""
         t0 = time.monotonic()
         self._note, self._total = note, 0
@@ -474,33 +494,27 @@ class Decoder:
         got.next_block = first + len(got.plan)
         return True
 
-    def run(self, case: CaseSpec) -> DecodeRun:
-        """The frozen run of every round measured so far."""
+    def measured(self, case: CaseSpec) -> Measured:
+        """What every round measured so far (``run.measure.decode_run`` makes it a run)."""
         got, w = self._got, self._window
-        window = Window(
+        return Measured(
+            case=case,
+            records=tuple(got.records),
+            blocks=tuple(got.blocks),
             fragmentation=sum(got.frags) / len(got.frags) if got.frags else None,
             wall_s=time.monotonic() - w.t0,
-            warmup_steps=case.warmup_steps,
-            reference=got.reference,
+            reference=MappingProxyType(dict(got.reference)),
             telemetry=w.telemetry,
             cross_check=w.cross_check,
             server_pid=_pid(self.server.server_info.get("pid")),
             rounds=got.rounds,
             round_steps=got.round_steps,
         )
-        return build_run(
-            got.records,
-            got.blocks,
-            context_len=case.context_len,
-            batch_size=case.batch_size,
-            layout=case.layout,
-            window=window,
-        )
 
-    def decode(self, case: CaseSpec) -> DecodeRun:
-        """Warm up, measure the first round of ``case`` and build its frozen run."""
+    def decode(self, case: CaseSpec) -> Measured:
+        """Warm up and measure the first round of ``case``."""
         self.start(case)
-        return self.run(case)
+        return self.measured(case)
 
 
 def _pid(value: object) -> int | None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.judge import is_speculative
 from pytest_specperf.probe.sink import RunDirError, make_run_dir
 from pytest_specperf.server.client import (
     ATTACH_DEADLINE_S,
@@ -18,7 +17,7 @@ from pytest_specperf.server.client import (
     ServerUnreachable,
     attach_problem,
 )
-from pytest_specperf.server.protocol import Backend, BackendSettings
+from pytest_specperf.server.protocol import Backend, BackendSettings, is_speculative
 from pytest_specperf.server.supervisor import ServerProcess, ServerStartError, free_port
 
 

@@ -1,7 +1,8 @@
 """The session's server processes: the first one, and more started on first need.
 
 ``--specperf-processes N`` measures every case in N server processes, so that the
-between-process part of the noise is measured, not assumed (``judging.noise``). The
+between-process part of the noise is measured, not assumed (``judging.noise``, whose
+``MAX_PROCESSES`` the pool is given as its limit). The
 processes are started once per session, one after the other, the first time a case needs
 them, and all stay up until the session ends: every case then runs in every process, the
 same way, in the same order. They must all run the same engine (same fingerprint).
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pytest_specperf.judging.noise import MAX_PROCESSES
 from pytest_specperf.server.model_server import ModelServer
 from pytest_specperf.server.supervisor import ServerStartError
 
@@ -26,9 +26,11 @@ Starter = Callable[[int], ModelServer]
 class ServerPool:
     """The first server and the extra ones, started on first need, stopped together."""
 
-    def __init__(self, first: ModelServer, start: Starter) -> None:
+    def __init__(self, first: ModelServer, start: Starter, *, limit: int) -> None:
+        """``limit``: the most processes a session may ask for."""
         self._servers = [first]
         self._start = start
+        self._limit = limit
 
     @property
     def first(self) -> ModelServer:
@@ -41,8 +43,8 @@ class ServerPool:
     def servers(self, n: int) -> tuple[ModelServer, ...]:
         """The first ``n`` servers, starting the missing ones; ``ServerStartError`` if one
         does not start or runs another engine than the first."""
-        if not 1 <= n <= MAX_PROCESSES:
-            raise ValueError(f"processes must be from 1 to {MAX_PROCESSES}, got {n}")
+        if not 1 <= n <= self._limit:
+            raise ValueError(f"processes must be from 1 to {self._limit}, got {n}")
         while len(self._servers) < n:
             index = len(self._servers) + 1
             try:

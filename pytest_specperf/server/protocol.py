@@ -6,7 +6,7 @@ Implementations live in ``engines/<name>/backend.py`` and are found through the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -143,3 +143,8 @@ class RunDirBinding:
 
     def bind(self, run_dir: Path) -> None:
         self._bound = Path(run_dir)
+
+
+def is_speculative(fingerprint: Mapping[str, Any]) -> bool:
+    """Whether an engine fingerprint names a speculative algorithm (accept length gated)."""
+    return str(fingerprint.get("speculative_algorithm", "NONE")).upper() != "NONE"

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.metrics import ACCEPT_LEN
-from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
+from pytest_specperf.judging.samples import DecodeRun, Window, build_run
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
 from pytest_specperf.store.report import CaseReport, ReportError

@@ -1,0 +1,149 @@
+"""Judge a measured case: assemble the judge's ``Case`` from what the test asked, the
+server and the run's inputs, find its baseline, judge it, and what an update records.
+
+No pytest here: the test's side (its node id, parameters, marker) arrives as a frozen
+``CaseRequest``; a case that cannot be judged raises ``CaseRefused`` with its message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, identity_of
+from pytest_specperf.judging.budgets import Budgets
+from pytest_specperf.judging.judge import (
+    Case,
+    CaseOutcome,
+    judge_case,
+    more_steps_would_decide,
+    recording_refusal,
+)
+from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.verdict import Tolerances
+from pytest_specperf.run.inputs import RunInputs
+from pytest_specperf.run.measure import Undecided
+from pytest_specperf.server.model_server import ModelServer
+
+Found = CaseBaseline | CaseProblem | None
+
+
+class CaseRefused(RuntimeError):
+    """A case that must not be judged or recorded as it is; the message says why."""
+
+
+@dataclass(frozen=True)
+class CaseRequest:
+    """What a test asks of its cases: where they come from and how they are judged."""
+
+    nodeid: str
+    #: the baseline's test key (the node id without its parametrization)
+    test: str
+    #: the test's other parameters, `` name=value`` each, appended to every case key
+    params: str
+    tolerances: Tolerances
+    gates: tuple[str, ...] | None
+    budgets: Budgets | None
+
+    def key(self, context_len: int, layout: str, batch_size: int) -> str:
+        """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
+        return f"ctx={context_len} kv={layout} bs={batch_size}{self.params}"
+
+    def keys(self, runs: list[DecodeRun]) -> list[str]:
+        """Case keys of a test's runs; a repeated case gets ``#2``, ``#3``."""
+        seen: dict[str, int] = {}
+        keys = []
+        for run in runs:
+            key = self.key(run.context_len, run.kv_layout.label, run.batch_size)
+            seen[key] = seen.get(key, 0) + 1
+            keys.append(key if seen[key] == 1 else f"{key} #{seen[key]}")
+        return keys
+
+
+def _pid(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
+            key: str) -> Case:  # fmt: skip
+    """The judge's view of one measured case."""
+    return Case(
+        nodeid=request.nodeid,
+        test=request.test,
+        key=key,
+        run=run,
+        fingerprint=server.fingerprint,
+        tolerances=request.tolerances,
+        gates=request.gates,
+        speculative=server.speculative,
+        kv_bytes_per_token=server.backend.kv_bytes_per_token(server.server_info),
+        peak_bandwidth_bytes_per_s=inputs.peak_bandwidth_bytes_per_s,
+        server_pid=_pid(server.server_info.get("pid")),
+        history=inputs.history_of(request.test, key),
+        kv_traffic=_mapping(server.server_info.get("kv_read")),
+        budgets=request.budgets,
+    )
+
+
+def find_baseline(inputs: RunInputs, case: Case, shown: str) -> tuple[Found, str]:
+    """The case's baseline (or the problem with it) and, when there is none, why;
+    ``CaseRefused`` when the baseline file is unusable. ``shown``: the file as named."""
+    if inputs.baseline_error is not None:
+        raise CaseRefused(str(inputs.baseline_error))
+    bf = inputs.baselines
+    if bf is None:
+        return None, f"no baseline file {shown}"
+    identity = identity_of(case.fingerprint)
+    found = bf.lookup(identity, case.test, case.key)
+    if found is not None:
+        return found, ""
+    return None, f"no baseline for {case.key} ({identity.key}) in {shown}"
+
+
+def baseline_step_ms(inputs: RunInputs, fingerprint: Mapping[str, Any], test: str,
+                     key: str) -> float | None:  # fmt: skip
+    """The baseline's median step time (ms) of a case about to run, for its deadlines;
+    None without a usable one (the judge reports an unusable baseline after the run)."""
+    bf = inputs.baselines
+    try:
+        found = bf.lookup(identity_of(fingerprint), test, key) if bf else None
+    except ValueError:
+        return None
+    step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None
+    if step is None or not math.isfinite(step.value) or step.value <= 0:
+        return None
+    return step.value
+
+
+def judge(inputs: RunInputs, case: Case, shown: str, *, record: bool) -> CaseOutcome:
+    """Judge one case; with ``record`` (an update), ``CaseRefused`` for a run that must
+    not be recorded."""
+    base, missing = find_baseline(inputs, case, shown)
+    if record:
+        refusal = recording_refusal(case.run, case.key)
+        if refusal:
+            raise CaseRefused(refusal)
+    return judge_case(case, base, inputs.baseline_path, missing=missing, record=record)
+
+
+def undecided(inputs: RunInputs, request: CaseRequest, server: ModelServer,
+              earlier: list[DecodeRun], shown: str) -> Undecided:  # fmt: skip
+    """For the automatic extension: the metrics a run leaves UNSTABLE that more rounds
+    would decide, judged as at the end of the test (``earlier``: the test's runs so far).
+    A pure function of the run: nothing is read while measuring. ``CaseRefused`` when
+    the baseline file is unusable."""
+
+    def of(run: DecodeRun) -> list[str]:
+        key = request.keys([*earlier, run])[-1]
+        case = case_of(inputs, request, server, run, key)
+        found, _ = find_baseline(inputs, case, shown)
+        return more_steps_would_decide(case, found)
+
+    return of
