@@ -11,6 +11,10 @@
 - Only ``cli/`` parses a command line with argparse (the reference engine's server process
   reads its own argv: it is launched by the backend, not a command of ``specperf``).
 - ``server/protocol.py`` imports no backend implementation (the registry picks them).
+- ``run/`` is the pipeline without pytest: it imports no pytest and nothing of ``plugin/``
+  or ``cli/``. ``server/`` imports nothing above it (no verdict rule, no pipeline, no
+  glue): measuring never calls back up into judging. No module cycle in ``plugin/`` or
+  ``run/`` (``plugin/cases`` and ``plugin/fixtures`` once imported each other).
 - No function is longer than 60 lines, except the ones the README's architecture note
   names with their reason.
 """
@@ -171,6 +175,37 @@ def test_the_backend_protocol_imports_no_implementation() -> None:
     protocol = PACKAGE / "server" / "protocol.py"
     assert _offenders([protocol], ("pytest_specperf.engines.reference",
                                    "pytest_specperf.engines.sglang")) == []  # fmt: skip
+
+
+def test_the_run_pipeline_has_no_pytest() -> None:
+    run = _modules("run")
+    assert [p.name for p in run if p.name != "__init__.py"], "run/ holds the pipeline"
+    banned = ("pytest", "_pytest", "pytest_benchmark", "pytest_specperf.plugin",
+              "pytest_specperf.cli")  # fmt: skip
+    assert _offenders(run, banned) == []
+
+
+def test_the_server_imports_nothing_above_it() -> None:
+    above = tuple(f"{PACKAGE.name}.{f}" for f in
+                  ("judging", "run", "plugin", "store", "reporting", "cli", "engines"))  # fmt: skip
+    assert _offenders(_modules("server"), above) == []
+
+
+def module_graph(folder: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same folder it imports (``__init__`` left out: a
+    package's face)."""
+    mods = {
+        f"{PACKAGE.name}.{folder}.{p.stem}": p
+        for p in _modules(folder)
+        if p.name != "__init__.py" and p.parent == PACKAGE / folder
+    }
+    return {name: {m for m in _imports(path) if m in mods and m != name}
+            for name, path in mods.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("folder", ["plugin", "run"])
+def test_no_module_cycle_in_the_run_or_its_glue(folder: str) -> None:
+    assert folder_cycles(module_graph(folder)) == []
 
 
 def test_no_function_over_the_limit() -> None:
