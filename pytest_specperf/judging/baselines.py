@@ -106,7 +106,8 @@ _RERECORD = "re-record it with --specperf-update-baselines"
 # -- identity and fingerprints -----------------------------------------------------------
 
 
-def _opt_str(v: Any, what: str) -> str | None:
+def plain_str(v: Any, what: str) -> str | None:
+    """An identity field: None, or a plain value as a string; ``ValueError`` otherwise."""
     if v is None:
         return None
     if isinstance(v, (dict, list, tuple, set)):
@@ -141,24 +142,6 @@ class Identity:
             "algorithm": self.algorithm,
         }
 
-    @classmethod
-    def from_dict(cls, d: Any) -> Identity:
-        """Parse a stored identity; ``ValueError`` says what is wrong."""
-        if not isinstance(d, dict) or set(d) != {"backend", "model", "draft_model", "algorithm"}:
-            raise ValueError(
-                "expected a mapping of exactly backend, model, draft_model and algorithm, "
-                f"got {brief(d)}"
-            )
-        backend = d["backend"]
-        if not isinstance(backend, str) or not backend:
-            raise ValueError(f"backend must be a name, got {brief(backend)}")
-        return cls(
-            backend,
-            _opt_str(d["model"], "model"),
-            _opt_str(d["draft_model"], "draft_model"),
-            _opt_str(d["algorithm"], "algorithm"),
-        )
-
 
 def identity_of(fingerprint: Mapping[str, Any]) -> Identity:
     """The identity of an engine fingerprint (``backend``, ``model`` or else ``config``,
@@ -171,9 +154,9 @@ def identity_of(fingerprint: Mapping[str, Any]) -> Identity:
         model = fingerprint.get("config")
     return Identity(
         backend,
-        _opt_str(model, "model"),
-        _opt_str(fingerprint.get("draft_model"), "draft_model"),
-        _opt_str(fingerprint.get("speculative_algorithm"), "speculative_algorithm"),
+        plain_str(model, "model"),
+        plain_str(fingerprint.get("draft_model"), "draft_model"),
+        plain_str(fingerprint.get("speculative_algorithm"), "speculative_algorithm"),
     )
 
 

@@ -38,6 +38,7 @@ from pytest_specperf.judging.baselines import (
     case_dict,
     fingerprint_hash,
     identity_of,
+    plain_str,
 )
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.verdict import fmt_value
@@ -134,6 +135,24 @@ def _from_v2(path: Path, data: dict[str, Any], version: int) -> BaselineFile:
     return BaselineFile(path, version, device, entries, raw=data)
 
 
+def _identity(d: Any) -> Identity:
+    """Parse a stored identity; ``ValueError`` says what is wrong."""
+    if not isinstance(d, dict) or set(d) != {"backend", "model", "draft_model", "algorithm"}:
+        raise ValueError(
+            "expected a mapping of exactly backend, model, draft_model and algorithm, "
+            f"got {brief(d)}"
+        )
+    backend = d["backend"]
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"backend must be a name, got {brief(backend)}")
+    return Identity(
+        backend,
+        plain_str(d["model"], "model"),
+        plain_str(d["draft_model"], "draft_model"),
+        plain_str(d["algorithm"], "algorithm"),
+    )
+
+
 def _entry_v2(path: Path, name: Any, raw: Any, version: int) -> _Entry:
     where = f"engines[{brief(name)}]"
     if not isinstance(name, str):
@@ -141,7 +160,7 @@ def _entry_v2(path: Path, name: Any, raw: Any, version: int) -> _Entry:
     d = _mapping(path, raw, where)
     _only(path, d, ("identity", "fingerprints", "cases"), where)
     try:
-        identity = Identity.from_dict(d.get("identity"))
+        identity = _identity(d.get("identity"))
     except ValueError as e:
         raise BaselineError(path, f"{where}.identity: {e}; fix it, or remove the entry") from None
     entry = _Entry(name, identity)
