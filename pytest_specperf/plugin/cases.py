@@ -15,40 +15,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, noisy_baseline_note
+from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
-from pytest_specperf.judging.strict import Unjudged, unjudged
+from pytest_specperf.judging.strict import Unjudged
 from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
-from pytest_specperf.run.cases import CaseRefused, case_of
-from pytest_specperf.run.cases import judge as judge_run
-from pytest_specperf.store.baselines import utc_now
+from pytest_specperf.run.cases import CaseRefused, Policy, judge_one
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
-
-def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
-    """Judge one case (with --specperf-update-baselines, refuse a run that must not be
-    recorded; ``queue_record`` queues the others)."""
-    shown = sess.display_path(sess.baseline_path)
-    try:
-        outcome = judge_run(sess.inputs(), case, shown, record=sess.settings.update_baselines)
-    except CaseRefused as e:
-        raise pytest.fail(str(e), pytrace=False) from None
-    if outcome.run.telemetry is not None and not outcome.run.telemetry.available:
-        sess.telemetry_note = outcome.run.telemetry.reason
-    return outcome
-
-
-def queue_record(sess: SpecperfSession, case: Case) -> None:
-    """Queue a case for --specperf-update-baselines (written at the end of the session)."""
-    sess.to_record.append(as_baseline(case, at=utc_now()))
-    note = noisy_baseline_note(case)
-    if note:
-        sess.notes.append(note)
 
 
 def _profile(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
@@ -108,26 +86,6 @@ def record_command(config: pytest.Config) -> str:
     return shlex.join(["pytest", *out, "--specperf-update-baselines"])
 
 
-def _mapped_phases(handle: SpecperfHandle) -> frozenset[str] | None:
-    srv = handle.server
-    mapped = getattr(srv.backend, "mapped_phases", None)  # a third-party backend may lack it
-    return mapped(srv.server_info) if mapped is not None else None
-
-
-def _strict(sess: SpecperfSession, handle: SpecperfHandle, outcome: CaseOutcome
-            ) -> tuple[Unjudged, ...]:  # fmt: skip
-    """Under --specperf-strict, why the case does not count as judged."""
-    if not sess.settings.strict:
-        return ()
-    return unjudged(
-        outcome,
-        mapped=_mapped_phases(handle),
-        gpu_run=sess.device().kind == "cuda",
-        recording=sess.settings.update_baselines,
-        telemetry_note=sess.telemetry_note,
-    )
-
-
 def strict_failure(config: pytest.Config, outcome: CaseOutcome,
                    problems: tuple[Unjudged, ...]) -> str:  # fmt: skip
     """The strict run's failure lines for a case that was not judged."""
@@ -169,22 +127,31 @@ def junit_properties(outcome: CaseOutcome, baseline_file: str,
     return props
 
 
+def _policy(sess: SpecperfSession) -> Policy:
+    s = sess.settings
+    return Policy(record=s.update_baselines, strict=s.strict, gpu_run=sess.device().kind == "cuda")
+
+
 def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle) -> None:
     """Judge every run of a test that completed; fail it on a regression, and under
     --specperf-strict on a case that was not judged."""
     failures = []
-    request = handle.request
+    inputs, policy, request = sess.inputs(), _policy(sess), handle.request
+    shown = sess.display_path(inputs.baseline_path)
     for run, key in zip(handle.runs, request.keys(handle.runs)):
-        case = case_of(sess.inputs(), request, handle.server, run, key)
-        outcome = judge(sess, case)
-        outcome, lines = _report(sess, item, handle, outcome)
-        problems = _strict(sess, handle, outcome)
+        try:
+            judged = judge_one(inputs, request, handle.server, run, key, shown, policy,
+                               sess.telemetry_note)  # fmt: skip
+        except CaseRefused as e:
+            raise pytest.fail(str(e), pytrace=False) from None
+        sess.telemetry_note = judged.telemetry_note
+        outcome, lines = _report(sess, item, handle, judged.outcome)
+        problems = judged.unjudged
         if problems:
             lines.append(strict_failure(sess.config, outcome, problems))
-            outcome = dataclasses.replace(outcome, recorded=False)
-        elif sess.settings.update_baselines:  # strict: an incomplete run is not recorded
-            queue_record(sess, case)
-        shown = sess.display_path(outcome.baseline_path)
+        if judged.to_record is not None:
+            sess.to_record.append(judged.to_record)
+            sess.notes += [judged.record_note] if judged.record_note else []
         item.user_properties.extend(junit_properties(outcome, shown, problems))
         sess.outcomes.append(outcome)
         sess.cases.append(

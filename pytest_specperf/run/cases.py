@@ -7,6 +7,7 @@ No pytest here: the test's side (its node id, parameters, marker) arrives as a f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,16 +18,20 @@ from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.judge import (
     Case,
     CaseOutcome,
+    as_baseline,
     judge_case,
     more_steps_would_decide,
+    noisy_baseline_note,
     recording_refusal,
 )
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.run.inputs import RunInputs
 from pytest_specperf.run.measure import Undecided
 from pytest_specperf.server.model_server import ModelServer
+from pytest_specperf.store.baselines import utc_now
 
 Found = CaseBaseline | CaseProblem | None
 
@@ -147,3 +152,61 @@ def undecided(inputs: RunInputs, request: CaseRequest, server: ModelServer,
         return more_steps_would_decide(case, found)
 
     return of
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How this run judges its cases: ``record`` (an update), ``strict`` (a case that
+    was not fully judged fails), and whether it runs on a CUDA device."""
+
+    record: bool
+    strict: bool
+    gpu_run: bool
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One judged case: its outcome, why it does not count as judged (strict), and what
+    an update records of it (with the note on a noisy recording)."""
+
+    case: Case
+    outcome: CaseOutcome
+    unjudged: tuple[Unjudged, ...]
+    to_record: CaseBaseline | None
+    record_note: str | None
+    #: why the run has no GPU telemetry, when its sampler said so
+    telemetry_note: str | None
+
+
+def _mapped_phases(server: ModelServer) -> frozenset[str] | None:
+    mapped = getattr(server.backend, "mapped_phases", None)  # a third-party backend may lack it
+    return mapped(server.server_info) if mapped is not None else None
+
+
+def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
+              key: str, shown: str, policy: Policy,
+              telemetry_note: str | None) -> Judged:  # fmt: skip
+    """Judge one measured case, check it under ``policy.strict`` and, in an update, what
+    to record (stamped now). ``telemetry_note``: why telemetry was missing so far."""
+    case = case_of(inputs, request, server, run, key)
+    outcome = judge(inputs, case, shown, record=policy.record)
+    t = outcome.run.telemetry
+    if t is not None and not t.available:
+        telemetry_note = t.reason
+    problems: tuple[Unjudged, ...] = ()
+    if policy.strict:
+        problems = unjudged(
+            outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
+            recording=policy.record, telemetry_note=telemetry_note,
+        )  # fmt: skip
+    if problems:  # strict: an incomplete run is not recorded
+        outcome = dataclasses.replace(outcome, recorded=False)
+    recording = policy.record and not problems
+    return Judged(
+        case,
+        outcome,
+        problems,
+        as_baseline(case, at=utc_now()) if recording else None,
+        noisy_baseline_note(case) if recording else None,
+        telemetry_note,
+    )
