@@ -27,6 +27,7 @@ from pytest_specperf.run.cases import CaseRefused, Policy, judge_one
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
+    from pytest_specperf.run.inputs import RunInputs
 
 
 def _profile(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
@@ -127,16 +128,17 @@ def junit_properties(outcome: CaseOutcome, baseline_file: str,
     return props
 
 
-def _policy(sess: SpecperfSession) -> Policy:
+def _policy(sess: SpecperfSession, inputs: RunInputs) -> Policy:
     s = sess.settings
-    return Policy(record=s.update_baselines, strict=s.strict, gpu_run=sess.device().kind == "cuda")
+    return Policy(record=s.update_baselines, strict=s.strict, gpu_run=inputs.device.kind == "cuda")
 
 
 def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle) -> None:
     """Judge every run of a test that completed; fail it on a regression, and under
     --specperf-strict on a case that was not judged."""
     failures = []
-    inputs, policy, request = sess.inputs(), _policy(sess), handle.request
+    inputs = sess.inputs()
+    policy, request = _policy(sess, inputs), handle.request
     shown = sess.display_path(inputs.baseline_path)
     for run, key in zip(handle.runs, request.keys(handle.runs)):
         try:

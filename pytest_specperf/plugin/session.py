@@ -80,12 +80,13 @@ class SpecperfSession:
         if self._inputs is None:
             s = self.settings
             directory = s.history_dir
+            shown = self.display_path(directory) if directory is not None else None
             self._inputs = load_inputs(
                 self.device(),
                 baselines_dir=s.baselines_dir,
                 baseline_max_bytes=s.baseline_max_bytes,
                 history_dir=directory,
-                shown=self.display_path(directory) if directory is not None else None,
+                shown=shown,
             )
             if self._inputs.history_note:
                 self.notes.append(self._inputs.history_note)

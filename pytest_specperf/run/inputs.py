@@ -49,6 +49,7 @@ def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: 
                 history_dir: Path | None, shown: str | None = None) -> RunInputs:  # fmt: skip
     """Read the device's baseline file and the history once. ``shown``: the history
     directory as the notes name it (default: its path)."""
+    bandwidth = peak_bandwidth(device)
     path = baselines_dir / f"{device.slug}.yaml"
     baselines, error = None, None
     try:
@@ -61,4 +62,4 @@ def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: 
 
         history = load_history(history_dir)
         note = history.describe(shown or str(history_dir))
-    return RunInputs(device, path, baselines, error, history, note, peak_bandwidth(device))
+    return RunInputs(device, path, baselines, error, history, note, bandwidth)
