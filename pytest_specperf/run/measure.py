@@ -138,16 +138,18 @@ class _Active:
 
 
 def start_side(side: Side, case: CaseSpec, progress: Progress, *, device: DeviceInfo,
-               pids: tuple[int, ...], baseline_step_ms: float | None, active: _Active,
-               ) -> tuple[list[Decoder], str]:  # fmt: skip
+               pids: tuple[int, ...], baseline_step_ms: float | None,
+               active: _Active | None = None) -> tuple[list[Decoder], str]:  # fmt: skip
     """Warm up and measure the first round of ``case`` in every process of ``side``; the
-    decoders (the caller closes them) and the telemetry note, if telemetry is missing."""
+    decoders (the caller closes them) and the telemetry note, if telemetry is missing.
+    ``active`` follows the server being measured (to name it when it fails)."""
     decoders: list[Decoder] = []
     telemetry_note = ""
     n = len(side.servers)
     try:
         for i, server in enumerate(side.servers):
-            active.server = server
+            if active is not None:
+                active.server = server
             sampler, note = sampler_for(device, server, pids)
             telemetry_note = note or telemetry_note
             decoders.append(
