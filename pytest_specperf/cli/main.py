@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pytest_specperf import __version__, plain_text
-from pytest_specperf.cli import calibrate, compare, history, sglang_check
+from pytest_specperf.cli import calibrate, compare, history, migrate, sglang_check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     calibrate.add_parser(sub)
     history.add_parser(sub)
     compare.add_parser(sub)
+    migrate.add_parser(sub)
     sglang_check.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "calibrate":
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         return history.run(args)
     if args.command == "compare":
         return compare.run(args)
+    if args.command == "migrate":
+        return migrate.run(args)
     if args.command == "sglang-check":
         return sglang_check.run(args)
     parser.error(f"unknown command {args.command!r}")

@@ -60,11 +60,13 @@ from pytest_specperf.store.baseline_io import (
 
 __all__ = [
     "BaselineError",
+    "Migrated",
     "Moved",
     "WriteResult",
     "dump_baselines",
     "format_moved",
     "load_baselines",
+    "migrate_baselines",
     "utc_now",
     "write_baselines",
 ]
@@ -536,6 +538,51 @@ def write_baselines(
             + ", ".join(removed),
         )
     return WriteResult(path, target, _count_cases(doc), len(moved), tuple(moved), tuple(notes))
+
+
+@dataclass(frozen=True)
+class Migrated:
+    """What ``migrate_baselines`` did to one file: its schema before and after, whether it
+    was written, how many cases it holds, and the notes of the rewrite (cases dropped)."""
+
+    path: Path
+    old_version: int
+    new_version: int
+    written: bool
+    cases: int
+    notes: tuple[str, ...]
+
+
+def migrate_baselines(path: Path, *, write: bool = True, max_bytes: int | None = None,
+                      lock_timeout: float = LOCK_TIMEOUT_S) -> Migrated:  # fmt: skip
+    """Rewrite an older schema's file in the current schema (every case kept as an
+    update would write it), atomically, under its lock; a current file is left alone.
+    ``write=False``: only say what would change. ``BaselineError`` (nothing on disk
+    changes) for a missing or unusable file."""
+    limit = resolve_max_bytes(path, max_bytes)
+    target = real_target(path)
+    if target is None or not target.exists():  # no lock file left beside a missing one
+        raise BaselineError(path, "no such file; nothing to migrate")
+    with locked(target, lock_timeout):
+        existing = load_baselines(path, max_bytes=limit)
+        if existing is None:
+            raise BaselineError(path, "no such file; nothing to migrate")
+        if existing.version == SCHEMA_VERSION:
+            return Migrated(path, existing.version, SCHEMA_VERSION, False,
+                            existing.case_count(), ())  # fmt: skip
+        doc, _, notes = _merge(existing, existing.device, [], DEFAULT_KEEP_RUNS)
+        text = dump_yaml(doc)
+        if len(text.encode()) > limit:
+            raise BaselineError(
+                path,
+                f"the migrated file would be {len(text.encode()) / 2**20:.1f} MiB, over the "
+                f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
+                f"{RAISE_LIMIT})",
+            )
+        if write:
+            atomic_write(target, text)
+    return Migrated(path, existing.version, SCHEMA_VERSION, write, _count_cases(doc),
+                    tuple(notes))  # fmt: skip
 
 
 def dump_baselines(bf: BaselineFile) -> str:
