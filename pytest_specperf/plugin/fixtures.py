@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_specperf.engines import BackendUnavailable, get_backend
-from pytest_specperf.judging.noise import MAX_PROCESSES
+from pytest_specperf.engines import BackendUnavailable
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.plugin.markers import CaseOptions, case_request, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
@@ -26,11 +25,11 @@ from pytest_specperf.run.measure import (
     measure_side,
     measurement_failure,
 )
+from pytest_specperf.run.servers import ServerSpec, open_servers
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
-from pytest_specperf.server.control import ControlError, release, take_control
+from pytest_specperf.server.control import ControlError
 from pytest_specperf.server.decoder import CaseSpec, Decoder
-from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
-from pytest_specperf.server.pool import ServerPool
+from pytest_specperf.server.model_server import ModelServer
 from pytest_specperf.server.supervisor import ServerStartError
 
 LAYOUT_PARAMS = ("contiguous", "fragmented")
@@ -202,31 +201,18 @@ PROFILE_STEPS = 8
 HANDLE_KEY = pytest.StashKey[SpecperfHandle]()
 
 
-def _open_server(
-    sess: SpecperfSession, work_dir: Callable[[], Path], parallel: int
-) -> tuple[ModelServer, bool]:
-    """Launch or attach to the session's server (``parallel``: servers side by side, one
-    per pytest-xdist worker); whether the plugin holds its control file (attach mode with
-    --specperf-inject, see ``server.control``)."""
+def server_spec(sess: SpecperfSession) -> ServerSpec:
+    """The session's side: the chosen backend launched with the options' settings, or
+    the server of ``--specperf-server-url``."""
     s = sess.settings
-    backend = get_backend(s.backend)
-    if not s.server_url:
-        server = start_server(
-            backend,
-            s.backend_settings(parallel=parallel),
-            work_dir=work_dir(),
-            ready_timeout_s=s.ready_timeout_s,
-            progress=sess.progress.line,
-        )
-        return server, False
-    server = attach_server(backend, s.server_url, s.run_dir)
-    try:
-        if s.inject is not None:
-            sess.progress.line(f"injecting {s.inject} into the attached server (control file)")
-        return server, take_control(server, s.inject)
-    except BaseException:
-        server.stop()
-        raise
+    return ServerSpec(
+        backend=s.backend,
+        settings=s.backend_settings(),
+        ready_timeout_s=s.ready_timeout_s,
+        url=s.server_url or None,
+        run_dir=s.run_dir,
+        inject=s.inject,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -237,8 +223,12 @@ def model_server(
     sess = get_session(request.config)
     problem = None
     try:
-        server, controlled = _open_server(
-            sess, lambda: tmp_path_factory.mktemp("specperf"), parallel_servers(request.config)
+        servers = open_servers(
+            server_spec(sess),
+            work_dir=tmp_path_factory.mktemp,
+            parallel=parallel_servers(request.config),
+            processes=sess.settings.processes,
+            say=sess.progress.line,
         )
     except (
         BackendUnavailable, ControlError, ServerStartError, ServerHTTPError, ServerUnreachable
@@ -246,40 +236,11 @@ def model_server(
         problem = f"specperf: cannot start the {sess.settings.backend} server: {e}"
     if problem is not None:  # failed here, not in the handler: no chained traceback
         pytest.fail(problem, pytrace=False)
-    sess.server = server
-    sess.pool = ServerPool(
-        server, lambda i: _start_more(sess, i, tmp_path_factory), limit=MAX_PROCESSES
-    )
+    sess.server, sess.pool = servers.first, servers.pool
     try:
-        yield server
+        yield servers.first
     finally:
-        try:
-            if controlled:
-                _release(sess, server)
-        finally:
-            sess.pool.stop()
-
-
-def _start_more(
-    sess: SpecperfSession, index: int, tmp_path_factory: pytest.TempPathFactory
-) -> ModelServer:
-    """Server process ``index`` of the session (``--specperf-processes``), fresh."""
-    s = sess.settings
-    sess.progress.line(f"starting server process {index} of {s.processes}")
-    return start_server(
-        get_backend(s.backend),
-        s.backend_settings(),
-        work_dir=tmp_path_factory.mktemp(f"specperf-p{index}"),
-        ready_timeout_s=s.ready_timeout_s,
-        progress=sess.progress.line,
-    )
-
-
-def _release(sess: SpecperfSession, server: ModelServer) -> None:
-    try:
-        release(server)
-    except ControlError as e:
-        sess.notes.append(f"the attached server's injection was removed but not confirmed: {e}")
+        servers.stop(sess.notes.append)
 
 
 @pytest.fixture
