@@ -61,6 +61,13 @@ if [[ ${#MODE[@]} -gt 0 ]]; then
   echo "== REHEARSAL on the CPU: every step, the CUDA-only calls replaced by named stand-ins;"
   echo "   its figures are CPU figures, not GPU results"
 fi
+# CPU seconds (user + system) of every child this shell has waited for, the step's server
+# included (`times` in this shell, not in a $(...) subshell, which has its own): a figure
+# a shared machine's load does not inflate the way it inflates wall time
+children_cpu() {
+  "$PY" -c 'import re, sys; print(sum(int(m) * 60 + float(s) for m, s in
+    re.findall(r"(\d+)m([\d.]+)s", open(sys.argv[1]).read().splitlines()[-1])))' "$OUT/.times"
+}
 T0=$(date +%s)
 : >"$OUT/steps.tsv"
 for i in "${!STEPS[@]}"; do
@@ -69,6 +76,8 @@ for i in "${!STEPS[@]}"; do
   [[ $limit -ne $real ]] && enforced=" (rehearsal: enforced at $limit s)" || enforced=""
   echo "== $name (limit $real s$enforced, at $(( $(date +%s) - T0 )) s)"
   t=$(date +%s.%N)
+  times >"$OUT/.times"
+  c=$(children_cpu)
   # SIGINT to the step's process group at its limit less its grace, SIGKILL at the limit
   timeout -s INT -k "$grace" "$(( limit - grace ))" \
     "$PY" scripts/gpu_check.py run "$name" --out "$OUT" "${MODE[@]}" \
@@ -76,9 +85,12 @@ for i in "${!STEPS[@]}"; do
   rc=$?
   took=$("$PY" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" \
     "$t" "$(date +%s.%N)")
-  echo "$name $rc $took" >>"$OUT/steps.tsv"
+  times >"$OUT/.times"
+  cpu=$("$PY" -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" \
+    "$c" "$(children_cpu)")
+  echo "$name $rc $took $cpu" >>"$OUT/steps.tsv"
   tail -n 25 "$OUT/logs/$name.log"
-  echo "$name exit $rc after $took s (at $(( $(date +%s) - T0 )) s)"
+  echo "$name exit $rc after $took s, $cpu s of CPU (at $(( $(date +%s) - T0 )) s)"
   if [[ "$name" == preflight && $rc -ne 0 ]]; then
     echo "gpu-check: preflight failed (see $OUT/logs/preflight.log); nothing else can run" >&2
     exit 2

@@ -504,11 +504,13 @@ def kill_servers(basetemp: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How one step ended, as the shell recorded it in ``OUT/steps.tsv``."""
+    """How one step ended, as the shell recorded it in ``OUT/steps.tsv``: its exit status,
+    its wall time and the CPU time (user + system) of its processes, its server's too."""
 
     name: str
     rc: int
     seconds: float
+    cpu_s: float | None = None
 
     @property
     def status(self) -> str:
@@ -526,13 +528,14 @@ class Outcome:
 
 
 def outcomes(out: Path) -> dict[str, Outcome]:
-    """The steps that ran, from ``OUT/steps.tsv`` (``name rc seconds`` per line)."""
+    """The steps that ran, from ``OUT/steps.tsv`` (``name rc seconds [cpu]`` per line)."""
     found: dict[str, Outcome] = {}
     path = out / "steps.tsv"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else ():
         parts = line.split()
         with contextlib.suppress(ValueError, IndexError):
-            found[parts[0]] = Outcome(parts[0], int(parts[1]), float(parts[2]))
+            cpu = float(parts[3]) if len(parts) > 3 else None
+            found[parts[0]] = Outcome(parts[0], int(parts[1]), float(parts[2]), cpu)
     return found
 
 
@@ -557,11 +560,14 @@ def margin_rows(out: Path, rehearsal: bool) -> list[dict[str, Any]]:
         o = done.get(s.name)
         desk = s.desk_s if rehearsal else 0.0
         est = None if o is None else o.seconds + desk
+        cpu_est = None if o is None or o.cpu_s is None else o.cpu_s + desk
         rows.append({
             "step": s.name, "limit_s": s.timeout_s,
             "measured_s": None if o is None else o.seconds,
+            "cpu_s": None if o is None else o.cpu_s,
             "desk_s": desk, "estimate_s": est,
             "margin": None if est is None else round(1 - est / s.timeout_s, 3),
+            "cpu_margin": None if cpu_est is None else round(1 - cpu_est / s.timeout_s, 3),
             "status": "not run" if o is None else o.status,
             "ok": o is not None and o.finished and est is not None
             and est <= (1 - MARGIN) * s.timeout_s,
@@ -592,19 +598,25 @@ def margins(out: Path, rehearsal: bool) -> int:
             "these are not GPU results): step time + desk estimate of the GPU-only work"
             if rehearsal else "GPU run: step time")
     lines = [f"== margins: {head}, against each limit (need >= {MARGIN:.0%} unused)"]
-    lines.append(f"{'step':10s} {'limit':>6s} {'time':>7s} {'desk':>6s} {'est':>7s} "
-                 f"{'margin':>7s}  status")
+    lines.append("   (cpu: CPU time of the step's processes, its server's included; cpu mgn: cpu + "
+                 "desk against the limit: near an idle machine's, waits aside)")
+    lines.append(f"{'step':10s} {'limit':>6s} {'time':>7s} {'cpu':>6s} {'desk':>6s} {'est':>7s} "
+                 f"{'margin':>7s} {'cpu mgn':>7s}  status")
     for r in rows:
         def f(x: Any, w: int) -> str:
             return f"{x:{w}.1f}" if isinstance(x, float | int) else f"{'-':>{w}s}"
 
-        margin = f"{r['margin']:7.0%}" if r["margin"] is not None else f"{'-':>7s}"
+        def pct(x: Any) -> str:
+            return f"{x:7.0%}" if x is not None else f"{'-':>7s}"
+
         lines.append(f"{r['step']:10s} {r['limit_s']:6d} {f(r['measured_s'], 7)} "
-                     f"{f(r['desk_s'], 6)} {f(r['estimate_s'], 7)} {margin}  "
+                     f"{f(r['cpu_s'], 6)} {f(r['desk_s'], 6)} {f(r['estimate_s'], 7)} "
+                     f"{pct(r['margin'])} {pct(r['cpu_margin'])}  "
                      f"{'ok' if r['ok'] else 'SHORT'}: {r['status']}")
     total = sum(r["measured_s"] or 0 for r in rows)
-    lines.append(f"total measured {total:.1f} s; limits {sum(s.timeout_s for s in PLAN)} s "
-                 f"(budget {BUDGET_S} s)")
+    cpu = sum(r["cpu_s"] or 0 for r in rows)
+    lines.append(f"total measured {total:.1f} s ({cpu:.1f} s of CPU); limits "
+                 f"{sum(s.timeout_s for s in PLAN)} s (budget {BUDGET_S} s)")
     if rehearsal:
         lines.append("desk estimates (GPU-only work the rehearsal cannot do), and their steps:")
         desks: dict[Desk, list[str]] = {}

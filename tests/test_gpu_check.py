@@ -36,7 +36,11 @@ def _dry_run(out: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     return subprocess.run(
         ["bash", str(SCRIPTS / "gpu-check.sh"), "--dry-run"],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
     )
 
 
@@ -51,8 +55,7 @@ def test_dry_run_prints_a_plan_within_the_budget(tmp_path: Path) -> None:
     outputs = re.findall(r"^\s+out\s+(\S+)$", text, re.M)
     assert outputs and all(o.startswith(str(out)) for o in outputs)
     assert str(out / "baselines" / "nvidia-h200.yaml") in outputs
-    for step in ("preflight", "telemetry", "engine", "record", "canary", "aa1", "v105c",
-                 "profile"):
+    for step in ("preflight", "telemetry", "engine", "record", "canary", "aa1", "v105c", "profile"):
         assert str(out / "logs" / f"{step}.log") in outputs
     assert not out.exists()  # a dry run writes nothing
 
@@ -62,9 +65,21 @@ def test_dry_run_node_ids_are_collected_exactly(tmp_path: Path) -> None:
     nodeids = sorted(set(re.findall(r"^\s+node\s+(\S+)$", _dry_run(tmp_path).stdout, re.M)))
     assert any("test_cuda_graph_replay" in n for n in nodeids)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         *nodeids],
-        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *nodeids,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     collected = [line for line in result.stdout.splitlines() if "::" in line]
@@ -73,13 +88,25 @@ def test_dry_run_node_ids_are_collected_exactly(tmp_path: Path) -> None:
 
 def test_bad_argument_is_refused(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu-check.sh"), "--fast"], env=env,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu-check.sh"), "--fast"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2 and "unknown argument '--fast'" in result.stderr
     assert "--rehearse" in result.stderr  # the usage names every mode
     env["PYTHON"] = str(tmp_path / "no-such-python")
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu-check.sh")], env=env,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu-check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2 and "set PYTHON=" in result.stderr
 
 
@@ -99,8 +126,9 @@ def test_pytest_steps_load_the_plugin_from_the_checkout(
 
 def test_leftover_servers_are_killed_by_pid(gpu_check: ModuleType, tmp_path: Path) -> None:
     """A server left by a killed pytest (own process group, pid in its run directory)."""
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
     try:
         run = tmp_path / "tmp" / "record" / "specperf0" / "run"
         run.mkdir(parents=True)
@@ -115,11 +143,17 @@ def test_leftover_servers_are_killed_by_pid(gpu_check: ModuleType, tmp_path: Pat
 
 
 def _case(nodeid: str, device_step: float, verify: float, verdict: str = "SAME") -> dict:
-    return {"nodeid": nodeid, "test": nodeid.split("[")[0], "key": "ctx=46000",
-            "context_len": 46000, "kv_layout": "contiguous", "verdict": verdict,
-            "device_step_ms": {"median": device_step},
-            "device_phases": {"verify": {"median": verify}},
-            "metrics": [{"metric": "verify", "verdict": verdict}]}
+    return {
+        "nodeid": nodeid,
+        "test": nodeid.split("[")[0],
+        "key": "ctx=46000",
+        "context_len": 46000,
+        "kv_layout": "contiguous",
+        "verdict": verdict,
+        "device_step_ms": {"median": device_step},
+        "device_phases": {"verify": {"median": verify}},
+        "metrics": [{"metric": "verify", "verdict": verdict}],
+    }
 
 
 def test_summary_of_partial_results(gpu_check: ModuleType, tmp_path: Path) -> None:
@@ -134,10 +168,13 @@ def test_summary_of_partial_results(gpu_check: ModuleType, tmp_path: Path) -> No
     gpu_check.write_json(tmp_path / "record.json", {"cases": [_case(head, 5.0, 3.0)]})
     gpu_check.write_json(tmp_path / "aa1.json", {"cases": [_case(head, 5.05, 3.0)]})
     gpu_check.write_json(tmp_path / "v105a.json", {"cases": [_case(head, 5.2, 3.15, "SLOWER")]})
-    gpu_check.write_json(tmp_path / "engine.json", {
-        "probe_on_off": {"result": {"ratio_on_off": 1.004}},
-        "layouts_and_bandwidth": {"error": "RuntimeError: out of time"},
-    })
+    gpu_check.write_json(
+        tmp_path / "engine.json",
+        {
+            "probe_on_off": {"result": {"ratio_on_off": 1.004}},
+            "layouts_and_bandwidth": {"error": "RuntimeError: out of time"},
+        },
+    )
     assert summarize(tmp_path) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["arms"]["aa1"]["device_step_change"] == pytest.approx(0.01)
@@ -147,8 +184,10 @@ def test_summary_of_partial_results(gpu_check: ModuleType, tmp_path: Path) -> No
     assert s["goals"]["probe_on_off"] == {"value": 1.004, "goal": "<= 1.01", "met": True}
     assert s["goals"]["verify_kv_read_vs_copy"]["met"] is None  # not measured
     assert s["steps"]["finished"] == ["preflight", "record", "canary"]  # canary: tests failed
-    assert s["steps"]["stopped"] == {"aa1": "stopped at its limit (interrupted)",
-                                     "v105a": "killed at its limit"}
+    assert s["steps"]["stopped"] == {
+        "aa1": "stopped at its limit (interrupted)",
+        "v105a": "killed at its limit",
+    }
     assert "telemetry" in s["steps"]["not_run"] and "profile" in s["steps"]["not_run"]
     text = (tmp_path / "summary.txt").read_text()
     assert "probe_on_off" in text and "== steps finished: preflight, record, canary" in text
@@ -210,7 +249,11 @@ def test_arms_run_with_the_extension_off(gpu_check: ModuleType) -> None:
     flag = gpu_check.NO_EXTENSION.split("=")[0]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help"],
-        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
     )
     assert flag in result.stdout, f"{flag} is not an option of the plugin on this checkout"
     record = gpu_check.step_named("record")  # recording never extends
@@ -249,10 +292,14 @@ def test_margins_against_each_limit(gpu_check: ModuleType, tmp_path: Path) -> No
     aa1, engine = gpu_check.step_named("aa1"), gpu_check.step_named("engine")
     fits = 0.7 * aa1.timeout_s - aa1.desk_s - 0.5
     (tmp_path / "steps.tsv").write_text(
-        f"aa1 0 {fits:.1f}\nengine 0 {0.7 * engine.timeout_s:.1f}\nrecord 124 72.0\n"
+        f"aa1 0 {fits:.1f} 3.0\nengine 0 {0.7 * engine.timeout_s:.1f}\nrecord 124 72.0\n"
     )
     rows = {r["step"]: r for r in gpu_check.margin_rows(tmp_path, rehearsal=True)}
     assert rows["aa1"]["ok"] and rows["aa1"]["estimate_s"] == pytest.approx(fits + aa1.desk_s)
+    assert rows["aa1"]["cpu_s"] == 3.0 and rows["engine"]["cpu_s"] is None
+    assert rows["aa1"]["cpu_margin"] == pytest.approx(
+        1 - (3.0 + aa1.desk_s) / aa1.timeout_s, abs=1e-3
+    )
     assert not rows["engine"]["ok"]  # 70% of the limit plus the desk's GPU work
     assert not rows["record"]["ok"] and rows["record"]["status"].startswith("stopped")
     assert not rows["canary"]["ok"] and rows["canary"]["status"] == "not run"
@@ -295,8 +342,12 @@ def _interrupt_run(tmp_path: Path, body: str, limit: int, grace: int) -> tuple[i
     )
     env = {**os.environ, "PYTHONPATH": f"{SCRIPTS}{os.pathsep}{REPO}"}
     result = subprocess.run(
-        ["timeout", "-s", "INT", "-k", str(grace), str(limit - grace), sys.executable,
-         "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        ["timeout", "-s", "INT", "-k", str(grace), str(limit - grace), sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         check=False,
     )
     return result.returncode, out / "slow.json"
@@ -332,9 +383,15 @@ def test_a_step_at_its_limit_is_interrupted_and_writes_its_report(tmp_path: Path
         f"sys.exit(gpu_check.run_pytest(step, Path({str(out)!r}), rehearse=True))"
     )
     env = {**os.environ, "PYTHONPATH": f"{SCRIPTS}{os.pathsep}{REPO}"}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path,
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -351,13 +408,16 @@ def test_a_step_at_its_limit_is_interrupted_and_writes_its_report(tmp_path: Path
     assert (out / "slow.json").is_file(), stdout
     report = json.loads((out / "slow.json").read_text())
     assert [c["test"].rsplit("::", 1)[-1] for c in report["cases"]] == ["test_measured"]
-    assert not any(p.read_text().strip() for p in (out / "tmp" / "slow").rglob("server.pid")
-                   if p.is_file())
+    assert not any(
+        p.read_text().strip() for p in (out / "tmp" / "slow").rglob("server.pid") if p.is_file()
+    )
 
 
 def test_a_step_that_ignores_the_interrupt_is_killed_at_its_limit(tmp_path: Path) -> None:
-    body = ("import signal, time\n\ndef test_stuck():\n"
-            "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(60)\n")
+    body = (
+        "import signal, time\n\ndef test_stuck():\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(60)\n"
+    )
     t0 = time.monotonic()
     rc, report = _interrupt_run(tmp_path, body, limit=14, grace=4)
     # the wrapper's own kill after the grace (124), or timeout's SIGKILL to the group at the
@@ -375,8 +435,19 @@ def test_rehearsal_stand_ins_are_named(tmp_path: Path, monkeypatch: pytest.Monke
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "gpu_check.py"), "run", "telemetry", "--rehearse",
-         "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(SCRIPTS / "gpu_check.py"),
+            "run",
+            "telemetry",
+            "--rehearse",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -394,10 +465,41 @@ def test_profile_step_is_skipped_by_the_fallback(tmp_path: Path) -> None:
     """SPECPERF_KERNEL_EVERY=0: no profiler in the run; the profile step says so."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "SPECPERF_KERNEL_EVERY": "0"}
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "gpu_check.py"), "run", "profile", "--rehearse",
-         "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(SCRIPTS / "gpu_check.py"),
+            "run",
+            "profile",
+            "--rehearse",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((tmp_path / "profile.json").read_text())
     assert data["skipped"] == "skipped: SPECPERF_KERNEL_EVERY=0 (no profiler in this run)"
+
+
+def test_rehearsal_ok_wants_every_step_and_part(gpu_check: ModuleType, tmp_path: Path) -> None:
+    """CI's check after a rehearsal: every step ran to its end, no part failed, every
+    in-process step's JSON says it is a rehearsal; a stand-in is not a failure."""
+    lines = [f"{s.name} {1 if s.name == 'canary' else 0} 1.0 0.5" for s in gpu_check.PLAN]
+    (tmp_path / "steps.tsv").write_text("\n".join(lines) + "\n")
+    label = "CPU rehearsal with stand-ins: not GPU results"
+    for step in ("telemetry", "engine", "profile"):
+        gpu_check.write_json(
+            tmp_path / f"{step}.json",
+            {"rehearsal": label, "part": {"s": 0.1, "result": 1, "stand_ins": ["device-copy"]}},
+        )
+    assert gpu_check.rehearsal_ok(tmp_path) == 0
+    gpu_check.write_json(
+        tmp_path / "engine.json",
+        {"rehearsal": label, "layouts": {"s": 0.1, "error": "RuntimeError: boom"}},
+    )
+    (tmp_path / "steps.tsv").write_text("\n".join(lines[:-2]) + "\nprofile 124 35.0\n")
+    assert gpu_check.rehearsal_ok(tmp_path) == 1
