@@ -163,7 +163,7 @@ def _arm(name: str, inject: str | None) -> Step:
     args = (*((f"--specperf-inject={inject}",) if inject else ()), NO_EXTENSION)
     what = f"fresh process, {inject or 'no change (A/A)'} vs the recorded baseline"
     desk = (*SERVER, _captures(2), _decode(60))
-    return Step(name, 30, what, (f"{name}.json",), (HEADLINE,), args, desk)
+    return Step(name, 34, what, (f"{name}.json",), (HEADLINE,), args, desk)
 
 
 PLAN: tuple[Step, ...] = (
@@ -177,7 +177,7 @@ PLAN: tuple[Step, ...] = (
     ),
     Step(
         "telemetry",
-        30,
+        25,
         "NVML identity, peak bandwidth, throttle reasons, processes; 4 GB copy vs GPM "
         "DRAM_BW_UTIL over >= 1 s; _sleep calibration at idle",
         ("telemetry.json",),
@@ -185,7 +185,7 @@ PLAN: tuple[Step, ...] = (
     ),
     Step(
         "engine",
-        100,
+        90,
         "in-process medium engine: graphs vs eager 32k/46k, sync census, phases and KV-read "
         "bandwidth per layout, 10 s load with GPM and _sleep recalibration, verify=1.10 "
         "and host_stall canaries, probe on/off, DFLASH vs NONE",
@@ -195,7 +195,7 @@ PLAN: tuple[Step, ...] = (
     ),
     Step(
         "record",
-        70,
+        50,
         "plugin: record baselines (medium, 32k/46k, contiguous/fragmented, graph replay)",
         ("record.json", f"baselines/{DEVICE_SLUG}.yaml"),
         (
@@ -207,7 +207,7 @@ PLAN: tuple[Step, ...] = (
     ),
     Step(
         "canary",
-        30,
+        36,
         f"plugin: {CANARY_SPEC} vs the baseline (must fail on verify and unaccounted)",
         ("canary.json",),
         (HEADLINE,),
@@ -551,9 +551,12 @@ def step_report(out: Path) -> dict[str, Any]:
 
 
 def margin_rows(out: Path, rehearsal: bool) -> list[dict[str, Any]]:
-    """Per step: its measured time, the desk estimate of the GPU-only work a rehearsal does
-    not do (0 on the GPU itself), their sum against the limit, and whether the sum leaves
-    ``MARGIN`` of the limit unused."""
+    """Per step: its measured wall and CPU time, the desk estimate of the GPU-only work a
+    rehearsal does not do (0 on the GPU itself), their sums against the limit, and whether
+    the sum leaves ``MARGIN`` of the limit unused (on the CPU time where measured: on an
+    idle machine a step's wall time is its CPU time and its waits, and the waits the
+    rehearsal has are covered by the desk, e.g. the load window; on a shared one the wall
+    time is mostly other processes')."""
     done = outcomes(out)
     rows = []
     for s in PLAN:
@@ -569,8 +572,10 @@ def margin_rows(out: Path, rehearsal: bool) -> list[dict[str, Any]]:
             "margin": None if est is None else round(1 - est / s.timeout_s, 3),
             "cpu_margin": None if cpu_est is None else round(1 - cpu_est / s.timeout_s, 3),
             "status": "not run" if o is None else o.status,
+            # judged on the CPU time where the shell measured it (a shared machine's load
+            # lengthens wall time, not a step's own CPU time), else on the wall time
             "ok": o is not None and o.finished and est is not None
-            and est <= (1 - MARGIN) * s.timeout_s,
+            and (cpu_est if cpu_est is not None else est) <= (1 - MARGIN) * s.timeout_s,
         })  # fmt: skip
     return rows
 

@@ -301,6 +301,12 @@ def test_margins_against_each_limit(gpu_check: ModuleType, tmp_path: Path) -> No
         1 - (3.0 + aa1.desk_s) / aa1.timeout_s, abs=1e-3
     )
     assert not rows["engine"]["ok"]  # 70% of the limit plus the desk's GPU work
+    (tmp_path / "steps.tsv").write_text(f"aa1 0 {2 * aa1.timeout_s} 3.0\n")
+    slow_wall = {r["step"]: r for r in gpu_check.margin_rows(tmp_path, rehearsal=True)}["aa1"]
+    assert slow_wall["ok"] and slow_wall["margin"] < 0  # judged on its own CPU time
+    (tmp_path / "steps.tsv").write_text(
+        f"aa1 0 {fits:.1f} 3.0\nengine 0 {0.7 * engine.timeout_s:.1f}\nrecord 124 72.0\n"
+    )
     assert not rows["record"]["ok"] and rows["record"]["status"].startswith("stopped")
     assert not rows["canary"]["ok"] and rows["canary"]["status"] == "not run"
     on_gpu = {r["step"]: r for r in gpu_check.margin_rows(tmp_path, rehearsal=False)}
