@@ -122,9 +122,9 @@ def canary_verify(eng: Any, side: Cuda) -> dict[str, Any]:
 
 def canary_host_stall(eng: Any, side: Cuda) -> dict[str, Any]:
     """``host_stall=2``: the change in unaccounted time, and the bottleneck verdict."""
+    from pytest_specperf.judging.bottleneck import StepFigures, classify
     from pytest_specperf.probe import StepProbe
     from pytest_specperf.probe.inject import Injector, parse_inject
-    from pytest_specperf.telemetry import StepFigures, classify
 
     stall = Injector(parse_inject("host_stall=2"))
     probes = {
