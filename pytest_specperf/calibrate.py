@@ -651,7 +651,7 @@ def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
         noise = [
             (n, m.within)
             for m in ms
-            if m.within is not None and math.isfinite(n := m.noise_at(m.tolerance))
+            if m.within is not None and math.isfinite(n := m.noise)
         ]
         rows.append({
             "case": name, "metric": metric, "unstable": len(ms), "runs": len(cond.runs),
@@ -659,6 +659,7 @@ def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
             "noise": _median([n for n, _ in noise]),
             "within": _median([w for _, w in noise]),
             "between": _median([math.sqrt(max(n**2 - w**2, 0.0)) for n, w in noise]),
+            "critical": _median([m.critical for m in ms if math.isfinite(m.critical)]),
         })  # fmt: skip
     return sorted(rows, key=lambda r: (-r["unstable"], r["case"], r["metric"]))
 
@@ -678,7 +679,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
     def band(r: dict[str, Any]) -> str:  # a disturbed case is UNSTABLE whatever its band
         if r["noise"] is None:
             return "-"
-        wide = Z * r["noise"]
+        wide = (r.get("critical") or Z) * r["noise"]
         return f"{wide * 100:.1f}% {'>' if wide > r['tolerance'] else '<='} {r['tolerance']:.0%}"
 
     cells = [
@@ -691,7 +692,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         "why quiet A/A runs were UNSTABLE (medians over the runs where the metric was): "
         "noise = this run's blocks (within: more steps shrink it) and between processes",
         *render_table(
-            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise vs tol"],
+            ["case", "metric", "UNSTABLE", "noise", "within", "between", "t x noise vs tol"],
             cells,
         ),
     ]

@@ -1,8 +1,8 @@
 """YAML baseline store: ``<dir>/<device-slug>.yaml``, one file per device model.
 
-Layout (``schema_version: 3``)::
+Layout (``schema_version: 4``)::
 
-    schema_version: 3
+    schema_version: 4
     device: {name: ..., kind: cpu, ...}
     engines:
       reference tiny DFLASH:                 # identity: backend, model, draft, algorithm
@@ -15,7 +15,7 @@ Layout (``schema_version: 3``)::
               fingerprint: 1a2b3c4d5e6f                  # the runs' engine fingerprint
               steps: 32                                  # measured steps per run
               runs:                                      # one per server process, newest last
-              - {at: '2026-12-01T10:00:00+00:00', pid: 4711}
+              - {at: '2026-12-01T10:00:00+00:00', pid: 4711, sitting: 20261201T1000-box, host: box}
               phases:                                    # per step part, each run's centers:
                 verify: {ms: [31.2, 31.4], rest: [3.51, 3.52], cpu: [31.0, 31.3]}
                 step: {ms: [40.9, 41.0], ref: [6.87, 6.91], cpu: [40.8, 40.9]}
@@ -23,6 +23,10 @@ Layout (``schema_version: 3``)::
                 accept_len: [3.125, 3.125]
               blocks:                                    # per judged form, each run's blocks
                 verify/rest: [[3.45, 3.42, ...], [3.52, 3.49, ...]]
+              not_gated:                                 # only for a case no setting decides
+                accepted: false                          # true: the team accepts it (strict)
+                gates: {draft: 0.174, verify: 0.167}     # measured spread between processes
+                reason: bimodal between server processes ...
 
 A ``phases`` row holds one step part's forms (``ms`` wall time, ``rest`` its share of the
 rest of the step, ``ref`` the step against the KV read time, ``cpu`` the probe thread's CPU
@@ -31,14 +35,18 @@ of three runs takes about 35 lines.
 
 The identity selects the entry, so a reference run and an SGLang run (or two models) on
 one device never read or overwrite each other's cases; the rest of the fingerprint is
-compared (a mismatch is INVALID). An update appends the new run to each recorded case and
+compared (a mismatch is INVALID). An update appends the new runs to each recorded case and
 keeps the last ``keep_runs``; a case whose engine fingerprint, step count or metric set
-changed starts over, so runs of different engines are never pooled.
+changed starts over, so runs of different engines are never pooled. Every run an update
+writes carries its sitting (the update's id, from when and where it ran) and host, so a
+baseline grown over updates on several days knows its sittings (``judging.noise``); runs
+of older files carry none and read as one sitting.
 
 Files are read through ``baseline_io`` (size, shape and symlink limits, safe loading
 only), by ``schema_version``: a v1 file (one summary per metric and case) is migrated on
 read, each case becoming one run; a v2 file (every metric on its own line under ``value``)
-is read as it is; both are rewritten as v3 only by an update. File-level
+is read as it is; a v3 file's runs read as one sitting; all are rewritten as v4 only by
+an update. File-level
 problems raise ``BaselineError``; a case that fails validation is a ``CaseProblem`` that
 the judge reports as INVALID, naming file, case and field.
 """
@@ -73,6 +81,7 @@ from pytest_specperf.judging.baseline_io import (
 from pytest_specperf.judging.baseline_schema import (
     MAX_RUNS,
     Invalid,
+    NotGated,
     RunRecord,
     brief,
     check_run,
@@ -80,6 +89,7 @@ from pytest_specperf.judging.baseline_schema import (
     keeps_blocks,
     make_run,
     parse_case,
+    parse_not_gated,
     parse_v1_case,
     split_rows,
 )
@@ -98,6 +108,7 @@ __all__ = [
     "CaseProblem",
     "Identity",
     "Moved",
+    "NotGated",
     "RunRecord",
     "WriteResult",
     "dump_baselines",
@@ -109,9 +120,9 @@ __all__ = [
     "write_baselines",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions this reader understands (older ones are migrated on read).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Runs kept per case by an update (the last K).
 DEFAULT_KEEP_RUNS = 5
 #: Fingerprint fields that must match for a baseline to be comparable.
@@ -240,6 +251,13 @@ class CaseBaseline:
     fingerprint_hash: str
     steps: int
     runs: tuple[RunRecord, ...]
+    #: the gates no setting can decide (a bimodal case), found when it was recorded
+    not_gated: NotGated | None = None
+
+    @property
+    def sittings(self) -> int:
+        """The distinct sittings of the stored runs (runs without one: one sitting)."""
+        return len({r.sitting_label for r in self.runs})
 
     @classmethod
     def from_run(
@@ -252,6 +270,8 @@ class CaseBaseline:
         metrics: Mapping[str, Summary],
         pid: int | None = None,
         at: str | None = None,
+        sitting: str | None = None,
+        host: str | None = None,
     ) -> CaseBaseline:
         """A just-measured case (one run), numbers rounded as they are stored."""
         if at is None:
@@ -266,6 +286,8 @@ class CaseBaseline:
                 for m, s in metrics.items()
                 if keeps_blocks(m) and s.blocks
             },
+            sitting,
+            host,
         )
         fp = MappingProxyType(dict(fingerprint))
         return cls(test, key, identity_of(fp), fp, fingerprint_hash(fp), steps, (run,))
@@ -312,12 +334,13 @@ class CaseBaseline:
         try:
             fp = MappingProxyType(dict(d["fingerprint"]))
             ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
+            mark = parse_not_gated(d["case"].get("not_gated"))
             test, key = str(d["test"]), str(d["key"])
-        except (Invalid, KeyError, TypeError, ValueError) as e:
+        except (Invalid, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
         if ref != fingerprint_hash(fp):
             raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
-        return cls(test, key, identity_of(fp), fp, ref, steps, runs)
+        return cls(test, key, identity_of(fp), fp, ref, steps, runs, mark)
 
 
 @dataclass(frozen=True)
@@ -514,12 +537,13 @@ def _case_v2(
 ) -> CaseBaseline | CaseProblem:
     try:
         ref, steps, runs = parse_case(raw, version)
+        mark = parse_not_gated(raw.get("not_gated")) if version >= 4 else None
         fp = entry.fingerprints.get(ref)
         if fp is None:
             raise Invalid(f"fingerprint: {ref[:40]!r} is not among this engine's fingerprints")
     except Invalid as e:
         return CaseProblem(path, entry.name, test, key, str(e))
-    return CaseBaseline(test, key, entry.identity, MappingProxyType(fp), ref, steps, runs)
+    return CaseBaseline(test, key, entry.identity, MappingProxyType(fp), ref, steps, runs, mark)
 
 
 def _from_v1(path: Path, data: dict[str, Any]) -> BaselineFile:
@@ -596,7 +620,9 @@ def _combine(
     old: CaseBaseline | CaseProblem | None, new: CaseBaseline, keep: int
 ) -> tuple[CaseBaseline, str | None]:
     """The case after adding ``new``'s runs to ``old``'s (the last ``keep``), and why
-    old runs were dropped if they were."""
+    old runs were dropped if they were. The ``not_gated`` mark: the new recording's when
+    it measured 2 or more processes (it could tell; a team's acceptance of a mark that
+    holds again is kept), else the old one."""
     trimmed = dataclasses.replace(new, runs=new.runs[-keep:])
     if old is None:
         return trimmed, None
@@ -610,7 +636,10 @@ def _combine(
     o, n = old.latest, new.latest
     if set(o.values) != set(n.values) or set(o.blocks) != set(n.blocks):
         return trimmed, "the set of recorded metrics changed"
-    return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:]), None
+    mark = new.not_gated if len(new.runs) >= 2 else old.not_gated
+    if mark is not None and old.not_gated is not None and old.not_gated.accepted:
+        mark = dataclasses.replace(mark, accepted=True)
+    return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:], not_gated=mark), None
 
 
 def _moved(engine: str, old: Any, new: CaseBaseline, why: str | None) -> Moved:
@@ -631,13 +660,23 @@ def _case_dict(c: CaseBaseline) -> dict[str, Any]:
     return {
         "fingerprint": c.fingerprint_hash,
         "steps": c.steps,
-        "runs": [FlowMap(at=r.at, pid=r.pid) for r in c.runs],
+        "runs": [FlowMap(_run_meta(r)) for r in c.runs],
         "phases": {part: FlowMap(row) for part, row in rows.items()},
         "value": value,
         "blocks": {
             m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
         },
+        **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
     }
+
+
+def _run_meta(r: RunRecord) -> dict[str, Any]:
+    meta: dict[str, Any] = {"at": r.at, "pid": r.pid}
+    if r.sitting is not None:
+        meta["sitting"] = r.sitting
+    if r.host is not None:
+        meta["host"] = r.host
+    return meta
 
 
 def _v3_case(case: Any) -> Any:
@@ -809,6 +848,19 @@ def _count_cases(doc: dict[str, Any]) -> int:
     return n
 
 
+def _stamped(c: CaseBaseline, sitting: str | None, host: str | None) -> CaseBaseline:
+    """``c`` with ``sitting`` and ``host`` on its runs that carry none."""
+    runs = tuple(
+        dataclasses.replace(
+            r,
+            sitting=r.sitting if r.sitting is not None else sitting,
+            host=r.host if r.host is not None else host,
+        )
+        for r in c.runs
+    )
+    return dataclasses.replace(c, runs=runs)
+
+
 def _check_measured(path: Path, measured: Sequence[CaseBaseline]) -> None:
     for c in measured:
         for run in c.runs:
@@ -828,9 +880,13 @@ def write_baselines(
     keep_runs: int = DEFAULT_KEEP_RUNS,
     max_bytes: int | None = None,
     lock_timeout: float = LOCK_TIMEOUT_S,
+    sitting: str | None = None,
+    host: str | None = None,
 ) -> WriteResult:
     """Add ``measured`` to ``path`` (every other case and identity kept as it is) and
     write it atomically, under the file's lock, through a symbolic link to its target.
+    ``sitting`` and ``host`` (this update's) are stamped on the measured runs that carry
+    none: the update is their sitting.
 
     The existing file is validated first; if it is unusable, ``BaselineError`` is raised
     and nothing on disk changes. Temporary files of killed updates are removed.
@@ -838,6 +894,7 @@ def write_baselines(
     if not 1 <= keep_runs <= MAX_RUNS:
         raise ValueError(f"keep_runs must be from 1 to {MAX_RUNS}, got {keep_runs}")
     limit = resolve_max_bytes(path, max_bytes)
+    measured = [_stamped(c, sitting, host) for c in measured]
     _check_measured(path, measured)
     target = real_target(path) or path
     target.parent.mkdir(parents=True, exist_ok=True)
