@@ -61,7 +61,9 @@ SIGNED_METRICS = frozenset({UNACCOUNTED})
 #: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
 #: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
 #: accept length, tokens/s, the device-busy share).
-BLOCK_METRICS = frozenset({STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY})
+BLOCK_METRICS = frozenset(
+    {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
+)
 _CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
 _CASE_FIELDS_V3 = ("fingerprint", "steps", "runs", "phases", "value", "blocks")
 _CASE_FIELDS_V4 = (*_CASE_FIELDS_V3, "not_gated")
