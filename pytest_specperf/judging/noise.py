@@ -83,6 +83,11 @@ class LevelPrior:
                 raise ValueError(f"LevelPrior.{name} must be a number >= 0, got {v!r}")
 
 
+#: The kinds of judged forms a device prior holds, in ``DevicePrior``'s field order (the
+#: tolerance kinds of ``metrics.MetricSpec``).
+PRIOR_KINDS = ("phase", "step")
+
+
 @dataclass(frozen=True)
 class DevicePrior:
     """The level priors of one device: for the phases' forms (``verify/rest``, accept
@@ -97,7 +102,7 @@ class DevicePrior:
 
     def of(self, kind: str) -> LevelPrior:
         """The prior of a tolerance kind (``phase`` or ``step``, ``metrics.spec().tolerance``)."""
-        return self.step if kind == "step" else self.phase
+        return self.step if kind == PRIOR_KINDS[1] else self.phase
 
     def describe(self) -> str:
         p, s = self.phase, self.step

@@ -33,7 +33,7 @@ from pytest_specperf.judging.baseline_io import (
     read_bounded,
     real_target,
 )
-from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior, LevelPrior
+from pytest_specperf.judging.noise import PRIOR_KINDS, PROVISIONAL_PRIOR, DevicePrior, LevelPrior
 
 PRIOR_SCHEMA_VERSION = 1
 #: A prior file is small: a few lines.
@@ -43,7 +43,7 @@ MAX_SD = 0.7
 #: Largest degrees of freedom a prior may claim.
 MAX_DF = 10_000
 _LEVEL_FIELDS = ("between", "between_df", "sitting", "sitting_df")
-_TOP_FIELDS = ("schema_version", "source", "provisional", "phase", "step")
+_TOP_FIELDS = ("schema_version", "source", "provisional", *PRIOR_KINDS)
 
 
 def prior_path(baseline_path: Path) -> Path:
@@ -93,12 +93,8 @@ def load_prior(baseline_path: Path) -> DevicePrior:
         raise BaselineError(path, "source: expected a text of 1 to 300 characters")
     if not isinstance(provisional, bool):
         raise BaselineError(path, f"provisional: expected true or false, got {provisional!r}")
-    return DevicePrior(
-        _level(path, data.get("phase"), "phase"),
-        _level(path, data.get("step"), "step"),
-        source,
-        provisional,
-    )
+    phase, step = (_level(path, data.get(kind), kind) for kind in PRIOR_KINDS)
+    return DevicePrior(phase, step, source, provisional)
 
 
 def _level_dict(p: LevelPrior) -> FlowMap:
@@ -117,8 +113,7 @@ def write_prior(baseline_path: Path, prior: DevicePrior) -> Path:
         "schema_version": PRIOR_SCHEMA_VERSION,
         "source": prior.source,
         "provisional": prior.provisional,
-        "phase": _level_dict(prior.phase),
-        "step": _level_dict(prior.step),
+        **{kind: _level_dict(prior.of(kind)) for kind in PRIOR_KINDS},
     }
     target = real_target(path) or path
     target.parent.mkdir(parents=True, exist_ok=True)
