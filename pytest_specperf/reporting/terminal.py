@@ -26,7 +26,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
@@ -257,8 +257,8 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str
             "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
         )
     text += (
-        f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
-        f"tol {m.tolerance * 100:.0f}{unit})"
+        f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x = "
+        f"{m.critical * m.noise * 100:.1f}{unit} > tol {m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
