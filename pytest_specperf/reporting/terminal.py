@@ -276,7 +276,19 @@ def _processes_advice(m: MetricVerdict) -> str:
         f"; more steps cannot decide it: the noise between server processes is {between} "
         f"per run ({runs}), and the baseline's own blocks add theirs"
     )
+    sd = m.sitting if m.sitting is not None and m.sitting_coef else 0.0
+    sitting = sd > 0
+    if sitting:
+        text += (
+            f"; the offset between sittings is +-{sd * 100:.1f}% ({m.sittings} "
+            "sitting(s) in the baseline; docs/statistics.md)"
+        )
     p = m.processes_to_decide
+    if p is None and sitting:
+        return text + (
+            "; no number of processes would: update the baseline in more sittings (on other "
+            "days), or measure a calibrated prior with specperf calibrate"
+        )
     if p is None:
         return text + "; no practical number of processes would: re-record on a quiet machine"
     run = f"run with --specperf-processes {p}"
