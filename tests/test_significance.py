@@ -381,7 +381,15 @@ def test_the_provisional_prior_says_so():
     assert "1.2% (phases), 3.0% (step)" in text and "1.1% (phases), 6.0% (step)" in text
 
 
-def test_a_recorded_case_keeps_its_sitting_through_json(make_run, reference_fp):
-    recorded = as_baseline(_case(_processes(make_run, [0, 0]), reference_fp, sitting="s9"))
-    again = CaseBaseline.from_json(recorded.to_json())
-    assert [r.sitting for r in again.runs] == ["s9", "s9"]
+def test_a_recorded_case_keeps_its_sitting_through_json(tmp_path, make_run, reference_fp):
+    """The writer stamps the update's sitting on runs that carry none (a pytest-xdist
+    worker's cases travel as JSON to the controller, which writes them)."""
+    recorded = as_baseline(_case(_processes(make_run, [0, 0]), reference_fp, sitting="worker"))
+    assert [r.sitting for r in recorded.runs] == [None, None]
+    wire = CaseBaseline.from_json(recorded.to_json())
+    path = tmp_path / "box.yaml"
+    write_baselines(path, {"name": "box"}, [wire], sitting="controller", host="box")
+    [case] = list(load_baselines(path).all_cases())
+    assert [r.sitting for r in case.runs] == ["controller", "controller"]
+    again = CaseBaseline.from_json(case.to_json())
+    assert [(r.sitting, r.host) for r in again.runs] == [("controller", "box")] * 2

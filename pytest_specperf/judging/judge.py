@@ -448,8 +448,9 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
 
 def as_baseline(case: Case) -> CaseBaseline:
     """What an update stores for ``case``: one run per server process (its siblings
-    included), each with its utilization medians and the session's sitting, and the
-    gates no setting can decide (``not_gated_mark``)."""
+    included), each with its utilization medians, and the gates no setting can decide
+    (``not_gated_mark``). The runs' sitting is stamped by the writer (the update is the
+    sitting: a pytest-xdist controller stamps its workers' runs with its own)."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
         metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
@@ -463,7 +464,6 @@ def as_baseline(case: Case) -> CaseBaseline:
                 steps=run.steps,
                 metrics=metrics,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
-                sitting=case.sitting,
             )
         )
     return replace(
