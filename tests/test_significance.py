@@ -304,6 +304,11 @@ def test_a_marked_case_is_said_once_and_strict_counts_it_until_accepted(
     [line] = [r for r in outcome.verdict.reasons if r.startswith("not gated")]
     assert "verify 1" in line and "not accepted in the file" in line
     assert [u.label for u in unjudged(outcome, mapped=None, gpu_run=False)] == ["not gated: verify"]
+    from pytest_specperf.reporting.terminal import case_notes
+    from pytest_specperf.reporting.view import CaseView
+
+    notes = case_notes([CaseView.of(outcome, baseline_file="box.yaml")])
+    assert [n for n in notes if n.startswith("NOT GATED")] == [f"NOT GATED {TEST} {KEY}: {line}"]
     # the team accepts it in the file: judged (still not gated)
     path.write_text(text.replace("accepted: false", "accepted: true"))
     [case] = list(load_baselines(path).all_cases())

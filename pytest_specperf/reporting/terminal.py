@@ -348,12 +348,19 @@ class RunSummary:
     processes: int = 1
 
 
+#: How a case's reason that some of its gates are not gated begins (``judge.not_gated_reason``).
+NOT_GATED = "not gated: "
+
+
 def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> list[str]:
-    """``INVALID ...`` and ``UNSTABLE ...`` lines: why a case could not be compared."""
+    """``INVALID ...``, ``NOT GATED ...`` and ``UNSTABLE ...`` lines: why a case (or some
+    of its gates) could not be compared."""
     lines = []
     for c in cases:
         if c.verdict is Verdict.INVALID:
             lines.append(f"INVALID {c.test} {c.key}: {'; '.join(c.reasons)}")
+        # a bimodal case's gates, marked in the baseline file: said once per case
+        lines += [f"NOT GATED {c.test} {c.key}: {r}" for r in c.reasons if r.startswith(NOT_GATED)]
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
                 advice = unstable_advice(m, max_time_s=max_time_s)
