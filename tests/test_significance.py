@@ -382,7 +382,7 @@ def test_the_device_prior_file_round_trips_and_is_checked(tmp_path):
 
 def test_the_provisional_prior_says_so():
     text = PROVISIONAL_PRIOR.describe()
-    assert text.startswith("noise prior (PROVISIONAL, provisional, from the README")
+    assert text.startswith("noise prior (PROVISIONAL, derived from the README's 2026-12")
     assert "1.2% (phases), 3.0% (step)" in text and "1.1% (phases), 6.0% (step)" in text
 
 

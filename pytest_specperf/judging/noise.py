@@ -127,8 +127,8 @@ class DevicePrior:
 PROVISIONAL_PRIOR = DevicePrior(
     phase=LevelPrior(between=0.012, between_df=4.0, sitting=0.011, sitting_df=6.0),
     step=LevelPrior(between=0.030, between_df=4.0, sitting=0.060, sitting_df=6.0),
-    source="provisional, from the README's 2026-12 figures (docs/statistics.md); measure "
-    "this device's with specperf calibrate",
+    source="derived from the README's 2026-12 figures, docs/statistics.md; measure this "
+    "device's with specperf calibrate",
     provisional=True,
 )
 #: A prior that assumes no process or sitting noise (tests of the block noise alone).

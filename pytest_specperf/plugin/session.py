@@ -23,7 +23,7 @@ from pytest_specperf.judging.baselines import (
     load_baselines,
 )
 from pytest_specperf.judging.judge import CaseOutcome
-from pytest_specperf.judging.noise import DevicePrior
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
@@ -121,12 +121,10 @@ class SpecperfSession:
 
             self._prior = load_prior(self.baseline_path)
             where = self.display_path(prior_path(self.baseline_path))
-            if self._prior.provisional:
-                self.notes.append(
-                    f"{self._prior.describe()}; no measured prior in {where}"
-                    if self._prior.source.startswith("provisional")
-                    else f"{self._prior.describe()} ({where})"
-                )
+            if self._prior is PROVISIONAL_PRIOR:
+                self.notes.append(f"{self._prior.describe()}; no prior file {where}")
+            elif self._prior.provisional:
+                self.notes.append(f"{self._prior.describe()} ({where})")
         return self._prior
 
     def history(self) -> History | None:
