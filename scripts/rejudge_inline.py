@@ -9,9 +9,10 @@ same runs would give against a baseline recorded *inline*: the first K quiet A/A
 the calibration (one server process each, interleaved with the other conditions), judged
 by the plugin's own rule (``judging.verdict.judge_runs``, every gate the run was judged
 on, each at its share of the run's false-alarm budget; Holm's later steps are not
-applied, so it can only count fewer SLOWER than the plugin). Every condition's repetitions K and later are judged, so all columns cover the same
-rounds. The disturbance check (run-queue share) is not applied here, so a run with the
-CPU hog can only count more false alarms than the plugin would raise.
+applied, so it can only count fewer SLOWER than the plugin). Every condition's
+repetitions K and later are judged, so all columns cover the same rounds. The
+disturbance check (run-queue share) is not applied here, so a run with the CPU hog
+can only count more false alarms than the plugin would raise.
 
 It prints first how far the recorded baseline sits from the quiet A/A runs (the offset
 a judged run inherits whatever its own noise), then the counts per K and tolerance pair.
