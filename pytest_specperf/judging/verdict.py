@@ -677,15 +677,20 @@ def judge_metric(
     )  # fmt: skip
 
 
-def _paired_point_noise(base: Sequence[float], now: Sequence[float]) -> float | None:
-    """Standard error of the mean paired difference of per-block values, or None. A run
-    of several rounds of the baseline's blocks is folded first (each block's mean)."""
+def _paired_point_diffs(base: Sequence[float], now: Sequence[float]) -> list[float] | None:
+    """The paired per-block differences (a run of several rounds of the baseline's blocks
+    folded first, each block's mean), or None when they do not pair (fewer than 3)."""
     k = len(base)
     if k < 3 or not now or len(now) % k:
         return None
     rounds = len(now) // k
     folded = [statistics.fmean(now[r * k + j] for r in range(rounds)) for j in range(k)]
-    return statistics.stdev([n - b for b, n in zip(base, folded)]) / math.sqrt(k)
+    return [n - b for b, n in zip(base, folded)]
+
+
+def _mean_and_se(d: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of paired differences, its standard error and degrees of freedom."""
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)), len(d) - 1.0
 
 
 def _block_shares(part: Summary, whole: Summary) -> list[float] | None:
@@ -711,11 +716,12 @@ def judge_share(
     """
     b = base.median / base_step.median if base_step.median else 0.0
     n = now.median / now_step.median if now_step.median else 0.0
-    change = n - b
     bs, ns = _block_shares(base, base_step), _block_shares(now, now_step)
-    noise = _paired_point_noise(bs, ns) if bs is not None and ns is not None else None
-    df = len(bs) - 1 if noise is not None and bs is not None else math.inf
-    if noise is None:
+    d = _paired_point_diffs(bs, ns) if bs is not None and ns is not None else None
+    if d is not None:  # the judged statistic is the one whose noise is computed
+        change, noise, df = _mean_and_se(d)
+    else:
+        change, df = n - b, math.inf
         noise = math.hypot(base.rel_se() * b, now.rel_se() * n) if b or n else 0.0
     z = critical(alpha, df)
     verdict, steps = _verdict(metric, change, noise, tolerance, now.n, z)
@@ -743,12 +749,13 @@ def judge_points(
     """
     scale = spec(metric).to_percent
     b, now_pct = base.value * scale, now.value * scale
-    change = (now_pct - b) / 100.0  # in fractions of 100 points: -0.12 is a 12-point drop
-    paired = _paired_point_noise(
+    d = _paired_point_diffs(
         [x * scale / 100 for x in base.blocks], [x * scale / 100 for x in now.blocks]
     )
-    noise = paired if paired is not None else 0.0
-    df = len(base.blocks) - 1 if paired is not None else math.inf
+    if d is not None:  # fractions of 100 points: -0.12 is a 12-point drop
+        change, noise, df = _mean_and_se(d)
+    else:
+        change, noise, df = (now_pct - b) / 100.0, 0.0, math.inf
     z = critical(alpha, df)
     verdict, steps = _verdict(metric, change, noise, tolerance, n, z)
     return MetricVerdict(
