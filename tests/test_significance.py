@@ -10,12 +10,7 @@ import random
 
 import pytest
 
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    CaseBaseline,
-    load_baselines,
-    write_baselines,
-)
+from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.judge import (
     Case,
     as_baseline,
@@ -38,6 +33,7 @@ from pytest_specperf.judging.significance import (
 from pytest_specperf.judging.stats import Summary, f_sf, satterthwaite, t_quantile, t_sf
 from pytest_specperf.judging.strict import unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
+from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
 from pytest_specperf.store.prior import load_prior, prior_path, write_prior
 
 # -- distributions -----------------------------------------------------------------------
@@ -272,6 +268,11 @@ def _processes(make_run, shifts, seed0=1):
     return dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
 
 
+def _record(case):
+    """What an update stores, recorded at a fixed time (the store's clock is the caller's)."""
+    return as_baseline(case, at="2026-12-03T14:00:00+00:00")
+
+
 def _case(run, fp, **kw):
     return Case(nodeid="t", test=TEST, key=KEY, run=run, fingerprint=fp,
                 tolerances=Tolerances(0.07, 0.25), **kw)  # fmt: skip
@@ -293,7 +294,7 @@ def test_a_marked_case_is_said_once_and_strict_counts_it_until_accepted(
     tmp_path, make_run, reference_fp
 ):
     path = tmp_path / "box.yaml"
-    recorded = as_baseline(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))
+    recorded = _record(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))
     write_baselines(path, {"name": "box"}, [recorded], sitting="s1", host="box")
     text = path.read_text()
     assert "not_gated:" in text and "accepted: false" in text
@@ -315,7 +316,7 @@ def test_a_marked_case_is_said_once_and_strict_counts_it_until_accepted(
     outcome = judge_case(_case(make_run(seed=9), reference_fp, prior=EXACT), case, path)
     assert unjudged(outcome, mapped=None, gpu_run=False) == ()
     # a later one-process update keeps the mark and its acceptance
-    write_baselines(path, {"name": "box"}, [as_baseline(_case(make_run(seed=3), reference_fp))],
+    write_baselines(path, {"name": "box"}, [_record(_case(make_run(seed=3), reference_fp))],
                     sitting="s2")  # fmt: skip
     [case] = list(load_baselines(path).all_cases())
     assert case.not_gated is not None and case.not_gated.accepted
@@ -323,7 +324,7 @@ def test_a_marked_case_is_said_once_and_strict_counts_it_until_accepted(
 
 def test_a_bad_not_gated_mark_is_invalid_naming_the_field(tmp_path, make_run, reference_fp):
     path = tmp_path / "box.yaml"
-    recorded = as_baseline(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))
+    recorded = _record(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))
     write_baselines(path, {"name": "box"}, [recorded])
     path.write_text(path.read_text().replace("accepted: false", "accepted: maybe"))
     [problem] = load_baselines(path).problems()
@@ -334,7 +335,7 @@ def test_updates_on_later_days_add_sittings_and_keep_the_last_k(tmp_path, make_r
     path = tmp_path / "box.yaml"
     for day, seeds in (("mon", [1, 2]), ("tue", [3, 4]), ("wed", [5, 6])):
         run = _processes(make_run, [0.0] * len(seeds), seed0=seeds[0])
-        write_baselines(path, {"name": "box"}, [as_baseline(_case(run, reference_fp))],
+        write_baselines(path, {"name": "box"}, [_record(_case(run, reference_fp))],
                         keep_runs=5, sitting=f"2026-12-{day}", host="box")  # fmt: skip
     [case] = list(load_baselines(path).all_cases())
     assert [r.sitting for r in case.runs] == ["2026-12-mon"] + ["2026-12-tue"] * 2 + [
@@ -350,7 +351,7 @@ def test_updates_on_later_days_add_sittings_and_keep_the_last_k(tmp_path, make_r
 def test_a_v3_file_reads_as_one_sitting(tmp_path, make_run, reference_fp):
     """The committed baselines are schema 3: their runs carry no sitting."""
     path = tmp_path / "box.yaml"
-    write_baselines(path, {"name": "box"}, [as_baseline(_case(_processes(make_run, [0, 0]),
+    write_baselines(path, {"name": "box"}, [_record(_case(_processes(make_run, [0, 0]),
                                                                reference_fp))])  # fmt: skip
     text = path.read_text().replace("schema_version: 4", "schema_version: 3")
     path.write_text(text)
@@ -389,7 +390,7 @@ def test_the_provisional_prior_says_so():
 def test_a_recorded_case_keeps_its_sitting_through_json(tmp_path, make_run, reference_fp):
     """The writer stamps the update's sitting on runs that carry none (a pytest-xdist
     worker's cases travel as JSON to the controller, which writes them)."""
-    recorded = as_baseline(_case(_processes(make_run, [0, 0]), reference_fp, sitting="worker"))
+    recorded = _record(_case(_processes(make_run, [0, 0]), reference_fp, sitting="worker"))
     assert [r.sitting for r in recorded.runs] == [None, None]
     wire = CaseBaseline.from_json(recorded.to_json())
     path = tmp_path / "box.yaml"

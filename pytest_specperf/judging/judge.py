@@ -20,8 +20,10 @@ from pytest_specperf.judging.baselines import (
     NotGated,
     fingerprint_mismatch,
 )
+from pytest_specperf.judging.bottleneck import Bottleneck
 from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
+from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEFAULT_POINT_GATES,
@@ -68,8 +70,6 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.telemetry.bottleneck import Bottleneck
-from pytest_specperf.telemetry.gates import invalid_reasons
 
 
 @dataclass(frozen=True)
@@ -446,11 +446,12 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
     return None
 
 
-def as_baseline(case: Case) -> CaseBaseline:
+def as_baseline(case: Case, *, at: str) -> CaseBaseline:
     """What an update stores for ``case``: one run per server process (its siblings
-    included), each with its utilization medians, and the gates no setting can decide
-    (``not_gated_mark``). The runs' sitting is stamped by the writer (the update is the
-    sitting: a pytest-xdist controller stamps its workers' runs with its own)."""
+    included), each with its utilization medians, recorded ``at`` (an ISO timestamp),
+    and the gates no setting can decide (``not_gated_mark``). The runs' sitting is stamped
+    by the writer (the update is the sitting: a pytest-xdist controller stamps its
+    workers' runs with its own)."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
         metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
@@ -463,6 +464,7 @@ def as_baseline(case: Case) -> CaseBaseline:
                 fingerprint=case.fingerprint,
                 steps=run.steps,
                 metrics=metrics,
+                at=at,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
             )
         )

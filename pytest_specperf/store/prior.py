@@ -22,7 +22,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.baseline_io import (
+from pytest_specperf.judging.noise import PRIOR_KINDS, PROVISIONAL_PRIOR, DevicePrior, LevelPrior
+from pytest_specperf.store.baseline_io import (
     LOCK_TIMEOUT_S,
     BaselineError,
     FlowMap,
@@ -33,7 +34,6 @@ from pytest_specperf.judging.baseline_io import (
     read_bounded,
     real_target,
 )
-from pytest_specperf.judging.noise import PRIOR_KINDS, PROVISIONAL_PRIOR, DevicePrior, LevelPrior
 
 PRIOR_SCHEMA_VERSION = 1
 #: A prior file is small: a few lines.
