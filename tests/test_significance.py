@@ -399,3 +399,31 @@ def test_a_recorded_case_keeps_its_sitting_through_json(tmp_path, make_run, refe
     assert [r.sitting for r in case.runs] == ["controller", "controller"]
     again = CaseBaseline.from_json(case.to_json())
     assert [(r.sitting, r.host) for r in again.runs] == [("controller", "box")] * 2
+
+
+def test_a_calibration_pools_its_cases_into_the_device_prior():
+    """Three sittings of three processes per case, simulated with tau 1% and sitting 2%:
+    the pooled estimates come back near them, measured (not provisional), on the degrees
+    of freedom the cases give (tau: 6 per case; sittings: 2 per case)."""
+    from pytest_specperf.judging.noise import level_estimate, measured_prior
+
+    rng = random.Random(11)
+
+    def case():
+        beta = [rng.gauss(0, 0.05) for _ in range(8)]
+        rows, labels = [], []
+        for s in "abc":
+            v = rng.gauss(0, 0.02)
+            for _ in range(3):
+                u = rng.gauss(0, 0.01)
+                rows.append([b + v + u + rng.gauss(0, 0.005) for b in beta])
+                labels.append(s)
+        return level_estimate(rows, labels)
+
+    ests = [case() for _ in range(40)]
+    prior = measured_prior({"phase": ests}, "simulated", fallback=PROVISIONAL_PRIOR)
+    assert prior.phase.between == pytest.approx(0.01, rel=0.15)
+    assert prior.phase.sitting == pytest.approx(0.02, rel=0.25)
+    assert (prior.phase.between_df, prior.phase.sitting_df) == (240, 80)
+    assert prior.step == PROVISIONAL_PRIOR.step  # no step estimates: the fallback's
+    assert prior.provisional  # one kind still provisional

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_specperf.judging.stats import satterthwaite
@@ -482,3 +482,34 @@ def relative_noise(
     within = math.sqrt(var_d / period)
     return noise(within, now_part / period, (var_d - now_part) / period, rounds, period - 1,
                  statistics.fmean(d))  # fmt: skip
+
+
+def measured_prior(
+    estimates: Mapping[str, Sequence[LevelEstimate]], source: str, *, fallback: DevicePrior
+) -> DevicePrior:
+    """The device prior a calibration measured: per kind (``PRIOR_KINDS``), the level
+    estimates of its cases (``level_estimate`` of each case's judged form over runs from
+    several sittings) pooled by degrees of freedom: ``tau^2 = sum(df_i tau_hat_i^2) /
+    sum(df_i)`` on ``sum(df_i)``, then ``sigma_s^2`` likewise from each case's sittings
+    (what the pooled ``tau^2`` explains taken off). A kind, or a level, with no degrees of
+    freedom keeps ``fallback``'s value (and the result stays provisional)."""
+    levels: list[LevelPrior] = []
+    provisional = fallback.provisional and not estimates
+    for kind in PRIOR_KINDS:
+        ests = list(estimates.get(kind, ()))
+        old = fallback.of(kind)
+        tau_df = sum(e.between_df for e in ests if e.between_hat2 is not None)
+        if tau_df > 0:
+            tau2 = sum(e.between_df * (e.between_hat2 or 0.0) for e in ests) / tau_df
+        else:
+            tau2, provisional = old.between**2, True
+        sits = [(e.sittings - 1, e.sitting_hat2(tau2)) for e in ests if e.sittings >= 2]
+        sit_df = sum(df for df, _ in sits)
+        if sit_df > 0:
+            sit2 = sum(df * (h or 0.0) for df, h in sits) / sit_df
+        else:
+            sit2, provisional = old.sitting**2, True
+        tau_w = float(tau_df) if tau_df else old.between_df
+        sit_w = float(sit_df) if sit_df else old.sitting_df
+        levels.append(LevelPrior(math.sqrt(tau2), tau_w, math.sqrt(sit2), sit_w))
+    return DevicePrior(levels[0], levels[1], source, provisional)
