@@ -178,7 +178,7 @@ def _inputs(bf):
     """Run inputs holding only a baseline file (the rest is not asked for)."""
     from pytest_specperf.run.inputs import RunInputs
 
-    return RunInputs(None, Path("b.yaml"), bf, None, None, None, None)  # type: ignore[arg-type]
+    return RunInputs(None, Path("b.yaml"), bf, None, None, (), None)  # type: ignore[arg-type]
 
 
 def test_the_first_deadline_comes_from_the_baselines_step_time(tmp_path, make_case, reference_fp):

@@ -31,7 +31,7 @@ def _server(fingerprint):
 
 
 def _inputs(bf=None, error=None, path=Path("b.yaml")):
-    return RunInputs(None, path, bf, error, None, None, None)  # type: ignore[arg-type]
+    return RunInputs(None, path, bf, error, None, (), None)  # type: ignore[arg-type]
 
 
 def test_case_keys_carry_the_tests_parameters_and_number_repeats(make_run):

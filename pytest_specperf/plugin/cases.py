@@ -143,7 +143,7 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
     for run, key in zip(handle.runs, request.keys(handle.runs)):
         try:
             judged = judge_one(inputs, request, handle.server, run, key, shown, policy,
-                               sess.telemetry_note)  # fmt: skip
+                               sess.telemetry_note, len(handle.runs))  # fmt: skip
         except CaseRefused as e:
             raise pytest.fail(str(e), pytrace=False) from None
         sess.telemetry_note = judged.telemetry_note

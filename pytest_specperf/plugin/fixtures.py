@@ -69,7 +69,7 @@ class SpecperfHandle:
         self._item = item
         self.server = server
         self.options = opts
-        self.request = case_request(session.settings, item, opts)
+        self.request = case_request(session.settings, item, opts, session.judged_tests)
         self.layout = KVLayout("contiguous", 0.0)
         self.expect_graphs = False
         self.runs: list[DecodeRun] = []

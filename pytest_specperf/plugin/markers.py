@@ -10,6 +10,7 @@ import pytest
 
 from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.metrics import GATEABLE, unknown_gates
+from pytest_specperf.judging.significance import MAX_LOOKS
 from pytest_specperf.judging.verdict import Tolerances, parse_fraction
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.run.cases import CaseRequest
@@ -174,8 +175,11 @@ def case_params(item: pytest.Item) -> str:
     return "".join(f" {k}={v}" for k, v in extra)
 
 
-def case_request(s: Settings, item: pytest.Item, opts: CaseOptions) -> CaseRequest:
-    """What ``item`` asks of its cases: keys, tolerances, gates and budgets."""
+def case_request(
+    s: Settings, item: pytest.Item, opts: CaseOptions, judged_tests: int = 1
+) -> CaseRequest:
+    """What ``item`` asks of its cases: keys, tolerances, gates, budgets, and its share of
+    the run's false-alarm budget (``judged_tests``: the specperf tests the run judges)."""
     return CaseRequest(
         nodeid=item.nodeid,
         test=test_id(item),
@@ -185,4 +189,6 @@ def case_request(s: Settings, item: pytest.Item, opts: CaseOptions) -> CaseReque
         ),
         gates=opts.gate,
         budgets=s.budgets().over(opts.budgets),
+        tests=judged_tests,
+        looks=MAX_LOOKS if s.max_time_s > 0 and not s.update_baselines else 1,
     )

@@ -209,9 +209,7 @@ def _seconds_in(default: float, low: float, expected: str) -> Parse:
 
 
 _seconds = _seconds_in(DEFAULT_READY_TIMEOUT_S, 1, "seconds in [1, 86400]")
-_max_time = _seconds_in(
-    DEFAULT_MAX_TIME_S, 0, "seconds in [0, 86400] (0: no automatic extension)"
-)
+_max_time = _seconds_in(DEFAULT_MAX_TIME_S, 0, "seconds in [0, 86400] (0: no automatic extension)")
 
 
 def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
@@ -221,6 +219,8 @@ def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
     if not path.is_dir():
         raise _usage(source, raw, "a directory of JSON reports (--specperf-json of earlier runs)")
     return path
+
+
 def _kernel_every(raw: Any, source: str, config: pytest.Config) -> int | None:
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None  # the server's default: every 16th decode step on a GPU, off on a CPU

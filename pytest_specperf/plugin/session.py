@@ -7,6 +7,9 @@ written by ``reporting.terminal`` (called from ``plugin.finish``).
 
 from __future__ import annotations
 
+import datetime
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,19 @@ if TYPE_CHECKING:
 
 class SpecperfWarning(pytest.PytestWarning):
     """A case that could not be judged (INVALID) or another condition worth a look."""
+
+
+def host_name() -> str:
+    """This machine's name as a baseline run records it (printable, at most 64 chars)."""
+    name = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
+    return name[:64] or "unknown-host"
+
+
+def new_sitting() -> str:
+    """A sitting id: when (UTC, to the second), where (host) and which process started it,
+    e.g. ``20261203T141502Z-box-4711``."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{host_name()[:40]}-{os.getpid()}"
 
 
 @dataclass
@@ -54,6 +70,11 @@ class SpecperfSession:
     gathered: Gathered | None = None
     _device: DeviceInfo | None = None
     _inputs: RunInputs | None = None
+    #: this session's sitting (one pytest session's servers, at one time on one host)
+    sitting: str = field(default_factory=new_sitting)
+    #: specperf tests the run judges (set when collection ends; the false-alarm budget's
+    #: share per test, ``judging.significance``)
+    judged_tests: int = 1
 
     def device(self) -> DeviceInfo:
         """The device the cases run on (detected once)."""
@@ -75,21 +96,19 @@ class SpecperfSession:
             return str(path)
 
     def inputs(self) -> RunInputs:
-        """What every case is judged with (device, baselines, history, bandwidth), read
-        once, before the first case is measured."""
+        """What every case is judged with (device, baselines, noise prior, history,
+        bandwidth, sitting), read once, before the first case is measured."""
         if self._inputs is None:
             s = self.settings
-            directory = s.history_dir
-            shown = self.display_path(directory) if directory is not None else None
             self._inputs = load_inputs(
                 self.device(),
                 baselines_dir=s.baselines_dir,
                 baseline_max_bytes=s.baseline_max_bytes,
-                history_dir=directory,
-                shown=shown,
+                history_dir=s.history_dir,
+                sitting=self.sitting,
+                display=self.display_path,
             )
-            if self._inputs.history_note:
-                self.notes.append(self._inputs.history_note)
+            self.notes += self._inputs.notes
         return self._inputs
 
     def baselines(self) -> BaselineFile | None:

@@ -26,6 +26,7 @@ from pytest_specperf.judging.judge import (
 )
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.run.inputs import RunInputs
@@ -52,6 +53,14 @@ class CaseRequest:
     tolerances: Tolerances
     gates: tuple[str, ...] | None
     budgets: Budgets | None
+    #: specperf tests the run judges, and looks per case (``MAX_LOOKS`` with the automatic
+    #: extension, else 1): the false-alarm budget's shares (``judging.significance``)
+    tests: int = 1
+    looks: int = 1
+
+    def family(self, cases: int) -> Family:
+        """The false-alarm family of a case of this test that has measured ``cases``."""
+        return Family(tests=self.tests, cases=max(1, cases), looks=self.looks)
 
     def key(self, context_len: int, layout: str, batch_size: int) -> str:
         """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
@@ -77,8 +86,8 @@ def _mapping(value: object) -> Mapping[str, Any] | None:
 
 
 def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
-            key: str) -> Case:  # fmt: skip
-    """The judge's view of one measured case."""
+            key: str, cases: int) -> Case:  # fmt: skip
+    """The judge's view of one measured case (``cases``: the test's runs so far)."""
     return Case(
         nodeid=request.nodeid,
         test=request.test,
@@ -94,6 +103,9 @@ def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: D
         history=inputs.history_of(request.test, key),
         kv_traffic=_mapping(server.server_info.get("kv_read")),
         budgets=request.budgets,
+        family=request.family(cases),
+        prior=inputs.prior,
+        sitting=inputs.sitting,
     )
 
 
@@ -147,7 +159,7 @@ def undecided(inputs: RunInputs, request: CaseRequest, server: ModelServer,
 
     def of(run: DecodeRun) -> list[str]:
         key = request.keys([*earlier, run])[-1]
-        case = case_of(inputs, request, server, run, key)
+        case = case_of(inputs, request, server, run, key, len(earlier))
         found, _ = find_baseline(inputs, case, shown)
         return more_steps_would_decide(case, found)
 
@@ -184,11 +196,12 @@ def _mapped_phases(server: ModelServer) -> frozenset[str] | None:
 
 
 def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
-              key: str, shown: str, policy: Policy,
-              telemetry_note: str | None) -> Judged:  # fmt: skip
+              key: str, shown: str, policy: Policy, telemetry_note: str | None,
+              cases: int = 1) -> Judged:  # fmt: skip
     """Judge one measured case, check it under ``policy.strict`` and, in an update, what
-    to record (stamped now). ``telemetry_note``: why telemetry was missing so far."""
-    case = case_of(inputs, request, server, run, key)
+    to record (stamped now). ``telemetry_note``: why telemetry was missing so far;
+    ``cases``: the test's measured runs."""
+    case = case_of(inputs, request, server, run, key, cases)
     outcome = judge(inputs, case, shown, record=policy.record)
     t = outcome.run.telemetry
     if t is not None and not t.available:

@@ -1,15 +1,17 @@
 """What every case of a run is judged with, loaded once into one frozen record: the
-device, its baseline file, the earlier runs (``--specperf-history``) and the device's
-peak memory bandwidth."""
+device, its baseline file and noise prior, the earlier runs (``--specperf-history``),
+the device's peak memory bandwidth, and the run's sitting."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_specperf.judging.baselines import BaselineFile
 from pytest_specperf.judging.judge import HistoryRun
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.store.baselines import BaselineError, load_baselines
 
 if TYPE_CHECKING:
@@ -19,16 +21,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunInputs:
-    """The run's inputs; ``baseline_error`` says why the baseline file is unusable
-    (every case then fails naming it), ``history_note`` what the history held."""
+    """The run's inputs. ``baseline_error`` says why the baseline file (or the prior file
+    beside it) is unusable: every case then fails naming it. ``notes``: what the run's
+    summary says of them (the history read, a provisional prior)."""
 
     device: DeviceInfo
     baseline_path: Path
     baselines: BaselineFile | None
     baseline_error: BaselineError | None
     history: History | None
-    history_note: str | None
+    notes: tuple[str, ...]
     peak_bandwidth_bytes_per_s: float | None
+    prior: DevicePrior = PROVISIONAL_PRIOR
+    #: this run's sitting id (one pytest session's servers, at one time on one host)
+    sitting: str | None = None
 
     def history_of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
         """The earlier runs of a case (empty without ``--specperf-history``)."""
@@ -45,21 +51,41 @@ def peak_bandwidth(device: DeviceInfo) -> float | None:
     return pb.bytes_per_s if pb is not None else None
 
 
+def _prior(baseline_path: Path, display: Callable[[Path], str]) -> tuple[DevicePrior, str]:
+    """The device's noise prior (the file beside the baselines, or the provisional one)
+    and the note saying which, if provisional; ``BaselineError`` if the file is unusable."""
+    from pytest_specperf.store.prior import load_prior, prior_path
+
+    prior = load_prior(baseline_path)
+    where = display(prior_path(baseline_path))
+    if prior is PROVISIONAL_PRIOR:
+        return prior, f"{prior.describe()}; no prior file {where}"
+    return prior, f"{prior.describe()} ({where})" if prior.provisional else ""
+
+
 def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: int | None,
-                history_dir: Path | None, shown: str | None = None) -> RunInputs:  # fmt: skip
-    """Read the device's baseline file and the history once. ``shown``: the history
-    directory as the notes name it (default: its path)."""
+                history_dir: Path | None, sitting: str | None = None,
+                display: Callable[[Path], str] = str) -> RunInputs:  # fmt: skip
+    """Read the device's baseline file, its noise prior and the history once.
+    ``display``: a path as the notes name it."""
     bandwidth = peak_bandwidth(device)
     path = baselines_dir / f"{device.slug}.yaml"
-    baselines, error = None, None
+    baselines, error, prior, notes = None, None, PROVISIONAL_PRIOR, []
     try:
         baselines = load_baselines(path, max_bytes=baseline_max_bytes)
     except BaselineError as e:
         error = e
-    history, note = None, None
+    history = None
     if history_dir is not None:
         from pytest_specperf.store.history_runs import load_history
 
         history = load_history(history_dir)
-        note = history.describe(shown or str(history_dir))
-    return RunInputs(device, path, baselines, error, history, note, bandwidth)
+        notes.append(history.describe(display(history_dir)))
+    if error is None:
+        try:
+            prior, note = _prior(path, display)
+            notes += [note] if note else []
+        except BaselineError as e:
+            error = e
+    return RunInputs(device, path, baselines, error, history, tuple(notes), bandwidth, prior,
+                     sitting)  # fmt: skip

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_specperf.judging.samples import DecodeRun, Window, build_run
+from pytest_specperf.judging.significance import MAX_LOOKS
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.decoder import (
     CaseSpec,
@@ -166,7 +167,8 @@ def start_side(side: Side, case: CaseSpec, progress: Progress, *, device: Device
 def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
                 extension: Extension, active: _Active | None = None) -> None:  # fmt: skip
     """More rounds of every process's blocks while some gated metric is UNSTABLE only for
-    want of steps (``extension.undecided``), and the next round fits in its time."""
+    want of steps (``extension.undecided``), the next round fits in its time, and the
+    case has looks left (``MAX_LOOKS``: the false-alarm budget is split over them)."""
     if extension.max_time_s <= 0:
         return
     round_s = progress.elapsed()  # the first round in every process, warm-ups included
@@ -176,6 +178,8 @@ def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
             return
         if progress.elapsed() + round_s > extension.max_time_s:
             return  # the budget is spent: the verdict says so
+        if decoders[0].measured(case).rounds >= MAX_LOOKS:
+            return  # the false-alarm budget was split over MAX_LOOKS looks
         t0 = time.monotonic()
         note = f"round {decoders[0].measured(case).rounds + 1} ({', '.join(metrics)} undecided)"
         for d in decoders:
