@@ -43,8 +43,8 @@ from pytest_benchmark.utils import get_machine_id
 from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
 from pytest_specperf.judging.samples import DecodeRun, Window, build_run
-from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.judging.verdict import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE, Tolerances
+from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.reporting.benchmark import benchmark_entry, machine_entries, run_header
 from pytest_specperf.store.baselines import utc_now
