@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from pytest_specperf.judging.budgets import Budgets
-from pytest_specperf.judging.diagnosis import time_went
+from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.judge import Case, judge_case
 from pytest_specperf.judging.samples import KVLayout, Window, build_run
 from pytest_specperf.judging.verdict import Tolerances
@@ -101,15 +101,23 @@ def test_cpu_case_says_verify_waited_and_fails_its_budget_without_a_baseline():
 
 def test_time_went_says_whether_the_grown_phase_worked_or_waited():
     base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
-    waited = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
+    waited = _run(_records(verify_ms=40.0, verify_cpu_ms=15.0))
     worked = _run(_records(verify_ms=40.0, verify_cpu_ms=39.5))
     assert time_went(waited, base).endswith(
-        "verify took 20.00 ms (100%) of the growth; its CPU time grew 0.50 ms: the thread "
-        "waited inside verify (waits, not work)"
+        "verify took 20.00 ms (100%) of the growth; verify now: the thread waited inside "
+        "verify (waits, not work)"
     )
-    assert time_went(worked, base).endswith(
-        "its CPU time grew 19.50 ms: busy inside verify (work, not waits)"
-    )
+    assert time_went(worked, base).endswith("verify now: busy on the CPU (work, not waits)")
+
+
+def test_time_went_and_the_activity_line_give_one_answer():
+    # 20.5 of 40 ms on the CPU: the activity line and the sentence agree, by one rule
+    base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
+    run = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
+    (verify_line,) = [x for x in diagnose(run).lines if x.startswith("verify:")]
+    went = time_went(run, base)
+    assert went is not None
+    assert verify_line.rsplit(": ", 1)[1] == went.rsplit(" now: ", 1)[1]
 
 
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
