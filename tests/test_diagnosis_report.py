@@ -26,7 +26,10 @@ MS = 1_000_000
 
 def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: int = 16):
     host = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_ms * MS)}
-    cpu = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_cpu_ms * MS)}
+    cpu = {p: int(0.05 * MS) for p in PHASES} | {
+        "draft": 10 * MS,
+        "verify": int(verify_cpu_ms * MS),
+    }
     step = sum(host.values()) + 30_000
     out = []
     for i in range(n):
@@ -38,9 +41,19 @@ def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: in
                 kw["kernels"] = _sample(verify_ms)
         out.append(
             StepRecord(
-                step=i, wall_ns=i, mode="decode", rids=["r"], context_len=46000, batch_size=1,
-                accepted_tokens=3, step_ns=step, host_ns=dict(host), unaccounted_ns=30_000,
-                cpu_ns=dict(cpu), step_cpu_ns=sum(cpu.values()) + 30_000, **kw,
+                step=i,
+                wall_ns=i,
+                mode="decode",
+                rids=["r"],
+                context_len=46000,
+                batch_size=1,
+                accepted_tokens=3,
+                step_ns=step,
+                host_ns=dict(host),
+                unaccounted_ns=30_000,
+                cpu_ns=dict(cpu),
+                step_cpu_ns=sum(cpu.values()) + 30_000,
+                **kw,
             )
         )
     return out
@@ -100,7 +113,9 @@ def test_cpu_case_says_verify_waited_and_fails_its_budget_without_a_baseline():
 
 
 def test_time_went_says_whether_the_grown_phase_worked_or_waited():
-    base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
+    base = {
+        k: v.value for k, v in _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries.items()
+    }
     waited = _run(_records(verify_ms=40.0, verify_cpu_ms=15.0))
     worked = _run(_records(verify_ms=40.0, verify_cpu_ms=39.5))
     assert time_went(waited, base).endswith(
@@ -112,7 +127,9 @@ def test_time_went_says_whether_the_grown_phase_worked_or_waited():
 
 def test_time_went_and_the_activity_line_give_one_answer():
     # 20.5 of 40 ms on the CPU: the activity line and the sentence agree, by one rule
-    base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
+    base = {
+        k: v.value for k, v in _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries.items()
+    }
     run = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
     (verify_line,) = [x for x in diagnose(run).lines if x.startswith("verify:")]
     went = time_went(run, base)

@@ -86,7 +86,7 @@ def test_strict_run_without_baselines_fails_every_case_and_reports_it(pytester, 
 
     md = (pytester.path / "out" / "summary.md").read_text()
     rows = _table_rows(md)
-    assert rows[0] == ["case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict"]
+    assert rows[0] == ["case", "step ms (base -> now)", "step (judged)", "most changed", "accept", "verdict"]
     assert [r[0] for r in rows[2:]] == [f"test_decode {k}" for k in KEYS]
     assert all(r[-1] == "NO_BASELINE" and float(r[4]) > 1.0 for r in rows[2:])
     assert "telemetry unavailable: no CUDA device (CPU run); host-side view" in md

@@ -84,7 +84,7 @@ from pytest_specperf.judging.baseline_schema import (
     split_rows,
 )
 from pytest_specperf.judging.metrics import STEP
-from pytest_specperf.judging.stats import Summary, stable
+from pytest_specperf.judging.stats import Summary, center_of_centers, stable
 from pytest_specperf.judging.verdict import fmt_value
 from pytest_specperf.probe.phases import ALL_PHASES
 
@@ -613,9 +613,20 @@ def _combine(
     return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:]), None
 
 
-def _moved(engine: str, old: Any, new: CaseBaseline, why: str | None) -> Moved:
-    before = old.latest.values if isinstance(old, CaseBaseline) else None
-    after = new.latest.values
+def run_centers(runs: Sequence[RunRecord]) -> dict[str, float]:
+    """Per stored metric, the center over ``runs`` (``stats.center_of_centers``): what a
+    verdict against these runs takes as the baseline's value."""
+    if not runs:
+        return {}
+    names = runs[-1].values
+    return {m: center_of_centers([r.values[m] for r in runs if m in r.values]) for m in names}
+
+
+def _moved(engine: str, old: Any, new: CaseBaseline, added: int, why: str | None) -> Moved:
+    """What moved: the old case's center over its runs (what runs were judged against)
+    and the center over the runs this update added (what the summary showed as now)."""
+    before = run_centers(old.runs) if isinstance(old, CaseBaseline) else None
+    after = run_centers(new.runs[-added:])
     phase = None
     if before is not None:
         common = [p for p in ALL_PHASES if p in before and p in after]
@@ -779,17 +790,19 @@ def _merge(
     initial: dict[_Key, CaseBaseline | CaseProblem | None] = {}
     state: dict[_Key, CaseBaseline] = {}
     why: dict[_Key, str | None] = {}
+    added: dict[_Key, int] = {}
     for c in measured:
         k = (c.identity, c.test, c.key)
         if k not in initial:
             initial[k] = existing.lookup(*k) if existing else None
         state[k], reason = _combine(state.get(k, initial[k]), c, keep)
         why[k] = reason or why.get(k)
+        added[k] = min(added.get(k, 0) + len(c.runs), len(state[k].runs))
     moved = []
     for k, case in state.items():
         name = names.setdefault(k[0], names.get(k[0]) or _free_name(engines, k[0]))
         _put(engines, name, case)
-        moved.append(_moved(name, initial[k], case, why[k]))
+        moved.append(_moved(name, initial[k], case, added[k], why[k]))
     for name in {names[k[0]] for k in state}:
         engines[name] = _tidy(engines[name])
     doc = {

@@ -159,19 +159,24 @@ def _unaccounted_cause(run: DecodeRun) -> str:
     return "a host-side stall between phases"
 
 
-def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
+def time_went(
+    run: DecodeRun,
+    base: Mapping[str, float] | None,
+    now: Mapping[str, float] | None = None,
+) -> str | None:
     """One sentence: how much the step grew, which phase took the growth, and whether that
-    phase worked or waited (from its CPU or device active time, where measured)."""
+    phase worked or waited (from its CPU time, by the rule of the activity lines).
+
+    ``base`` and ``now``: per step part, the centers every report of the case shows
+    (``CaseOutcome.base_centers`` / ``now_centers``); ``now`` defaults to the run's own."""
     if base is None or STEP not in base:
         return None
-    grew = run.summaries[STEP].value - base[STEP].value
+    if now is None:
+        now = {p: s.value for p, s in run.summaries.items() if p in (*ALL_PHASES, STEP)}
+    grew = now[STEP] - base[STEP]
     if grew <= 0:
         return None
-    deltas = {
-        p: run.summaries[p].value - base[p].value
-        for p in ALL_PHASES
-        if p in base and p in run.summaries
-    }
+    deltas = {p: now[p] - base[p] for p in ALL_PHASES if p in base and p in now}
     if not deltas:
         return None
     top, d = max(deltas.items(), key=lambda kv: kv[1])

@@ -223,3 +223,14 @@ def summarize(
         blocks=tuple(block_medians),
         center=center,
     )
+
+
+def center_of_centers(values: Sequence[float]) -> float:
+    """The center of several runs' centers: their geometric mean (the only one's value;
+    the last one's when one is not positive). Every report of a case and the verdict
+    take a center over runs this way, so their numbers agree."""
+    if not values:
+        return math.nan
+    if len(values) == 1 or any(not v > 0 for v in values):
+        return values[-1]
+    return math.exp(statistics.fmean(math.log(v) for v in values))
