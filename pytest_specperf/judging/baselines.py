@@ -56,6 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_specperf.install import install_hint
 from pytest_specperf.judging.baseline_io import (
     LOCK_TIMEOUT_S,
     RAISE_LIMIT,
@@ -446,8 +447,8 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
             path,
             f"schema_version is {brief(version)}: this pytest-specperf reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}. If a newer pytest-specperf wrote "
-            "the file, upgrade (pip install -U pytest-specperf); otherwise move the file away "
-            "and re-record with --specperf-update-baselines",
+            f"the file, upgrade ({install_hint()}, from a newer source); otherwise move the "
+            "file away and re-record with --specperf-update-baselines",
         )
     return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
 

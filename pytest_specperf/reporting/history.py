@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_specperf.install import install_hint
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
@@ -34,7 +35,7 @@ class MissingExtra(RuntimeError):
 
     def __init__(self, package: str, what: str, error: ImportError) -> None:
         super().__init__(
-            f"{what} needs {package} ({error}): pip install 'pytest-specperf[history]'"
+            f"{what} needs {package} ({error}): {install_hint('history')}"
         )
 
 
