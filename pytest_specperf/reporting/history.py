@@ -72,6 +72,8 @@ class Point:
     baseline_update: bool
     baseline_at: str | None
     recorded: bool = False
+    #: the canary the run carried (``verify=1.1``): labelled in the table
+    injected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class CaseFigures:
     verdict: str
     recorded: bool
     baseline_at: str | None
+    injected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ def _figures(c: CaseReport) -> CaseFigures:
         verdict=c.verdict.value,
         recorded=c.recorded,
         baseline_at=c.baseline_at,
+        injected=c.injected,
     )
 
 
@@ -200,6 +204,7 @@ def _point(run: int, c: CaseFigures, previous: Point | None) -> Point:
         baseline_update=c.recorded or moved,
         baseline_at=at,
         recorded=c.recorded,
+        injected=c.injected,
     )
 
 
@@ -266,6 +271,7 @@ def history_rows(h: History, s: Series, last: int) -> list[list[str]]:
     for p in s.points[-last:]:
         run = h.runs[p.run]
         verdict = p.verdict + (" (baseline)" if p.baseline_update else "")
+        verdict += f" [injected: {p.injected}]" if p.injected else ""
         rows.append([
             run.date,
             run.short_commit,

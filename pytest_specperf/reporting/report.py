@@ -275,6 +275,13 @@ class CaseReport:
         return _number_or_none(s.get(s.get("center", "median"))) if isinstance(s, Mapping) else None
 
     @property
+    def injected(self) -> str | None:
+        """The canary the run carried (``labels.inject``: ``verify=1.1``), None if none."""
+        labels = self.data.get("labels")
+        inject = labels.get("inject") if isinstance(labels, Mapping) else None
+        return inject if isinstance(inject, str) and inject else None
+
+    @property
     def recorded(self) -> bool:
         """Whether this run was recorded as the case's baseline."""
         return self.data.get("recorded") is True
