@@ -33,11 +33,14 @@ def expected_names(spec: InjectSpec) -> list[tuple[str, frozenset[str]]]:
     return parts
 
 
-def canary_missed(spec: InjectSpec, slower: Iterable[str], *, cases: int) -> str | None:
+def canary_missed(
+    spec: InjectSpec, slower: Iterable[str], *, cases: int, no_baseline: int = 0
+) -> str | None:
     """``canary not detected: verify=1.1 was injected and no gate named verify`` when a
     part of the injection was named by no SLOWER metric of any case (``slower``: the
     metrics judged SLOWER, over every case of the run); None when every part was caught.
-    ``cases``: how many cases were measured (none: nothing could catch it)."""
+    ``cases``: how many cases were measured (none: nothing could catch it), of which
+    ``no_baseline`` had no baseline to be compared with."""
     named = set(slower)
     missed = [(label, names) for label, names in expected_names(spec) if not names & named]
     if not missed:
@@ -47,6 +50,11 @@ def canary_missed(spec: InjectSpec, slower: Iterable[str], *, cases: int) -> str
     text = f"canary not detected: {what} was injected and no gate named {gates}"
     if cases == 0:
         return text + " (no case was measured)"
+    if no_baseline == cases:
+        return text + (
+            " (no case had a baseline to compare with: record them first, without the "
+            "canary, with --specperf-update-baselines)"
+        )
     return text + (
         " (the run fails whatever the verdicts: a canary that passes proves the gate blind "
         "here; on a shared or busy machine it comes out UNSTABLE: run canaries on a "

@@ -162,7 +162,8 @@ def _check_canary(sess: SpecperfSession, interrupted: bool) -> bool:
     if spec is None or interrupted or sess.settings.update_baselines:
         return True
     slower = [m.metric for c in sess.cases for m in c.metrics if m.verdict is Verdict.SLOWER]
-    missed = canary_missed(spec, slower, cases=len(sess.cases))
+    none = sum(c.verdict is Verdict.NO_BASELINE for c in sess.cases)
+    missed = canary_missed(spec, slower, cases=len(sess.cases), no_baseline=none)
     if missed is None:
         return True
     sess.errors.append(missed)
