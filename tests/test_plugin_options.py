@@ -221,3 +221,41 @@ def test_strict_and_markdown_have_ini_twins(pytester):
             print("STRICT", s.strict, s.markdown_path.name)
     """)
     pytester.runpytest("-s").stdout.fnmatch_lines(["*STRICT True s.md*"])
+
+
+ATTACH_SHOW = """
+def test_show(request):
+    from pytest_specperf.plugin.session import get_session
+    sess = get_session(request.config)
+    s = sess.settings
+    print("SETTINGS", s.server_url, s.model, s.server_args, s.processes)
+    print("NOTES", *sess.notes)
+"""
+
+
+def test_attaching_from_the_command_line_ignores_the_ini_launch_settings(pytester):
+    """A project's ini names its model for launched runs; --specperf-server-url on the
+    command line attaches anyway, with a one-line note, instead of a usage error."""
+    pytester.makeini(
+        textwrap.dedent("""
+        [pytest]
+        specperf_model = medium
+        specperf_server_args =
+            --speculative-num-draft-tokens=16
+        specperf_processes = 3
+        """)
+    )
+    pytester.makepyfile(ATTACH_SHOW)
+    result = pytester.runpytest("-s", "--specperf-server-url=http://127.0.0.1:30000")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*SETTINGS http://127.0.0.1:30000 None () 1",
+        "NOTES attaching to http://127.0.0.1:30000: the ini file's launch settings "
+        "(specperf_model, specperf_server_args, specperf_processes) are ignored (they apply "
+        "when the plugin launches the server)",
+    ])  # fmt: skip
+    # on the command line they still conflict with attaching: a usage error naming them
+    result = pytester.runpytest("--specperf-server-url=http://127.0.0.1:30000",
+                                "--specperf-model=medium")  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--specperf-server-url attaches to a running server*"])

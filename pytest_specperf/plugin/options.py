@@ -7,6 +7,7 @@ option is parsed by its own small function, defined next to it, which raises
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -547,6 +548,9 @@ class Settings:
     max_step_ms: float | None = None
     min_accept_len: float | None = None
     min_tokens_per_s: float | None = None
+    #: what the summary should say about the settings themselves (launch settings of an
+    #: ini file ignored when attaching from the command line)
+    notes: tuple[str, ...] = ()
 
     def backend_settings(self, parallel: int = 1) -> BackendSettings:
         """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
@@ -577,6 +581,39 @@ _FIELD = {
     "specperf_max_time": "max_time_s",
     "specperf_history": "history_dir",
 }
+
+
+#: Settings that apply only when the plugin launches the server, and their "unset" values.
+_LAUNCH_ONLY: dict[str, Any] = {
+    "model": None,
+    "draft_model": None,
+    "server_args": (),
+    "nvtx": False,
+    "kernel_every": None,
+    "processes": 1,
+}
+_FROM_INI = "ini option "
+
+
+def _attach_over_ini(s: Settings, sources: dict[str, str]) -> Settings:
+    """``--specperf-server-url`` on the command line wins over an ini file's launch
+    settings (a project's ``pyproject.toml`` names its model for launched runs): they are
+    dropped, with a one-line note, instead of refusing the attach."""
+    if not s.server_url or sources["server_url"].startswith(_FROM_INI):
+        return s
+    dropped = {
+        name: unset
+        for name, unset in _LAUNCH_ONLY.items()
+        if sources[name].startswith(_FROM_INI) and getattr(s, name) != unset
+    }
+    if not dropped:
+        return s
+    names = ", ".join(sources[n].removeprefix(_FROM_INI) for n in dropped)
+    note = (
+        f"attaching to {s.server_url}: the ini file's launch settings ({names}) are ignored "
+        "(they apply when the plugin launches the server)"
+    )
+    return dataclasses.replace(s, **dropped, notes=(*s.notes, note))
 
 
 def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
@@ -632,7 +669,7 @@ def load_settings(config: pytest.Config) -> Settings:
         name = _FIELD.get(o.dest, o.dest.removeprefix("specperf_"))
         values[name] = o.parse(raw, source, config)
         sources[name] = source
-    settings = Settings(**values)
+    settings = _attach_over_ini(Settings(**values), sources)
     _check_combinations(settings, sources)
     _check_junitxml(config)
     return settings
