@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.judge import Case, judge_case
@@ -161,3 +163,35 @@ def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
         "verify: span 12.0 ms, device active 2.8 ms (23%): the GPU idled inside verify "
         "(waits, not work)",
     ]
+
+
+def test_every_number_of_a_case_comes_from_one_place():
+    """A baseline of three runs that differ: the headline's raw base, the phase table's
+    base, the summary's base and the JSON's centers are one number (the verdict's center
+    over the runs), not the latest run's median in one place and the center in another."""
+    import dataclasses
+
+    from pytest_specperf.judging.judge import as_baseline
+    from pytest_specperf.reporting.terminal import phase_table
+    from pytest_specperf.reporting.view import CaseView
+
+    runs = [_run(_records(verify_ms=v, verify_cpu_ms=v)) for v in (18.0, 20.0, 24.0)]
+    stored = [as_baseline(_case(r)) for r in runs]
+    base = dataclasses.replace(stored[0], runs=tuple(b.runs[0] for b in stored))
+    now = _run(_records(verify_ms=40.0, verify_cpu_ms=39.0))
+    outcome = judge_case(_case(now), base, Path("b.yaml"))
+    (verify,) = [m for m in outcome.verdict.metrics if m.metric == "verify"]
+    centers = outcome.base_centers
+    assert centers is not None
+    # the center of 18, 20 and 24 ms is neither the latest run (24) nor their mean
+    assert centers["verify"] == pytest.approx((18.0 * 20.0 * 24.0) ** (1 / 3), rel=1e-3)
+    assert verify.base == pytest.approx(centers["verify"])
+    assert f"raw verify {verify.base:.2f} -> " in verify.describe()
+    row = next(line for line in phase_table(outcome) if line.startswith("verify "))
+    assert row.split()[1] == f"{centers['verify']:.3f}"
+    view = CaseView.of(outcome, baseline_file="b.yaml")
+    assert view.base_step_ms == pytest.approx(centers["step"])
+    assert view.base_phases is not None and view.base_phases["verify"] == centers["verify"]
+    assert case_json(outcome)["centers"]["base"]["verify"] == centers["verify"]
+    # the headline leads with the judged quantity, in its own units
+    assert verify.describe().startswith("verify / rest of step ")
