@@ -223,7 +223,7 @@ def test_nightly_gpu_runs_strict_and_keeps_its_results():
     assert any(s["with"]["path"] == "out/" and s.get("if") == "always()" for s in uploads)
     script = (ROOT / ".ci" / "nightly-gpu").read_text()
     for flag in ("--specperf-strict", "--specperf-json", "--specperf-markdown", "--junitxml",
-                 "long_context"):  # fmt: skip
+                 "long_context", "--specperf-processes=${SPECPERF_RECORD_PROCESSES:-3}"):  # fmt: skip
         assert flag in script, flag
     pr = data["jobs"]["baseline-pr"]
     assert pr["needs"] == "perf" and pr["if"] == "inputs.rerecord"
