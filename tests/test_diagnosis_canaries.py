@@ -91,12 +91,11 @@ def test_busy_verify_reads_as_work(pytester):
 def test_host_stall_reads_as_a_stall_outside_the_phases(pytester):
     result, case = _run(pytester, "host_stall=20")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*unaccounted * ms outside every phase, CPU * ms (*%)*: host stall (work outside "
-            "the mapped phases)"
-        ]
-    )
+    # a busy spin: a stall by the one rule, or "cannot tell" on a machine too busy to say
+    stall = "host stall (work outside the mapped phases)"
+    verdict = "cannot tell: the machine was busy*" if _busy(case) else stall
+    result.stdout.fnmatch_lines([f"*unaccounted * ms outside every phase, CPU * ms (*%)*: {verdict}"])
+    assert "the thread waited outside every phase" not in result.stdout.str()
     unacc = case["activity"]["phases"]["unaccounted"]
     assert unacc["span_ms"] >= 20
 
