@@ -38,7 +38,7 @@ def _run(pytester, inject: str, budget: str = ""):
 def _busy(case) -> bool:
     """Whether the run's machine was busy (the step's run-queue time most of its time off
     the CPU): the one rule then answers "cannot tell" instead of worked or waited."""
-    from pytest_specperf.telemetry.bottleneck import StepFigures, machine_busy
+    from pytest_specperf.judging.bottleneck import StepFigures, machine_busy
 
     f = case["bottleneck"]["figures"]
     figures = StepFigures(step_ms=f["step_ms"], cpu_ms={"step": f.get("cpu_ms.step", 0.0)},
