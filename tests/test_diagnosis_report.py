@@ -176,7 +176,7 @@ def test_every_number_of_a_case_comes_from_one_place():
     from pytest_specperf.reporting.view import CaseView
 
     runs = [_run(_records(verify_ms=v, verify_cpu_ms=v)) for v in (18.0, 20.0, 24.0)]
-    stored = [as_baseline(_case(r)) for r in runs]
+    stored = [as_baseline(_case(r), at="2026-12-03T14:00:00+00:00") for r in runs]
     base = dataclasses.replace(stored[0], runs=tuple(b.runs[0] for b in stored))
     now = _run(_records(verify_ms=40.0, verify_cpu_ms=39.0))
     outcome = judge_case(_case(now), base, Path("b.yaml"))
