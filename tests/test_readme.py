@@ -14,13 +14,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FLAG = re.compile(r"--specperf-[a-z][a-z-]*[a-z]")
-#: docs pages other issues create in parallel (#28 statistics,
-#: #29 sglang, #31 faults, #32 gpu-check); the lead drops a name here when its page lands
+#: docs pages other issues create in parallel (#29 sglang, #31 faults); the lead drops a
+#: name here when its page lands
 PENDING_PAGES = {
-    "docs/statistics.md",
     "docs/sglang.md",
     "docs/faults.md",
-    "docs/gpu-check.md",
 }
 
 
