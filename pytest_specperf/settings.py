@@ -79,8 +79,10 @@ def _parts(
         given, eq, value = part.partition("=")
         given = (given if eq else bare or part).strip()
         value = value.strip() if eq else ("" if bare is None else part)
-        if not part or (eq and not value):
+        if not part:
             raise _bad(raw, f"empty part in {text!r}", expected)
+        if eq and not value:
+            raise _bad(raw, f"{given or part!r} has no value", expected)
         key = known.get(given.replace("_", "-"))
         if key is None:
             raise _bad(raw, f"unknown part {given!r} (known: {', '.join(keys)})", expected)
@@ -109,6 +111,11 @@ class ToleranceSpec:
 
     phase: float | None = None
     step: float | None = None
+
+    @classmethod
+    def of(cls, tolerances: Tolerances) -> ToleranceSpec:
+        """Both parts of ``tolerances`` (to print them as typed: ``7%,step=25%``)."""
+        return cls(phase=tolerances.phase, step=tolerances.step)
 
     def over(self, base: Tolerances) -> Tolerances:
         """``base`` with the parts given here replacing its own."""
@@ -256,10 +263,8 @@ def parse_attach(raw: object) -> Attach:
     except ValueError as e:
         raise _bad(raw, str(e), _ATTACH_EXPECTED) from None
     parts = _parts(raw, ("run-dir",), _ATTACH_EXPECTED, text=rest) if rest else {}
-    if "run-dir" in parts and not parts["run-dir"]:
-        raise _bad(
-            raw, "run-dir needs a directory, e.g. run-dir=/tmp/specperf-run", _ATTACH_EXPECTED
-        )
+    if parts.get("run-dir") == "":  # run-dir without =
+        raise _bad(raw, "run-dir needs a directory: run-dir=DIR", _ATTACH_EXPECTED)
     run_dir = parts.get("run-dir")
     return Attach(url, Path(run_dir) if run_dir else None)
 

@@ -55,7 +55,7 @@ def test_tolerance_values(raw, spec):
         ("7%,steps=25%", "unknown part 'steps' (known: phase, step)"),
         ("7%,8%", "phase is given twice"),
         ("7%,,step=25%", "empty part in '7%,,step=25%'"),
-        ("7%,step=", "empty part in '7%,step='"),
+        ("7%,step=", "'step' has no value"),
         (True, "not text or a number"),
         (["7%"], "not text or a number"),
     ],

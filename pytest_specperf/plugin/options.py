@@ -26,7 +26,6 @@ from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.budgets import BUDGETS, Budgets
-from pytest_specperf.judging.verdict import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
 from pytest_specperf.settings import (
     BUDGET_FORM,
@@ -230,7 +229,7 @@ OPTIONS: tuple[_Opt, ...] = (
     _Opt("update-baselines", "record this run's cases as the new baselines", kind="flag"),
     _Opt(
         "tolerance",
-        f"allowed change (default {ToleranceSpec(DEFAULT_TOLERANCE, DEFAULT_STEP_TOLERANCE)})",
+        f"allowed change (default {ToleranceSpec.of(DEFAULT_TOLERANCES)})",
         parse_tolerance,
         kind="shared",
         add=add_tolerance_option,
@@ -408,9 +407,11 @@ def _ini_value(config: pytest.Config, o: _Opt) -> Any:
     """The ini twin's value, parsed (None: not set)."""
     raw = config.getini(o.ini)
     if o.kind == "flag":
-        return bool(raw) or None
-    texts = [str(line) for line in raw] if o.kind == "list" else [str(raw or "")]
-    texts = [t for t in texts if t.strip()] if o.kind != "list" else texts
+        return True if raw else None
+    if o.kind == "list":
+        texts = [str(line) for line in raw]
+    else:
+        texts = [str(raw)] if raw and str(raw).strip() else []
     if not texts:
         return None
     try:
