@@ -950,19 +950,6 @@ def add_parser(sub: Any) -> None:
         "part not given: the default); the sweep tables show every other",
     )
     _add_run_options(c)
-    add_attach_option(
-        c.add_argument,
-        "",
-        "calibrate against this running server (as --specperf-attach): baseline and every "
-        "repetition on it, injections switched through its run directory's control file",
-    )
-    add_replaced_options(
-        c.add_argument,
-        {
-            "--step-tolerance": (f"was replaced by --tolerance {TOLERANCE_FORM}", True),
-            "--server-url": ("was replaced by --attach URL", True),
-        },
-    )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
     c.add_argument(
@@ -989,6 +976,19 @@ def _add_run_options(c: Any) -> None:
         c.add_argument,
         "",
         "every run's --specperf-max-time (the automatic extension's budget per case)",
+    )
+    add_attach_option(
+        c.add_argument,
+        "",
+        "calibrate against this running server (as --specperf-attach): baseline and every "
+        "repetition on it, injections switched through its run directory's control file",
+    )
+    add_replaced_options(
+        c.add_argument,
+        {
+            "--step-tolerance": (f"was replaced by --tolerance {TOLERANCE_FORM}", True),
+            "--server-url": ("was replaced by --attach URL", True),
+        },
     )
 
 
