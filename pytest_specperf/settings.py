@@ -2,24 +2,20 @@
 
 The plugin's options (``plugin/options.py``), the ``specperf`` marker and the
 ``specperf compare`` / ``specperf calibrate`` commands read the same ideas (tolerance,
-attach, processes, ...) through the same parser, and the options they share are defined
-once here (``add_tolerance_option(addoption, prefix)``, after pytest-benchmark's
-``add_display_options``). A parser takes the text and returns a frozen record, or raises
-:class:`BadValue` naming the value and the fix; given as argparse's ``type=``, the error
-also names the flag (``argument --specperf-tolerance: invalid value ...``).
+attach, processes, ...) through the same parser here; the options they share are defined
+once in ``cli/options.py``. A parser takes the text and returns a frozen record, or
+raises :class:`BadValue` naming the value and the fix.
 
 Composite values are comma-separated parts, ``VALUE[,key=VALUE]``: ``7%,step=25%``.
-No pytest here: the commands run without it.
+Pure: no pytest, no argparse.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pytest_specperf.engines.env import MAX_KERNEL_EVERY
 from pytest_specperf.judging.budgets import BUDGETS, budget_expectation, parse_budget
@@ -31,20 +27,12 @@ from pytest_specperf.judging.verdict import (
     parse_fraction,
 )
 
-#: ``parser.addoption`` / ``group.addoption`` (pytest) or ``add_argument`` (argparse).
-AddOption = Callable[..., Any]
-
 #: Largest value of a seconds option (one day).
 MAX_SECONDS = 86400.0
 
 
-class BadValue(argparse.ArgumentTypeError, ValueError):
-    """A value that cannot be used; the message names it and says what is valid.
-
-    An ``ArgumentTypeError`` so that argparse shows the message after the flag's name
-    (for a plain ``ValueError`` it would print only "invalid value"); a ``ValueError``
-    for every other caller.
-    """
+class BadValue(ValueError):
+    """A value that cannot be used; the message names it and says what is valid."""
 
 
 def _bad(text: object, problem: str, expected: str) -> BadValue:
@@ -159,13 +147,6 @@ def parse_tolerance(raw: object) -> ToleranceSpec:
     return ToleranceSpec(**values)
 
 
-def add_tolerance_option(addoption: AddOption, prefix: str, help: str, **extra: Any) -> None:
-    """``--{prefix}tolerance PHASE[,step=STEP]``."""
-    addoption(
-        f"--{prefix}tolerance", type=parse_tolerance, metavar=TOLERANCE_FORM, help=help, **extra
-    )
-
-
 # -- steps -------------------------------------------------------------------------------
 
 STEPS_FORM = "N[,warmup=W]"
@@ -269,11 +250,6 @@ def parse_attach(raw: object) -> Attach:
     return Attach(url, Path(run_dir) if run_dir else None)
 
 
-def add_attach_option(addoption: AddOption, prefix: str, help: str, **extra: Any) -> None:
-    """``--{prefix}attach URL[,run-dir=DIR]``."""
-    addoption(f"--{prefix}attach", type=parse_attach, metavar=ATTACH_FORM, help=help, **extra)
-
-
 # -- profile -----------------------------------------------------------------------------
 
 PROFILE_FORM = "nvtx,kernels=N,on-regression"
@@ -338,44 +314,3 @@ def parse_max_time(raw: object) -> float:
     if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
         raise _bad(raw, "out of range", expected)
     return value
-
-
-def add_processes_option(addoption: AddOption, prefix: str, help: str, **extra: Any) -> None:
-    """``--{prefix}processes N``."""
-    addoption(f"--{prefix}processes", type=parse_processes, metavar="N", help=help, **extra)
-
-
-def add_max_time_option(addoption: AddOption, prefix: str, help: str, **extra: Any) -> None:
-    """``--{prefix}max-time SECONDS``."""
-    addoption(f"--{prefix}max-time", type=parse_max_time, metavar="SECONDS", help=help, **extra)
-
-
-# -- old spellings -----------------------------------------------------------------------
-
-
-class Replaced(argparse.Action):
-    """An old spelling: using it is an error that says what replaced it (``help``: what
-    the error says after the flag, e.g. "was replaced by --specperf-attach URL")."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        self.message = kwargs.pop("help")
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        raise argparse.ArgumentError(self, self.message)
-
-
-def add_replaced_options(
-    addoption: AddOption, replaced: Mapping[str, tuple[str, bool]], dest_prefix: str = ""
-) -> None:
-    """Old flags refused by name: ``{old flag: (what the error says after the flag,
-    whether the flag took a value)}``."""
-    for flag, (message, takes_value) in replaced.items():
-        dest = dest_prefix + "replaced_" + flag.lstrip("-").replace("-", "_")
-        addoption(flag, action=Replaced, nargs=None if takes_value else 0, dest=dest, help=message)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.settings import (
     DEFAULT_TOLERANCES,
@@ -15,8 +16,6 @@ from pytest_specperf.settings import (
     Profile,
     StepsSpec,
     ToleranceSpec,
-    add_replaced_options,
-    add_tolerance_option,
     parse_attach,
     parse_budgets,
     parse_max_time,

@@ -22,11 +22,19 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.engines.protocol import BackendSettings
+from pytest_specperf.cli.options import (
+    add_attach_option,
+    add_max_time_option,
+    add_processes_option,
+    add_replaced_options,
+    add_tolerance_option,
+    arg_type,
+)
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.budgets import BUDGETS, Budgets
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
+from pytest_specperf.server.protocol import BackendSettings
 from pytest_specperf.settings import (
     BUDGET_FORM,
     DEFAULT_TOLERANCES,
@@ -37,11 +45,6 @@ from pytest_specperf.settings import (
     Profile,
     StepsSpec,
     ToleranceSpec,
-    add_attach_option,
-    add_max_time_option,
-    add_processes_option,
-    add_replaced_options,
-    add_tolerance_option,
     parse_attach,
     parse_budgets,
     parse_max_time,
@@ -363,7 +366,7 @@ def add_options(parser: pytest.Parser) -> None:
             group.addoption(
                 o.flag,
                 action="append" if o.kind == "list" else "store",
-                type=o.parse,
+                type=arg_type(o.parse),
                 default=None,
                 dest=o.dest,
                 metavar=o.metavar,
@@ -416,7 +419,7 @@ def _ini_value(config: pytest.Config, o: _Opt) -> Any:
         return None
     try:
         values = [o.parse(t) for t in texts]
-    except (BadValue, ValueError) as e:
+    except ValueError as e:  # BadValue
         raise pytest.UsageError(f"ini option {o.ini}: {e}") from None
     return values if o.kind == "list" else values[0]
 
