@@ -137,7 +137,7 @@ def test_specperf_compare_and_history_read_the_storage(saved, tmp_path):
     from pytest_specperf.__main__ import main
 
     out = subprocess.run([sys.executable, "-m", "pytest_specperf", "compare", "0001", "0002",
-                          "--tolerance", "0.9", "--step-tolerance", "0.95"],
+                          "--tolerance", "0.9,step=0.95"],
                          cwd=saved, capture_output=True, text=True, timeout=120)  # fmt: skip
     # two real runs on a shared machine: SLOWER is possible, and then the exit status is 1
     assert out.returncode == (1 if "SLOWER" in out.stdout else 0), out.stdout + out.stderr
@@ -201,3 +201,14 @@ def test_pytest_benchmark_disabled_as_a_plugin(pytester):
     report = read_report(pytester.path / "r.json")
     assert report.commit == {} and report.datetime is not None  # no pytest-benchmark: no commit
     result.stdout.fnmatch_lines(["specperf: reference backend*"])
+
+
+def test_benchmark_compare_does_not_warn_about_the_same_machine(saved):
+    """``--benchmark-compare`` compares machine_info before any case ran: the device is
+    given then too, so a run on the saved run's machine gets no machine_info warning."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "test_case.py", *SHORT_RUN,
+                          "--benchmark-compare=0001"],
+                         cwd=saved, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Comparing against benchmarks from" in out.stdout + out.stderr
+    assert "machine_info is different" not in out.stdout + out.stderr
