@@ -257,7 +257,7 @@ class SGLangBackend(RunDirBinding):
             server_args=tokens,
         )
         self.bind(run_dir)
-        env = launcher.build_env(self.run_dir, os.environ)
+        env = launcher.build_env(self.run_dir, os.environ, tokens)
         # the scheduler's probe: canary slowdowns, NVTX ranges, kernel sampling
         env.update(
             probe_env(

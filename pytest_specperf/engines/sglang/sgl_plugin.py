@@ -81,7 +81,8 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
     algo = _algorithm(ctx)
     # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup; the run
     # dir's control file switches injections while the server runs (attach-mode canaries)
-    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo), run_dir=run_dir)
+    device = _device(ctx)
+    setup = probe_setup(device=device, labels=_labels(ctx, version, algo), run_dir=run_dir)
     rt = ProbeRuntime(
         run_dir,
         rank=_int(ctx.get("tp_rank")),
@@ -113,6 +114,13 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
             ", ".join(missing),
         )
     return rt
+
+
+def _device(ctx: dict[str, Any]) -> str:
+    """The scheduler's device (``--device``: cuda, cpu, npu, ...; SGLang's resolved value),
+    ``cuda`` when unknown."""
+    device = getattr(ctx.get("server_args"), "device", None)
+    return str(device) if isinstance(device, str) and device else "cuda"
 
 
 def _algorithm(ctx: dict[str, Any]) -> str | None:
@@ -277,11 +285,17 @@ def _member(obj: Any, obj_path: str, attr: str) -> Any:
 
 
 def runtime_params(fn: Any) -> tuple[str, ...] | None:
-    """Parameter names of ``fn`` in the phase-map notation (see source.signature_params)."""
+    """Parameter names of ``fn`` in the phase-map notation (see source.signature_params).
+
+    A decorated method is read through ``__wrapped__`` (SGLang wraps scheduler methods with
+    ``functools.wraps``, e.g. ``@scheduler_stage_method``): such a wrapper passes its
+    arguments through in the same positions, which is what the hooks read, and the source
+    check (``ast``) sees the wrapped definition too.
+    """
     import inspect
 
     try:
-        sig = inspect.signature(fn, follow_wrapped=False)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
     out: list[str] = []
