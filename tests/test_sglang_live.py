@@ -106,8 +106,10 @@ def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
     decode = [r for r in records if r["mode"] == "decode"]
     assert [r["mode"] for r in records][:1] == ["extend"]
     assert len(decode) == verify_ct  # one record per verify step of the request
-    # the first token comes from the prefill; every decode step adds its accepted tokens
-    assert sum(r["accepted_tokens"] for r in decode) == NEW_TOKENS - 1
+    # the first token comes from the prefill, every decode step adds its accepted tokens;
+    # the last step may accept more than the request still wanted (SGLang drops the rest)
+    accepted = [r["accepted_tokens"] for r in decode]
+    assert sum(accepted[:-1]) < NEW_TOKENS - 1 <= sum(accepted) <= NEW_TOKENS - 1 + 3
     for r in decode:
         assert r["labels"]["speculative_algorithm"] == algorithm
         assert r["host_ns"]["verify"] > 0 and r["host_ns"]["draft"] > 0

@@ -47,6 +47,7 @@ from pytest_specperf.engines.sglang import (
     kv_size,
     launcher,
     metrics,
+    preflight,
     source,
 )
 from pytest_specperf.probe.phases import PHASES
@@ -212,7 +213,12 @@ class SGLangBackend(RunDirBinding):
         algo = launcher.flag_value(tokens, "--speculative-algorithm") or launcher.config_value(
             tokens, "speculative_algorithm"
         )
+        # as SGLang resolves it: EAGLE/NEXTN with a Gemma4 assistant draft is FROZEN_KV_MTP
+        draft_cfg = read_model_config(settings.draft_model) if settings.draft_model else None
+        algo = preflight.resolved_algorithm(algo, draft_cfg)
         self._check_algorithm(algo, self._version)  # None (set in a config file): at attach
+        if algo is None or algo.upper() != "NONE":
+            self._check_map(root, algo)
         sizes = [
             v
             for v in (
@@ -235,6 +241,19 @@ class SGLangBackend(RunDirBinding):
             reason = algorithms.refusal(algorithm, pm, version)
             if reason is not None:
                 raise BackendUnavailable(reason)
+
+    def _check_map(self, root: Path, algorithm: str | None) -> None:
+        """The map's required targets and signatures against the installed source."""
+        from pytest_specperf.engines.sglang.phase_map import PhaseMapError
+
+        try:
+            preflight.check_map(
+                root, self._version, algorithm, os.environ, os.environ.get(ENV_PHASE_MAP) or None
+            )
+        except preflight.MapMismatch as e:
+            raise BackendUnavailable(str(e)) from None
+        except PhaseMapError as e:
+            raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
 
     def check_attached(self, server_info: dict[str, Any]) -> None:
         """At attach (and once a launched server answers): its algorithm must be mapped."""

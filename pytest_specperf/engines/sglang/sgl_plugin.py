@@ -124,7 +124,19 @@ def _device(ctx: dict[str, Any]) -> str:
 
 
 def _algorithm(ctx: dict[str, Any]) -> str | None:
-    algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
+    """The algorithm SGLang resolved and runs: ``server_args.speculative_algorithm`` is the
+    typed input, which SGLang's resolution may override (EAGLE/NEXTN with a Gemma4
+    assistant draft becomes FROZEN_KV_MTP); ``overrides.resolution_result`` reads the
+    resolved value."""
+    args = ctx.get("server_args")
+    algo = getattr(args, "speculative_algorithm", None)
+    if args is not None:
+        try:
+            from sglang.srt.arg_groups import overrides
+
+            algo = overrides.resolution_result(args, "speculative_algorithm", algo)
+        except Exception:  # an SGLang without the resolution record: the typed field
+            pass
     return None if algo is None else str(getattr(algo, "name", algo))
 
 
@@ -145,16 +157,21 @@ def _effective_map(version: str | None, algo: str | None) -> tuple[PhaseMap, str
     the built-in map alone: a half-applied map would measure something else than asked);
     neither does an algorithm without a step entry in the map.
     """
-    from pytest_specperf.engines.sglang import algorithms
+    from pytest_specperf.engines.sglang import algorithms, preflight
     from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
 
-    pm = load_builtin(version)
+    try:
+        pm, no_fit = preflight.base_map(version, os.environ)
+    except preflight.MapMismatch as e:
+        return load_builtin(version), str(e)
     user_file = os.environ.get(ENV_PHASE_MAP)
     if user_file:
         try:
             pm = pm.extended(load_file(user_file))
         except PhaseMapError as e:
             return pm, str(e)
+    elif no_fit is not None:
+        return pm, no_fit  # the same refusal as before launch: no map for this release
     if algo is not None:
         return pm, algorithms.refusal(algo, pm, version)
     return pm, None
