@@ -52,8 +52,10 @@ def _reference(q: Any, keys: Any, vals: Any, scale: float, q_pos: list[int]) -> 
 
 def _pool(seed: int, slots: int = 300, hkv: int = 2, d: int = 16) -> tuple[Any, Any]:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn((slots, hkv, d), generator=g).to(torch.bfloat16),
-            torch.randn((slots, hkv, d), generator=g).to(torch.bfloat16))
+    return (
+        torch.randn((slots, hkv, d), generator=g).to(torch.bfloat16),
+        torch.randn((slots, hkv, d), generator=g).to(torch.bfloat16),
+    )
 
 
 def test_decode_attention_writes_the_new_token_then_attends_over_the_row(k: ModuleType) -> None:
@@ -68,9 +70,27 @@ def test_decode_attention_writes_the_new_token_then_attends_over_the_row(k: Modu
     knew = torch.randn((2, 2, 16), generator=g).to(torch.bfloat16)
     vnew = torch.randn((2, 2, 16), generator=g).to(torch.bfloat16)
     o = torch.empty_like(q)
-    k.decode_attention_cpu(q, kb, vb, 1.0, 1.0, o, knew, vnew, loc, torch.empty(0), table,
-                           torch.tensor([2, 0]), torch.tensor(lens), 0.25, 0.0, False, 0,
-                           None, None)
+    k.decode_attention_cpu(
+        q,
+        kb,
+        vb,
+        1.0,
+        1.0,
+        o,
+        knew,
+        vnew,
+        loc,
+        torch.empty(0),
+        table,
+        torch.tensor([2, 0]),
+        torch.tensor(lens),
+        0.25,
+        0.0,
+        False,
+        0,
+        None,
+        None,
+    )
     assert torch.equal(kb[loc], knew) and torch.equal(vb[loc], vnew)
     for i, (row, n) in enumerate(((2, 40), (0, 7))):
         idx = table[row, :n].long()
@@ -91,10 +111,30 @@ def test_extend_attention_is_causal_after_its_prefix(k: ModuleType) -> None:
     vx = torch.cat([vb[table[1, 80:100].long()], vb[table[0, :9].long()]])
     for k_ext, v_ext in ((kx, vx), (None, None)):  # from the extend tensors, or the pool
         o = torch.empty_like(q)
-        k.extend_attention_cpu(q, k_ext, v_ext, o, kb, vb, 1.0, 1.0, table,
-                               torch.tensor([1, 0]), torch.tensor(seq), torch.tensor(ext),
-                               torch.tensor(start), 20, 0.25, 0.0, False, 0, None, None, None,
-                               True)
+        k.extend_attention_cpu(
+            q,
+            k_ext,
+            v_ext,
+            o,
+            kb,
+            vb,
+            1.0,
+            1.0,
+            table,
+            torch.tensor([1, 0]),
+            torch.tensor(seq),
+            torch.tensor(ext),
+            torch.tensor(start),
+            20,
+            0.25,
+            0.0,
+            False,
+            0,
+            None,
+            None,
+            None,
+            True,
+        )
         for row, s, e, n in ((1, 0, 20, 100), (0, 20, 9, 9)):
             idx = table[row, :n].long()
             ref = _reference(q[s : s + e], kb[idx], vb[idx], 0.25, list(range(n - e, n)))
@@ -115,11 +155,30 @@ def test_attention_logit_cap_and_window_match_the_definition(k: ModuleType) -> N
 def test_unsupported_inputs_raise_naming_the_op(k: ModuleType) -> None:
     kb, vb = _pool(6)
     with pytest.raises(NotImplementedError, match="extend_attention_cpu: no tree mask"):
-        k.extend_attention_cpu(torch.zeros((1, 4, 16)), None, None, torch.zeros((1, 4, 16)),
-                               kb, vb, 1.0, 1.0, torch.zeros((1, 4), dtype=torch.int32),
-                               torch.tensor([0]), torch.tensor([1]), torch.tensor([1]),
-                               torch.tensor([0]), 1, 1.0, 0.0, False, 0, None, None,
-                               torch.ones(1, dtype=torch.bool), True)
+        k.extend_attention_cpu(
+            torch.zeros((1, 4, 16)),
+            None,
+            None,
+            torch.zeros((1, 4, 16)),
+            kb,
+            vb,
+            1.0,
+            1.0,
+            torch.zeros((1, 4), dtype=torch.int32),
+            torch.tensor([0]),
+            torch.tensor([1]),
+            torch.tensor([1]),
+            torch.tensor([0]),
+            1,
+            1.0,
+            0.0,
+            False,
+            0,
+            None,
+            None,
+            torch.ones(1, dtype=torch.bool),
+            True,
+        )
     with pytest.raises(NotImplementedError, match=r"sgl_kernel\.fused_experts_cpu was called"):
         k.fused_experts_cpu()
     assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")  # no AMX claimed
@@ -144,8 +203,9 @@ def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer(k: ModuleType) -> No
 
 def test_draft_decode_metadata_gives_each_chain_its_requests_row(k: ModuleType) -> None:
     table = torch.arange(5 * 32, dtype=torch.int32).reshape(5, 32)
-    rows = k.build_draft_decode_metadata_cpu(table, torch.tensor([3, 0]), torch.tensor([9, 4]),
-                                             1, 3, 32)
+    rows = k.build_draft_decode_metadata_cpu(
+        table, torch.tensor([3, 0]), torch.tensor([9, 4]), 1, 3, 32
+    )
     assert torch.equal(rows, table[[3, 0]])  # draft slots follow the prefix in the row
     with pytest.raises(NotImplementedError, match="topk 1"):
         k.build_draft_decode_metadata_cpu(table, torch.tensor([3]), torch.tensor([9]), 2, 3, 32)
@@ -154,9 +214,12 @@ def test_draft_decode_metadata_gives_each_chain_its_requests_row(k: ModuleType) 
 # -- bookkeeping ops against SGLang's own Triton kernels -------------------------------------------
 
 REFERENCE_CASES = [
-    "assign_req_to_token_pool", "assign_extend_cache_locs",
-    "assign_draft_cache_locs_contiguous_topk1", "assign_draft_cache_locs_contiguous_topk2",
-    "fill_bonus_tokens", "fill_accept_out_cache_loc",
+    "assign_req_to_token_pool",
+    "assign_extend_cache_locs",
+    "assign_draft_cache_locs_contiguous_topk1",
+    "assign_draft_cache_locs_contiguous_topk2",
+    "fill_bonus_tokens",
+    "fill_accept_out_cache_loc",
     *(f"build_tree_topk{t}_mode{m}" for t in (1, 2, 4) for m in (0, 1)),
     *(f"verify_tree_greedy_topk{t}" for t in (1, 2, 4)),
 ]
@@ -170,16 +233,23 @@ def triton_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("triton") / "reference.pt"
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     env.update(TRITON_INTERPRET="1", PYTHONPATH=str(live.STAND_IN))  # torchvision's shim
-    proc = subprocess.run([sys.executable, str(HERE / "triton_reference.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "triton_reference.py"), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases: dict[str, Any] = torch.load(out, weights_only=False)
     return cases
 
 
+@pytest.mark.live_sglang
 @pytest.mark.parametrize("name", REFERENCE_CASES)
-def test_op_matches_sglangs_triton_kernel(k: ModuleType, triton_cases: dict[str, Any],
-                                          name: str) -> None:
+def test_op_matches_sglangs_triton_kernel(
+    k: ModuleType, triton_cases: dict[str, Any], name: str
+) -> None:
     case = triton_cases[name]
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in case["args"]]
     getattr(k, case["op"])(*args)
@@ -189,5 +259,6 @@ def test_op_matches_sglangs_triton_kernel(k: ModuleType, triton_cases: dict[str,
         assert int(case["expected"][2].sum()) > 0, "no token accepted: a weak case"
 
 
+@pytest.mark.live_sglang
 def test_no_reference_case_is_left_unchecked(triton_cases: dict[str, Any]) -> None:
     assert sorted(triton_cases) == sorted(REFERENCE_CASES)

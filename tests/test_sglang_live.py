@@ -15,6 +15,7 @@ few minutes on a loaded two-core box.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -27,6 +28,8 @@ from sglang_cpu import live
 from sglang_cpu.models import write_models
 
 REASON = live.missing()
+if REASON is not None and os.environ.get("SPECPERF_REQUIRE_LIVE_SGLANG") == "1":
+    raise RuntimeError(f"SPECPERF_REQUIRE_LIVE_SGLANG=1 but {REASON}")  # CI's live step
 pytestmark = [
     pytest.mark.live_sglang,
     pytest.mark.skipif(REASON is not None, reason=REASON or ""),
@@ -125,8 +128,9 @@ def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
         assert verify_ct < NEW_TOKENS - 1
 
 
-def _perf(pytester: pytest.Pytester, *args: str,
-          timeout: float = 400) -> tuple[pytest.RunResult, dict[str, Any] | None]:
+def _perf(
+    pytester: pytest.Pytester, *args: str, timeout: float = 400
+) -> tuple[pytest.RunResult, dict[str, Any] | None]:
     """perf_tests/test_decode.py (the repository's own) run by an inner pytest."""
     shutil.copy(ROOT / "perf_tests" / "test_decode.py", pytester.path / "test_decode.py")
     report = pytester.path / "report.json"
@@ -137,8 +141,11 @@ def _perf(pytester: pytest.Pytester, *args: str,
 
 
 def _attach(server: live.LiveServer) -> tuple[str, ...]:
-    return ("--specperf-backend=sglang", f"--specperf-server-url={server.url}",
-            f"--specperf-run-dir={server.run_dir}")
+    return (
+        "--specperf-backend=sglang",
+        f"--specperf-server-url={server.url}",
+        f"--specperf-run-dir={server.run_dir}",
+    )
 
 
 def test_perf_tests_attach_mode_records_then_judges(
@@ -156,8 +163,13 @@ def test_perf_tests_attach_mode_records_then_judges(
     (frag,) = [c for c in report["cases"] if c["kv_layout"] == "fragmented"]
     assert abs(frag["kv_fragmentation"] - frag["kv_level"]) < 0.1, frag["kv_fragmentation"]
 
-    result, report = _perf(pytester, *_attach(server), base, "--specperf-tolerance=60%",
-                           "--specperf-step-tolerance=80%")
+    result, report = _perf(
+        pytester,
+        *_attach(server),
+        base,
+        "--specperf-tolerance=60%",
+        "--specperf-step-tolerance=80%",
+    )
     result.assert_outcomes(passed=2)
     assert report is not None
     for case in report["cases"]:
@@ -167,7 +179,8 @@ def test_perf_tests_attach_mode_records_then_judges(
     assert server.client.health_generate(timeout=60.0)
     assert server.run_dir is not None
     assert not list(server.run_dir.glob("kvfrag-HEALTH_CHECK*")), sorted(
-        p.name for p in server.run_dir.glob("kvfrag-*"))
+        p.name for p in server.run_dir.glob("kvfrag-*")
+    )
 
 
 def test_canary_in_an_attached_server_fails_naming_the_phase(
@@ -176,8 +189,14 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
     if not any(baselines.iterdir()):
         pytest.skip("needs the baselines the attach-mode test records")
     server = pool.get("STANDALONE")
-    result, _ = _perf(pytester, *_attach(server), f"--specperf-baselines={baselines}",
-                      "-k", "contiguous", "--specperf-inject=verify=4")
+    result, _ = _perf(
+        pytester,
+        *_attach(server),
+        f"--specperf-baselines={baselines}",
+        "-k",
+        "contiguous",
+        "--specperf-inject=verify=4",
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["FAILED test_decode.py::test_decode*- Failed: verify +*"])
 
@@ -186,27 +205,49 @@ def test_strict_mode_fails_an_unjudged_case(
     pytester: pytest.Pytester, pool: live.Pool, tmp_path: Path
 ) -> None:
     server = pool.get("STANDALONE")
-    result, report = _perf(pytester, *_attach(server), f"--specperf-baselines={tmp_path}",
-                           "-k", "contiguous", "--specperf-strict")
+    result, report = _perf(
+        pytester,
+        *_attach(server),
+        f"--specperf-baselines={tmp_path}",
+        "-k",
+        "contiguous",
+        "--specperf-strict",
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*--specperf-strict: *was not judged*"])
     assert report is not None and report["cases"][0]["verdict"] == "NO_BASELINE"
 
 
 def test_perf_tests_launch_mode_on_the_cpu(
-    pytester: pytest.Pytester, pool: live.Pool, models: dict[str, Path], tmp_path: Path,
+    pytester: pytest.Pytester,
+    pool: live.Pool,
+    models: dict[str, Path],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pool.close()  # the launched server gets the cores
-    server_args = [f"--specperf-server-arg={a}" for a in (
-        *live.CPU_FLAGS, "--speculative-algorithm=STANDALONE", *live.CHAIN, *live.SPEC_BACKEND)]
+    server_args = [
+        f"--specperf-server-arg={a}"
+        for a in (
+            *live.CPU_FLAGS,
+            "--speculative-algorithm=STANDALONE",
+            *live.CHAIN,
+            *live.SPEC_BACKEND,
+        )
+    ]
     env = live.server_env(None)
     for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE"):  # the launched server inherits them
         monkeypatch.setenv(key, env[key])
     result, report = _perf(
-        pytester, "--specperf-backend=sglang", f"--specperf-model={models['target4']}",
-        f"--specperf-draft-model={models['draft']}", *server_args,
-        f"--specperf-baselines={tmp_path}", "--specperf-update-baselines", "-k", "contiguous",
+        pytester,
+        "--specperf-backend=sglang",
+        f"--specperf-model={models['target4']}",
+        f"--specperf-draft-model={models['draft']}",
+        *server_args,
+        f"--specperf-baselines={tmp_path}",
+        "--specperf-update-baselines",
+        "-k",
+        "contiguous",
     )
     result.assert_outcomes(passed=1)
     assert report is not None

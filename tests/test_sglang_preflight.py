@@ -16,21 +16,27 @@ from pytest_specperf.engines.sglang import check, preflight, sgl_plugin, source
 from pytest_specperf.engines.sglang.algorithms import ALGORITHMS, families_for
 
 ROOT = source.sglang_root()
-needs_sglang = pytest.mark.skipif(ROOT is None, reason="needs SGLang's source (pip install "
-                                  "--no-deps sglang==0.5.23, as .ci/run does)")
+needs_sglang = pytest.mark.skipif(
+    ROOT is None,
+    reason="needs SGLang's source (pip install --no-deps sglang==0.5.23, as .ci/run does)",
+)
 GEMMA4_DRAFT = {"architectures": ["Gemma4AssistantForCausalLM"]}
 
 
-@pytest.mark.parametrize(("algo", "draft", "expected"), [
-    ("EAGLE", GEMMA4_DRAFT, "FROZEN_KV_MTP"),
-    ("nextn", GEMMA4_DRAFT, "FROZEN_KV_MTP"),
-    ("NEXTN", {"architectures": ["LlamaForCausalLMEagle"]}, "EAGLE"),
-    ("EAGLE3", None, "EAGLE3"),
-    ("STANDALONE", GEMMA4_DRAFT, "STANDALONE"),
-    (None, GEMMA4_DRAFT, None),
-])
-def test_unit_resolved_algorithm(algo: str | None, draft: dict | None, expected: str | None
-                                 ) -> None:
+@pytest.mark.parametrize(
+    ("algo", "draft", "expected"),
+    [
+        ("EAGLE", GEMMA4_DRAFT, "FROZEN_KV_MTP"),
+        ("nextn", GEMMA4_DRAFT, "FROZEN_KV_MTP"),
+        ("NEXTN", {"architectures": ["LlamaForCausalLMEagle"]}, "EAGLE"),
+        ("EAGLE3", None, "EAGLE3"),
+        ("STANDALONE", GEMMA4_DRAFT, "STANDALONE"),
+        (None, GEMMA4_DRAFT, None),
+    ],
+)
+def test_unit_resolved_algorithm(
+    algo: str | None, draft: dict | None, expected: str | None
+) -> None:
     assert preflight.resolved_algorithm(algo, draft) == expected
 
 
@@ -57,8 +63,9 @@ def _copy_sglang(tmp_path: Path) -> Path:
     dst = tmp_path / "sglang"
     shutil.copytree(ROOT / "srt" / "speculative", dst / "srt" / "speculative")
     for sub in ("managers", "mem_cache", "model_executor", "arg_groups"):
-        shutil.copytree(ROOT / "srt" / sub, dst / "srt" / sub,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / "srt" / sub, dst / "srt" / sub, ignore=shutil.ignore_patterns("__pycache__")
+        )
     for name in ("version.py", "_version.py", "__init__.py"):
         shutil.copy(ROOT / name, dst / name)
     (dst / "srt" / "__init__.py").write_text("")
@@ -71,18 +78,22 @@ def test_a_missing_target_and_a_changed_signature_refuse_with_the_list(tmp_path:
     worker = root / "srt" / "speculative" / "eagle_worker_v2.py"
     text = worker.read_text()
     assert "def _draft_extend_for_decode(" in text
-    worker.write_text(text.replace("def _draft_extend_for_decode(",
-                                   "def _draft_extend_for_decode_v2(", 1))
+    worker.write_text(
+        text.replace("def _draft_extend_for_decode(", "def _draft_extend_for_decode_v2(", 1)
+    )
     sched = root / "srt" / "managers" / "schedule_batch.py"
     text = sched.read_text()
     assert "def prepare_for_decode(self)" in text
-    sched.write_text(text.replace("def prepare_for_decode(self)",
-                                  "def prepare_for_decode(self, extra)", 1))
+    sched.write_text(
+        text.replace("def prepare_for_decode(self)", "def prepare_for_decode(self, extra)", 1)
+    )
     with pytest.raises(preflight.MapMismatch) as err:
         preflight.check_map(root, "0.5.23", "EAGLE", {}, None)
     msg = str(err.value)
-    assert "missing: sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker." \
-           "_draft_extend_for_decode (kv_commit" in msg
+    assert (
+        "missing: sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker."
+        "_draft_extend_for_decode (kv_commit" in msg
+    )
     assert "signature: sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode" in msg
     assert "specperf sglang-check --algorithm EAGLE" in msg
 
@@ -90,13 +101,17 @@ def test_a_missing_target_and_a_changed_signature_refuse_with_the_list(tmp_path:
 @needs_sglang
 def test_a_release_without_a_map_is_refused_unless_one_is_named() -> None:
     assert ROOT is not None
-    with pytest.raises(preflight.MapMismatch, match=r"SGLang 0\.5\.24 has no built-in phase "
-                       r"map.*SPECPERF_SGLANG_MAP=<version>"):
+    with pytest.raises(
+        preflight.MapMismatch,
+        match=r"SGLang 0\.5\.24 has no built-in phase "
+        r"map.*SPECPERF_SGLANG_MAP=<version>",
+    ):
         preflight.check_map(ROOT, "0.5.24", "EAGLE3", {}, None)
     named = {preflight.ENV_SGLANG_MAP: "0.5.23"}
     assert preflight.check_map(ROOT, "0.5.24", "EAGLE3", named, None).sources == (
-        "phase_map_0_5_23.yaml",)
-    with pytest.raises(preflight.MapMismatch, match="'0.4' is not a built-in phase map"):
+        "phase_map_0_5_23.yaml",
+    )
+    with pytest.raises(preflight.MapMismatch, match=r"'0\.4' is not a built-in phase map"):
         preflight.check_map(ROOT, "0.5.24", "EAGLE3", {preflight.ENV_SGLANG_MAP: "0.4"}, None)
     # a fork of 0.5.23 (local version label) uses 0.5.23's map
     assert preflight.base_map("0.5.23+myfork", {})[1] is None
@@ -109,18 +124,21 @@ def test_unit_source_version_is_not_the_fallback(tmp_path: Path) -> None:
     (root / "srt").mkdir(parents=True)
     (root / "version.py").write_text(
         "try:\n    from sglang._version import __version__\nexcept ImportError:\n"
-        "    __version__ = '0.0.0.dev0'\n")
+        "    __version__ = '0.0.0.dev0'\n"
+    )
     assert check._source_version(root) is None
     (root / "_version.py").write_text("__version__ = version = '0.5.23'\n")
     assert check._source_version(root) == "0.5.23"
     assert check.locate_source(str(tmp_path))[1] == "0.5.23"
 
 
+@pytest.mark.live_sglang
 @pytest.mark.skipif(live.missing() is not None, reason=live.missing() or "")
 def test_in_server_algorithm_is_sglangs_resolved_value() -> None:
     """In the scheduler the plugin reads ``overrides.resolution_result``: a Gemma4 assistant
     draft typed as EAGLE runs (and is mapped) as FROZEN_KV_MTP."""
     code = (
+        "import sglang.srt.server_args  # as in a scheduler: ServerArgs's module\n"
         "from types import SimpleNamespace\n"
         "from pytest_specperf.engines.sglang import sgl_plugin\n"
         "args = SimpleNamespace(speculative_algorithm='EAGLE', _resolved_overrides=[\n"
@@ -128,8 +146,9 @@ def test_in_server_algorithm_is_sglangs_resolved_value() -> None:
         "print(sgl_plugin._algorithm({'server_args': args}))\n"
     )
     env = live.server_env(None)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.stdout.strip().splitlines()[-1:] == ["FROZEN_KV_MTP"], out.stderr[-2000:]
 
 

@@ -24,19 +24,40 @@ from pytest_specperf.server import ServerClient, ServerProcess, free_port
 STAND_IN = Path(__file__).resolve().parent / "stand_in"
 #: Modules the server needs beyond the dev install (a sample of requirements.txt: when
 #: one is missing, the set was not installed).
-NEEDED = ("sglang", "transformers", "fastapi", "uvicorn", "zmq", "orjson", "xgrammar",
-          "torchvision", "msgspec", "uvloop", "compressed_tensors")
+NEEDED = (
+    "sglang",
+    "transformers",
+    "fastapi",
+    "uvicorn",
+    "zmq",
+    "orjson",
+    "xgrammar",
+    "torchvision",
+    "msgspec",
+    "uvloop",
+    "compressed_tensors",
+)
 #: Flags of every live server: the CPU engine's, dummy weights, no tokenizer, one decode
 #: log line per decode batch (the tests read it), a KV pool sized for the tests (without it
 #: the CPU path sizes the pool from free RAM: tens of GB).
 CPU_FLAGS = (
-    "--device=cpu", "--sampling-backend=pytorch", "--disable-cuda-graph",
-    "--skip-server-warmup", "--skip-tokenizer-init", "--load-format=dummy",
-    "--max-total-tokens=65536", "--decode-log-interval=1", "--enable-metrics",
+    "--device=cpu",
+    "--sampling-backend=pytorch",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--skip-tokenizer-init",
+    "--load-format=dummy",
+    "--max-total-tokens=65536",
+    "--decode-log-interval=1",
+    "--enable-metrics",
 )
 #: Chain drafts: 3 draft steps, topk 1, 4 tokens verified per step.
-CHAIN = ("--speculative-num-steps=3", "--speculative-eagle-topk=1",
-         "--speculative-num-draft-tokens=4", "--speculative-draft-load-format=dummy")
+CHAIN = (
+    "--speculative-num-steps=3",
+    "--speculative-eagle-topk=1",
+    "--speculative-num-draft-tokens=4",
+    "--speculative-draft-load-format=dummy",
+)
 #: Speculative decoding on the CPU needs the intel_amx attention backend for its draft (the
 #: stand-in provides its ops; sitecustomize sets the has_amx platform fact).
 SPEC_BACKEND = ("--attention-backend=intel_amx",)
@@ -76,8 +97,13 @@ def algorithm_args(algorithm: str | None, models: dict[str, Path]) -> tuple[str,
     if algorithm is None:
         return (target, "--attention-backend=torch_native")
     draft = {"STANDALONE": "draft", "EAGLE": "eagle", "EAGLE3": "eagle3"}[algorithm]
-    return (target, f"--speculative-algorithm={algorithm}",
-            f"--speculative-draft-model-path={models[draft]}", *CHAIN, *SPEC_BACKEND)
+    return (
+        target,
+        f"--speculative-algorithm={algorithm}",
+        f"--speculative-draft-model-path={models[draft]}",
+        *CHAIN,
+        *SPEC_BACKEND,
+    )
 
 
 @dataclass
@@ -98,8 +124,11 @@ class LiveServer:
         body = {
             "input_ids": list(input_ids),
             "rid": rid,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
-                                "ignore_eos": True},
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
         }
         out = self.client.generate(body, timeout=300.0)
         assert isinstance(out, dict), out
@@ -134,8 +163,15 @@ def start(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) ->
         run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = work / f"server-{name}.log"
-    cmd = [os.environ.get("SPECPERF_LIVE_PYTHON", _python()), "-m", "sglang.launch_server",
-           "--host=127.0.0.1", f"--port={port}", *CPU_FLAGS, *args]
+    cmd = [
+        os.environ.get("SPECPERF_LIVE_PYTHON", _python()),
+        "-m",
+        "sglang.launch_server",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        *CPU_FLAGS,
+        *args,
+    ]
     proc = ServerProcess(cmd, log_path=log, env=server_env(run_dir), name=f"sglang {name}")
     t0 = time.monotonic()
     proc.start()
@@ -171,8 +207,12 @@ class Pool:
         if server is None:
             while len(self._live) >= self.keep:
                 self._live.pop(next(iter(self._live))).proc.stop()
-            server = start(name, algorithm_args(algorithm, self.models), self.work,
-                           plugin=algorithm is not None)
+            server = start(
+                name,
+                algorithm_args(algorithm, self.models),
+                self.work,
+                plugin=algorithm is not None,
+            )
             self.startups[name] = server.started_s
         self._live[name] = server  # most recently used last
         return server

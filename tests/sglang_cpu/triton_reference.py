@@ -42,12 +42,16 @@ def pools(g: torch.Generator) -> dict[str, Case]:
     n = int((end - start).sum())
     locs = torch.randperm(5000, generator=g)[:n].to(torch.int64)
     cases["assign_req_to_token_pool"] = _case(
-        "assign_req_to_token_pool_cpu", [idx, table, start, end, locs, width], [1],
+        "assign_req_to_token_pool_cpu",
+        [idx, table, start, end, locs, width],
+        [1],
         lambda a: assign_req_to_token_pool[(3,)](*a[:5], width, 4),
     )
     out = torch.full((n,), -7, dtype=torch.int64)
     cases["assign_extend_cache_locs"] = _case(
-        "assign_extend_cache_locs_cpu", [idx, table, start, end, out, width], [4],
+        "assign_extend_cache_locs_cpu",
+        [idx, table, start, end, out, width],
+        [4],
         lambda a: assign_extend_cache_locs[(3,)](*a[:5], width, 4),
     )
     for topk, steps in ((1, 3), (2, 3)):
@@ -55,9 +59,11 @@ def pools(g: torch.Generator) -> dict[str, Case]:
         out = torch.full((3 * topk * steps,), -7, dtype=torch.int64)
         cases[f"assign_draft_cache_locs_contiguous_topk{topk}"] = _case(
             "assign_draft_cache_locs_contiguous_cpu",
-            [idx, table, seq, out, width, topk, steps], [3],
+            [idx, table, seq, out, width, topk, steps],
+            [3],
             lambda a, t=topk, s=steps: assign_draft_cache_locs_contiguous[(3,)](
-                a[0], a[1], a[2], a[3], width, t, s, BS=3),
+                a[0], a[1], a[2], a[3], width, t, s, BS=3
+            ),
         )
     return cases
 
@@ -71,21 +77,26 @@ def accept(g: torch.Generator) -> dict[str, Case]:
     lens = torch.tensor([1, 5, 3, 2], dtype=torch.int32)
     bonus = torch.full((bs,), -7, dtype=torch.int64)
     cases["fill_bonus_tokens"] = _case(
-        "fill_bonus_tokens_cpu", [tokens, lens, bonus, stride], [2],
+        "fill_bonus_tokens_cpu",
+        [tokens, lens, bonus, stride],
+        [2],
         lambda a: fill_bonus_tokens[(bs,)](*a),
     )
     accept_index = torch.tensor([0, 1, -1, -1, 4, -1, -1, -1, 8, 9, 10, 11], dtype=torch.int64)
     out_loc = torch.randperm(900, generator=g)[:12].to(torch.int64)
     acc_out = torch.full((int((accept_index != -1).sum()),), -7, dtype=torch.int64)
     cases["fill_accept_out_cache_loc"] = _case(
-        "fill_accept_out_cache_loc_cpu", [accept_index, out_loc, acc_out], [2],
+        "fill_accept_out_cache_loc_cpu",
+        [accept_index, out_loc, acc_out],
+        [2],
         lambda a: fill_accept_out_cache_loc[(12,)](*a, 16),
     )
     return cases
 
 
-def draft_tree(g: torch.Generator, bs: int, topk: int, steps: int, num_verify: int
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draft_tree(
+    g: torch.Generator, bs: int, topk: int, steps: int, num_verify: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(parent_list, top_scores_index, draft_tokens) as EAGLE's multi-step draft and
     ``eagle_utils.organize_draft_results`` make them, from random draft distributions."""
     from sglang.srt.speculative.eagle_utils import organize_draft_results
@@ -119,17 +130,35 @@ def trees(g: torch.Generator) -> dict[str, Case]:
         bs = 3
         parent_list, selected, draft = draft_tree(g, bs, topk, steps, num_verify)
         seq = torch.tensor([7, 12, 3], dtype=torch.int64)
-        for mode, mask_len in ((0, num_verify * (int(seq.sum()) + num_verify * bs)),
-                               (1, num_verify * num_verify * bs)):
+        for mode, mask_len in (
+            (0, num_verify * (int(seq.sum()) + num_verify * bs)),
+            (1, num_verify * num_verify * bs),
+        ):
             mask = torch.ones(mask_len, dtype=torch.bool)
             positions = torch.full((bs * num_verify,), -7, dtype=torch.int64)
             r_index = torch.full((bs, num_verify), -7, dtype=torch.int64)
             r_next = torch.full((bs, num_verify), -1, dtype=torch.int64)
             r_sib = torch.full((bs, num_verify), -1, dtype=torch.int64)
-            args = [parent_list, selected, seq, mask, positions, r_index, r_next, r_sib,
-                    topk, steps, num_verify, mode]
-            case = _case("build_tree_kernel_efficient_cpu", args, [3, 4, 5, 6, 7],
-                         lambda a: sgl_build_tree_kernel_triton(*a))
+            args = [
+                parent_list,
+                selected,
+                seq,
+                mask,
+                positions,
+                r_index,
+                r_next,
+                r_sib,
+                topk,
+                steps,
+                num_verify,
+                mode,
+            ]
+            case = _case(
+                "build_tree_kernel_efficient_cpu",
+                args,
+                [3, 4, 5, 6, 7],
+                lambda a: sgl_build_tree_kernel_triton(*a),
+            )
             cases[f"build_tree_topk{topk}_mode{mode}"] = case
         r_index, r_next, r_sib = case["expected"][2:]
         bonus = torch.randint(0, 5, (bs, 1), generator=g)
@@ -142,7 +171,8 @@ def trees(g: torch.Generator) -> dict[str, Case]:
         accept_num = torch.full((bs,), -7, dtype=torch.int32)
         args = [predicts, accept_index, accept_num, candidates, r_index, r_next, r_sib, target]
         cases[f"verify_tree_greedy_topk{topk}"] = _case(
-            "verify_tree_greedy_cpu", args, [0, 1, 2], lambda a: verify_tree_greedy_triton(*a))
+            "verify_tree_greedy_cpu", args, [0, 1, 2], lambda a: verify_tree_greedy_triton(*a)
+        )
     return cases
 
 

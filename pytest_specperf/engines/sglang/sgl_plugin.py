@@ -2,8 +2,8 @@
 
 SGLang calls :func:`load` in every one of its processes (launcher, tokenizer, detokenizer,
 each scheduler) at start-up, then ``HookRegistry.apply_hooks()``. ``load`` does nothing
-(and imports nothing beyond ``os``/``sys``) unless ``SPECPERF_SGLANG_PLUGIN=1``, which our
-launcher sets, and nothing outside scheduler processes (it recognises one by being called
+(and imports nothing beyond ``os``, ``sys`` and ``contextlib``) unless
+``SPECPERF_SGLANG_PLUGIN=1``, which our launcher sets, and nothing outside scheduler processes (it recognises one by being called
 from SGLang's ``run_scheduler_process``, whose ``tp_rank`` it reads). In a scheduler it:
 
 - builds the phase map for the installed SGLang version, extended by the file named in
@@ -25,6 +25,7 @@ the scheduler process, after CUDA is initialised. No exception leaves :func:`loa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -130,13 +131,13 @@ def _algorithm(ctx: dict[str, Any]) -> str | None:
     resolved value."""
     args = ctx.get("server_args")
     algo = getattr(args, "speculative_algorithm", None)
-    if args is not None:
-        try:
-            from sglang.srt.arg_groups import overrides
-
+    # loaded in every scheduler by sglang.srt.server_args (ServerArgs's own module): read,
+    # never imported here (it pulls triton)
+    overrides = sys.modules.get("sglang.srt.arg_groups.overrides")
+    if args is not None and overrides is not None:
+        # an SGLang without the resolution record: the typed field
+        with contextlib.suppress(Exception):
             algo = overrides.resolution_result(args, "speculative_algorithm", algo)
-        except Exception:  # an SGLang without the resolution record: the typed field
-            pass
     return None if algo is None else str(getattr(algo, "name", algo))
 
 

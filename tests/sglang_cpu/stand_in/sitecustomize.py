@@ -48,9 +48,7 @@ def _platform_has_amx(module: ModuleType) -> None:
 
 _keep: list[Any] = []
 _BEFORE: dict[str, Callable[[], None]] = {"torchvision": _torchvision_schemas}
-_AFTER: dict[str, Callable[[ModuleType], None]] = {
-    "sglang.srt.runtime_context": _platform_has_amx
-}
+_AFTER: dict[str, Callable[[ModuleType], None]] = {"sglang.srt.runtime_context": _platform_has_amx}
 
 
 class _Loader(importlib.abc.Loader):
