@@ -4,7 +4,8 @@ SGLang calls :func:`load` in every one of its processes (launcher, tokenizer, de
 each scheduler) at start-up, then ``HookRegistry.apply_hooks()``. ``load`` does nothing
 (and imports nothing beyond ``os``, ``sys`` and ``contextlib``) unless
 ``SPECPERF_SGLANG_PLUGIN=1``, which our launcher sets, and nothing outside scheduler
-processes (it recognises one by being called from SGLang's ``run_scheduler_process``, whose ``tp_rank`` it reads). In a scheduler it:
+processes (it recognises one by being called from SGLang's ``run_scheduler_process``,
+whose ``tp_rank`` it reads). In a scheduler it:
 
 - builds the phase map for the installed SGLang version, extended by the file named in
   ``SPECPERF_PHASE_MAP`` if any; if that file does not validate, or the server's
