@@ -42,7 +42,7 @@ NEW_TOKENS = 24
 #: Hooks each worker gets from the 0.5.23 map (SGLANG-CPU.md measured the same numbers).
 HOOKS = {"STANDALONE": 20, "EAGLE": 27, "EAGLE3": 27}
 #: The perf_tests case the attach/launch runs measure: 8k tokens, contiguous and fragmented.
-CASE_K = "test_decode and 8192"
+CASE = "test_decode.py::test_decode"
 PERF_RUN = (*SHORT_RUN, "--specperf-json=report.json", "-rA")
 
 _greedy: dict[str, list[int]] = {}
@@ -129,13 +129,13 @@ def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
 
 
 def _perf(
-    pytester: pytest.Pytester, *args: str, timeout: float = 400
+    pytester: pytest.Pytester, *args: str, k: str = "8192", timeout: float = 400
 ) -> tuple[pytest.RunResult, dict[str, Any] | None]:
     """perf_tests/test_decode.py (the repository's own) run by an inner pytest."""
     shutil.copy(ROOT / "perf_tests" / "test_decode.py", pytester.path / "test_decode.py")
     report = pytester.path / "report.json"
     report.unlink(missing_ok=True)
-    result = pytester.runpytest_subprocess(*PERF_RUN, "-k", CASE_K, *args, timeout=timeout)
+    result = pytester.runpytest_subprocess(CASE, *PERF_RUN, "-k", k, *args, timeout=timeout)
     data = json.loads(report.read_text()) if report.exists() else None
     return result, data
 
@@ -193,9 +193,8 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
         pytester,
         *_attach(server),
         f"--specperf-baselines={baselines}",
-        "-k",
-        "contiguous",
         "--specperf-inject=verify=4",
+        k="8192 and contiguous",
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["FAILED test_decode.py::test_decode*- Failed: verify +*"])
@@ -209,9 +208,8 @@ def test_strict_mode_fails_an_unjudged_case(
         pytester,
         *_attach(server),
         f"--specperf-baselines={tmp_path}",
-        "-k",
-        "contiguous",
         "--specperf-strict",
+        k="8192 and contiguous",
     )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*--specperf-strict: *was not judged*"])
@@ -246,8 +244,7 @@ def test_perf_tests_launch_mode_on_the_cpu(
         *server_args,
         f"--specperf-baselines={tmp_path}",
         "--specperf-update-baselines",
-        "-k",
-        "contiguous",
+        k="8192 and contiguous",
     )
     result.assert_outcomes(passed=1)
     assert report is not None

@@ -172,6 +172,8 @@ class SGLangBackend(RunDirBinding):
 
     name = "sglang"
     server_info_fields = ("model_path", "version")
+    #: How long a refused /flush_cache (server not idle yet) is retried.
+    flush_wait_s = 10.0
 
     def __init__(self) -> None:
         self._vocab_size: int | None = None
@@ -312,13 +314,22 @@ class SGLangBackend(RunDirBinding):
         except ValueError as e:
             raise kv_fragment.KVLayoutError(str(e)) from None
         self._layout_requested = True
-        try:
-            client.flush_cache()
-        except ServerHTTPError as e:
-            raise kv_fragment.KVLayoutError(
-                f"/flush_cache was refused ({e.message.strip()}): the server must be idle "
-                "to lay out its KV cache"
-            ) from None
+        # SGLang flushes only when fully idle: right after a request (or its own health
+        # check, which /health_generate runs through the scheduler) it may still be
+        # finishing that batch, so a refusal is retried for up to flush_wait_s
+        deadline = time.monotonic() + self.flush_wait_s
+        while True:
+            try:
+                client.flush_cache()
+                break
+            except ServerHTTPError as e:
+                if time.monotonic() >= deadline:
+                    raise kv_fragment.KVLayoutError(
+                        f"/flush_cache was refused ({e.message.strip()}) for "
+                        f"{self.flush_wait_s:g} s: the server must be idle to lay out its "
+                        "KV cache"
+                    ) from None
+                time.sleep(0.2)
         results = kv_fragment.wait_layout_results(rd, request_id, timeout_s=10.0)
         if not results:
             raise kv_fragment.KVLayoutError(
