@@ -62,6 +62,10 @@ CHAIN = (
 #: stand-in provides its ops; sitecustomize sets the has_amx platform fact).
 SPEC_BACKEND = ("--attention-backend=intel_amx",)
 READY_S = 300.0
+#: SGLang's cache (torch.compile's inductor output among it), read at import: pytester
+#: points HOME at each test's own directory, which would recompile the draft's
+#: torch.compile'd helpers (about 30 s) in every server a test starts.
+CACHE_DIR = os.environ.get("SGLANG_CACHE_DIR") or os.path.expanduser("~/.cache/sglang")
 
 
 def missing() -> str | None:
@@ -83,6 +87,7 @@ def server_env(run_dir: Path | None, *, base: dict[str, str] | None = None) -> d
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(STAND_IN) + (os.pathsep + path if path else "")
     env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env["SGLANG_CACHE_DIR"] = CACHE_DIR
     env.pop("SPECPERF_SGLANG_PLUGIN", None)
     env.pop("SPECPERF_RUN_DIR", None)
     if run_dir is not None:

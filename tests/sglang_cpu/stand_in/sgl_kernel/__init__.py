@@ -62,21 +62,23 @@ def _attend(
     position ``q_offset + i``; float32 accumulation. Returns [Lq, Hq, Dv] in float32."""
     lq, hq, _ = q.shape
     lk, hkv, _ = keys.shape
-    if logit_cap <= 0 and window <= 0 and lq > 1:
-        # torch's fused attention for prefill chunks (an explicit boolean causal mask for
-        # queries that start at q_offset)
-        allowed = None
-        if causal:
-            allowed = torch.arange(lk).unsqueeze(0) <= torch.arange(lq).unsqueeze(1) + q_offset
+    if logit_cap <= 0 and window <= 0 and lq > 1 and (not causal or q_offset + lq == lk):
+        # torch's fused attention for prefill chunks. Its causal mask is aligned to the first
+        # key, so queries starting at q_offset are preceded by q_offset unused zero queries
+        # (cheaper than an explicit [lq, lk] mask, which the fused kernel cannot take)
+        pad = q_offset if causal else 0
+        qf = q.float()
+        if pad:
+            qf = torch.cat([qf.new_zeros((pad, *qf.shape[1:])), qf])
+        group = hq // hkv
         out = torch.nn.functional.scaled_dot_product_attention(
-            q.float().transpose(0, 1).unsqueeze(0),
-            keys.float().transpose(0, 1).unsqueeze(0),
-            values.float().transpose(0, 1).unsqueeze(0),
-            attn_mask=allowed,
+            qf.transpose(0, 1).unsqueeze(0),
+            keys.float().repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0),
+            values.float().repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0),
+            is_causal=causal,
             scale=scale,
-            enable_gqa=True,
         )
-        return out.squeeze(0).transpose(0, 1)
+        return out.squeeze(0).transpose(0, 1)[pad:]
     group = hq // hkv
     qf = q.float().reshape(lq, hkv, group, -1)
     kf = keys.float()
