@@ -82,3 +82,37 @@ def test_unit_no_fragmentation_file_for_sglang_health_checks(tmp_path: Path) -> 
     rt.on_release(_Req("user-1"), cache)
     names = sorted(p.name for p in tmp_path.glob("kvfrag-*"))
     assert len(names) == 1 and "user-1" in names[0], names
+
+
+class _BusyThenIdleClient:
+    """Test double of the server: refuses /flush_cache ``busy`` times (SGLang still finishing
+    its health-check request), then flushes."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.flushes = 0
+
+    def flush_cache(self) -> None:
+        from pytest_specperf.server.client import ServerHTTPError
+
+        self.flushes += 1
+        if self.flushes <= self.busy:
+            raise ServerHTTPError("POST", "/flush_cache", 400, "Flush cache failed.")
+
+
+def test_unit_a_refused_flush_is_retried_until_the_server_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_specperf.engines.sglang import kv_fragment
+    from pytest_specperf.engines.sglang.backend import SGLangBackend
+
+    monkeypatch.setattr(kv_fragment, "wait_layout_results", lambda rd, rid, timeout_s: [{}])
+    monkeypatch.setattr(kv_fragment, "read_layout_results", lambda rd, rid: [{"status": "ok"}])
+    b = SGLangBackend()
+    b.bind(tmp_path)
+    client = _BusyThenIdleClient(busy=2)
+    b.set_kv_layout(client, "fragmented", 0.5, 0)  # type: ignore[arg-type]
+    assert client.flushes == 3
+    b.flush_wait_s = 0.3
+    with pytest.raises(kv_fragment.KVLayoutError, match=r"refused .* for 0\.3 s: the server"):
+        b.set_kv_layout(_BusyThenIdleClient(busy=100), "fragmented", 0.5, 0)  # type: ignore[arg-type]
