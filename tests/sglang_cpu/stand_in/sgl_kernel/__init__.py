@@ -62,10 +62,13 @@ def _attend(
     position ``q_offset + i``; float32 accumulation. Returns [Lq, Hq, Dv] in float32."""
     lq, hq, _ = q.shape
     lk, hkv, _ = keys.shape
-    if logit_cap <= 0 and window <= 0 and lq > 1 and (not causal or q_offset + lq == lk):
+    fused = not causal or (q_offset + lq == lk and q_offset <= lq)
+    if logit_cap <= 0 and window <= 0 and lq > 1 and fused:
         # torch's fused attention for prefill chunks. Its causal mask is aligned to the first
         # key, so queries starting at q_offset are preceded by q_offset unused zero queries
-        # (cheaper than an explicit [lq, lk] mask, which the fused kernel cannot take)
+        # (cheaper than an explicit [lq, lk] mask, which the fused kernel cannot take). Only
+        # where those are at most as many as the real ones: a verify pass (4 queries after
+        # thousands of tokens) takes the explicit path below.
         pad = q_offset if causal else 0
         qf = q.float()
         if pad:
