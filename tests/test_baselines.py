@@ -13,20 +13,22 @@ from e2e import column
 
 from pytest_specperf.judging.baselines import (
     SCHEMA_VERSION,
-    BaselineError,
     CaseBaseline,
     CaseProblem,
     Identity,
-    Moved,
-    dump_baselines,
     fingerprint_mismatch,
-    format_moved,
     identity_of,
-    load_baselines,
-    write_baselines,
 )
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import Tolerances, Verdict, judge_gate
+from pytest_specperf.store.baselines import (
+    BaselineError,
+    Moved,
+    dump_baselines,
+    format_moved,
+    load_baselines,
+    write_baselines,
+)
 
 TEST = "perf_tests/t.py::test_d"
 KEY = "ctx=8192 kv=contiguous bs=1"

@@ -20,17 +20,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_specperf.judging import baseline_io, baselines
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    CaseBaseline,
-    CaseProblem,
-    Identity,
-    load_baselines,
-    write_baselines,
-)
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity
 from pytest_specperf.judging.verdict import Tolerances, judge_gate
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.store import baseline_io, baselines
+from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from e2e import sigint_default
 
-from pytest_specperf.judging.baselines import write_baselines
 from pytest_specperf.server.decoder import DEADLINE_FLOOR_S
+from pytest_specperf.store.baselines import write_baselines
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 
