@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.server import ServerClient, ServerProcess, free_port
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.supervisor import ServerProcess, free_port
 
 STAND_IN = Path(__file__).resolve().parent / "stand_in"
 #: Modules the server needs beyond the dev install (a sample of requirements.txt: when
