@@ -188,9 +188,11 @@ def test_perf_tests_attach_mode_records_then_judges(
         pytester,
         *_attach(server),
         base,
-        "--specperf-tolerance=60%",
-        "--specperf-step-tolerance=80%",
+        "--specperf-tolerance=95%",
+        "--specperf-step-tolerance=95%",
     )
+    # judged against the baseline a minute old on a shared box: the widest tolerances keep
+    # this about the path (record, compare, verdict), the canary below about detection
     result.assert_outcomes(passed=2)
     assert report is not None
     for case in report["cases"]:
