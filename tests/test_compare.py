@@ -174,5 +174,7 @@ def test_runs_from_a_slower_machine_compare_same_and_the_machine_is_named(
     out = io.StringIO()
     assert compare.run(_args(a, b), out) == 0
     text = out.getvalue()
-    assert "SAME" in text and "SLOWER" not in text
+    # no regression; the step may be UNSTABLE: two reports are two sittings, and without a
+    # measured device prior the provisional sitting term (6% on the step) is wide
+    assert "SLOWER" not in text and "FASTER" not in text
     assert "machine: KV reads took 2.80x as long as in the baselines" in text

@@ -453,7 +453,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
     def band(r: dict[str, Any]) -> str:  # a disturbed case is UNSTABLE whatever its band
         if r["noise"] is None:
             return "-"
-        wide = Z * r["noise"]
+        wide = (r.get("critical") or Z) * r["noise"]
         return f"{wide * 100:.1f}% {'>' if wide > r['tolerance'] else '<='} {r['tolerance']:.0%}"
 
     cells = [
@@ -466,7 +466,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         "why quiet A/A runs were UNSTABLE (medians over the runs where the metric was): "
         "noise = this run's blocks (within: more steps shrink it) and between processes",
         *render_table(
-            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise vs tol"],
+            ["case", "metric", "UNSTABLE", "noise", "within", "between", "t x noise vs tol"],
             cells,
         ),
     ]

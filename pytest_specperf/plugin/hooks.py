@@ -60,6 +60,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("\n".join(errors))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The number of specperf tests the run judges: the false-alarm budget's divisor."""
+    if SESSION_KEY not in session.config.stash:
+        return
+    n = sum(1 for item in session.items if "specperf" in getattr(item, "fixturenames", ()))
+    get_session(session.config).judged_tests = max(1, n)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None:
         from pytest_specperf.telemetry.cuda import cuda_unavailable_reason
