@@ -164,8 +164,7 @@ def _perf(
 def _attach(server: live.LiveServer) -> tuple[str, ...]:
     return (
         "--specperf-backend=sglang",
-        f"--specperf-server-url={server.url}",
-        f"--specperf-run-dir={server.run_dir}",
+        f"--specperf-attach={server.url},run-dir={server.run_dir}",
     )
 
 
@@ -188,8 +187,7 @@ def test_perf_tests_attach_mode_records_then_judges(
         pytester,
         *_attach(server),
         base,
-        "--specperf-tolerance=95%",
-        "--specperf-step-tolerance=95%",
+        "--specperf-tolerance=95%,step=95%",
     )
     # judged against the baseline a minute old on a shared box: the widest tolerances keep
     # this about the path (record, compare, verdict), the canary below about detection
