@@ -14,8 +14,10 @@ all. The layout, every file small enough to commit::
       sitting-1/raw/                     full reports and logs (.gitignore'd)
       sitting-2/...
 
-A compacted report is the run's report without its per-step samples and diagnostics
-(``DROPPED_CASE_KEYS``): what judging, the levels and the summary read. The summary over
+A compacted report is the run's report without its per-step samples, diagnostics and
+summaries' block centers (``DROPPED_CASE_KEYS``, ``SUMMARY_KEYS``): what judging (the
+metric verdicts), the levels (each process's judged forms' blocks, ``runs``) and the
+summary read; about 2-3 KB per case, which git stores zlib-compressed. The summary over
 every sitting (``summarize_sittings``) is recomputed from those files alone
 (``specperf calibrate --work-dir calibration/<slug> --summarize``).
 """
@@ -48,7 +50,13 @@ LEVEL_FORMS = ("verify/rest", "draft/rest", "step/ref")
 PRIOR_FORMS = {"phase": ("verify/rest", "draft/rest"), "step": ("step/ref",)}
 #: Per-case parts of a report a calibration does not read back (per-step samples and
 #: diagnostics): dropped from the committed copy.
-DROPPED_CASE_KEYS = ("samples", "activity", "kernels", "telemetry", "cross_check", "graphs")
+DROPPED_CASE_KEYS = (
+    "samples", "activity", "kernels", "telemetry", "cross_check", "graphs", "bottleneck",
+)  # fmt: skip
+#: Summaries whose block centers are dropped too (the stored ``runs`` keep the judged
+#: forms' blocks, and the metric verdicts keep what judging reads).
+SUMMARY_KEYS = ("step_ms", "accept_len", "tokens_per_s", "device_step_ms")
+SUMMARY_GROUPS = ("phases", "device_phases")
 SITTING_DIR = re.compile(r"sitting-(\d+)")
 REP_FILE = re.compile(r"rep(\d+)-(.+)\.json")
 RAW = "raw"
@@ -94,6 +102,13 @@ def compact_report(raw: Path, out: Path) -> int:
         if isinstance(case, dict):
             for key in DROPPED_CASE_KEYS:
                 case.pop(key, None)
+            summaries = [case.get(k) for k in SUMMARY_KEYS]
+            for group in SUMMARY_GROUPS:
+                g = case.get(group)
+                summaries += list(g.values()) if isinstance(g, dict) else []
+            for summary in summaries:
+                if isinstance(summary, dict):
+                    summary.pop("blocks", None)
     text = json.dumps(data, separators=(",", ":"), allow_nan=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(text, encoding="utf-8")
