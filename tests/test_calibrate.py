@@ -555,3 +555,24 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)
     assert not list(tmp_path.glob("sitting-*/raw"))  # nothing was run
+
+
+def test_a_prior_given_is_put_beside_the_baseline_and_checked(tmp_path, capsys):
+    from pytest_specperf.cli.calibrate import Calibration
+    from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
+    from pytest_specperf.store.prior import write_prior
+
+    measured = tmp_path / "measured"
+    write_prior(measured / "box.yaml", PROVISIONAL_PRIOR)
+    cal = Calibration(_args(tmp_path / "w", prior=measured / "box.prior.yaml"))
+    cal.baselines.mkdir(parents=True)
+    (cal.baselines / "box.yaml").write_text("")
+    cal.use_prior()
+    assert (cal.baselines / "box.prior.yaml").read_text() == (
+        measured / "box.prior.yaml").read_text()  # fmt: skip
+    assert "noise prior (PROVISIONAL" in capsys.readouterr().out
+    (tmp_path / "bad.yaml").write_text("schema_version: 7\n")
+    cal = Calibration(_args(tmp_path / "w", prior=tmp_path / "bad.yaml"))
+    with pytest.raises(SystemExit, match=r"--prior .*bad.yaml: .*schema_version is 7"):
+        cal.use_prior()
+    assert not (cal.baselines / "box.prior.yaml").exists()

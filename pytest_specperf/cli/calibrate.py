@@ -126,6 +126,8 @@ class CalibrateOptions:
     summarize: bool = False
     #: write the measured device prior beside this directory's baseline file
     write_prior: Path | None = None
+    #: a device prior file the repetitions are judged under (copied beside the baseline)
+    prior: Path | None = None
     costs: Costs = DEFAULT_COSTS
     #: the effect the levels table sizes a stored baseline for (a fraction)
     target: float = 0.05
@@ -192,6 +194,9 @@ class CalibrateOptions:
                 "--write-prior needs --sitting or --summarize (a calibration over sittings "
                 "measures the prior)"
             )
+        prior = getattr(args, "prior", None)
+        if prior is not None and not Path(prior).is_file():
+            raise ValueError(f"--prior {prior}: no such file (a <slug>.prior.yaml)")
         if sitting is not None and not 1 <= sitting <= 64:
             raise ValueError(f"--sitting {sitting}: must be from 1 to 64")
         try:
@@ -227,6 +232,7 @@ class CalibrateOptions:
             sitting=sitting,
             summarize=summarize,
             write_prior=getattr(args, "write_prior", None),
+            prior=getattr(args, "prior", None),
             costs=costs,
             target=target_f,
         )
@@ -441,9 +447,28 @@ class Calibration:
                       wall_s=None if dt is None else round(dt, 1))  # fmt: skip
         return out, rc, dt
 
+    def use_prior(self) -> None:
+        """``--prior FILE``: the repetitions are judged under it (a held-out sitting after
+        a calibration wrote the device's prior): copied beside every baseline file."""
+        from pytest_specperf.store.baselines import BaselineError
+        from pytest_specperf.store.prior import load_prior, prior_path
+
+        if self.opts.prior is None or self.opts.summarize:
+            return
+        for path in sorted(self.baselines.glob("*.yaml")):
+            if path.name.endswith(".prior.yaml"):
+                continue
+            shutil.copyfile(self.opts.prior, prior_path(path))
+            try:
+                print(load_prior(path).describe(), flush=True)
+            except BaselineError as e:
+                prior_path(path).unlink()
+                raise SystemExit(f"--prior {self.opts.prior}: {e}") from None
+
     def run(self) -> dict[str, Any]:
         self.conds: list[Condition] = []
         base = self.record()
+        self.use_prior()
         steps = sorted(c.step_median_ms for c in base.cases)
         ref_step = steps[len(steps) // 2]
         stall_ms = round(self.opts.host_stall_share * ref_step, 1)
@@ -959,6 +984,13 @@ def _add_sitting_options(c: Any) -> None:
         metavar="DIR",
         help="with --sitting or --summarize: write the measured device prior to "
         "DIR/<slug>.prior.yaml (DIR: the baselines directory the suite uses)",
+    )
+    c.add_argument(
+        "--prior",
+        type=Path,
+        metavar="FILE",
+        help="judge the repetitions under this device prior file (a measured "
+        "<slug>.prior.yaml: the held-out sitting after a calibration)",
     )
     c.add_argument(
         "--costs",
