@@ -422,12 +422,11 @@ def pytest_argv(step: Step, out: Path, rehearse: bool = False) -> list[str]:
         # existing path given as a separate word would move the rootdir and rename the cases
         f"--specperf-baselines={out / 'baselines'}",
         f"--specperf-model={'tiny' if rehearse else CONFIG}",
-        f"--specperf-steps={REHEARSAL_STEPS if rehearse else STEPS_PER_CASE}",
+        f"--specperf-steps={REHEARSAL_STEPS if rehearse else STEPS_PER_CASE}"
+        + (f",warmup={REHEARSAL_WARMUP}" if rehearse else ""),
         f"--specperf-json={out / f'{step.name}.json'}",
         *step.pytest_args,
     ]  # fmt: skip
-    if rehearse:
-        argv.append(f"--specperf-warmup-steps={REHEARSAL_WARMUP}")
     return argv
 
 

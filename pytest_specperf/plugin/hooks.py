@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_worker(config)  # an xdist worker: its own GPU, before anything initializes CUDA
     workers = check_controller(config, settings)
     sess = SpecperfSession(config, settings, Progress(config))
+    sess.notes += settings.notes
     if workers:
         sess.gathered = Gathered(workers=workers)
     config.stash[SESSION_KEY] = sess

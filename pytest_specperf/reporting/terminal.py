@@ -294,7 +294,7 @@ def _processes_advice(m: MetricVerdict) -> str:
     run = f"run with --specperf-processes {p}"
     if p <= m.base_runs:
         return text + f"; about {p} processes would decide: {run}"
-    keep = f" --specperf-keep-runs {p}" if p > DEFAULT_KEEP_RUNS else ""
+    keep = f" -o specperf_keep_runs={p}" if p > DEFAULT_KEEP_RUNS else ""
     return text + (
         f"; about {p} processes would decide: record the baseline with "
         f"--specperf-update-baselines --specperf-processes {p}{keep} and {run}"
