@@ -357,7 +357,9 @@ class Calibration:
         for path in self.baselines.glob("*.yaml"):
             bf = load_baselines(path)
             for case in bf.all_cases() if bf else ():
-                for i in range(len(case.runs)):
+                # a sitting's file holds the earlier sittings' runs too: this one's are last
+                first = 0 if self.opts.sitting is None else len(case.runs) - self.opts.processes
+                for i in range(max(first, 0), len(case.runs)):
                     worst = noisiest_phase(case.run_metrics(i))
                     if worst is not None and worst[1] > QUIET_SCATTER:
                         out.append(f"{case.key} run {i + 1} ({worst[0]} {worst[1]:.0%})")
