@@ -599,3 +599,36 @@ def test_a_prior_given_is_put_beside_the_baseline_and_checked(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--prior .*bad.yaml: .*schema_version is 7"):
         cal.use_prior()
     assert not (cal.baselines / "box.prior.yaml").exists()
+
+
+def test_one_sitting_runs_for_real_and_resumes_from_its_committed_files(tmp_path):
+    """The orchestration on the reference engine (one case of 8 steps): sitting 1 records
+    its baseline, runs one A/A and one verify=1.5 repetition, and leaves what a commit
+    keeps (compacted reports, exit files, the baseline with its sitting) beside a
+    .gitignore'd raw/; run again with --resume it runs nothing and says the same."""
+    import subprocess
+    import sys
+
+    from e2e import SHORT_RUN, VERIFY_CASE
+
+    (tmp_path / "test_case.py").write_text(VERIFY_CASE)
+    cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--work-dir", "cal",
+           "--sitting", "1", "--repetitions", "1", "--inject", "verify=1.5",
+           "--host-stall-share", "0", "--", "test_case.py", *SHORT_RUN]  # fmt: skip
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    d = tmp_path / "cal" / "sitting-1"
+    kept = sorted(p.name for p in d.iterdir() if p.is_file())
+    assert kept == [".gitignore", "baseline.json", "baseline.rc", "conditions.json",
+                    "rep00-A_A.json", "rep00-A_A.rc", "rep00-verify_1.5.json",
+                    "rep00-verify_1.5.rc"]  # fmt: skip
+    assert (d / "raw" / "rep00-A_A.log").exists() and "raw/" in (d / ".gitignore").read_text()
+    assert "samples" not in (d / "rep00-A_A.json").read_text()
+    assert "sitting: " in next((d / "baselines").glob("*.yaml")).read_text()
+    assert "per sitting" in first.stdout and "Kalibera & Jones" in first.stdout
+    stamps = {p.name: p.stat().st_mtime_ns for p in d.glob("*.rc")}
+    again = subprocess.run([*cmd[:4], "--resume", *cmd[4:]], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming: baseline" in again.stdout and "2 runs resumed" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in d.glob("*.rc")} == stamps  # nothing re-ran
