@@ -43,6 +43,7 @@ from pytest_specperf.engines.sglang import (
     metrics,
     source,
 )
+from pytest_specperf.install import install_hint
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
@@ -56,7 +57,6 @@ from pytest_specperf.server.protocol import (
 #: The entry point SGLang's load_plugins() discovers (declared in pyproject.toml).
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_VALUE = "pytest_specperf.engines.sglang.sgl_plugin:load"
-INSTALL_HINT = 'pip install "pytest-specperf[sglang]"'
 #: Prompt token ids when the vocabulary size is unknown: ordinary tokens in every
 #: tokenizer with at least 32k entries (Llama 2/3, Mistral, Qwen 2/3, DeepSeek, GPT-NeoX).
 DEFAULT_ID_RANGE = (1000, 30000)
@@ -183,7 +183,8 @@ class SGLangBackend(RunDirBinding):
         if root is None:
             raise BackendUnavailable(
                 f"the sglang backend needs SGLang, which is not installed here; install it "
-                f"with: {INSTALL_HINT} (serving needs a CUDA GPU)"
+                f"with: {install_hint('sglang')} (serving needs a CUDA GPU; your own SGLang build "
+                "or fork instead: install it, then the plugin without the extra)"
             )
         self._version = source.installed_version()
         if not settings.model:
@@ -206,8 +207,8 @@ class SGLangBackend(RunDirBinding):
             raise BackendUnavailable(
                 f"SGLang loads our in-server probe through the entry point "
                 f"{ENTRY_POINT_GROUP}:specperf of the installed pytest-specperf distribution, "
-                "which is missing: install the plugin with pip (pip install -e . from a "
-                "checkout), not only on PYTHONPATH"
+                f"which is missing: install the plugin with pip ({install_hint()}), not only "
+                "on PYTHONPATH"
             )
         algo = launcher.flag_value(tokens, "--speculative-algorithm") or launcher.config_value(
             tokens, "speculative_algorithm"
