@@ -561,7 +561,9 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
     steps = sorted(c.step_median_ms for c in base.cases)
     ref_step = steps[len(steps) // 2]
     merged = merge_conditions([c for _, c, _ in per])
-    summary = last.summarize(merged, base, round(opts.host_stall_share * ref_step, 1), ref_step)
+    stalls = [c.inject for c in merged if c.inject and c.inject.startswith("host_stall=")]
+    stall_ms = float(stalls[0].split("=")[1]) if stalls else 0.0  # the first sitting's
+    summary = last.summarize(merged, base, stall_ms, ref_step)
     summary["repetitions"] = max((len(c.runs) for c in merged), default=0)
     summary["work_dir"] = str(root)
     summary["sittings"] = sitting_rows(per)
