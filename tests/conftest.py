@@ -129,6 +129,7 @@ def make_case(make_run):
         fingerprint=None,
         pid=None,
         at=None,
+        sitting=None,
         **run_kw,
     ):
         run = make_run(**run_kw)
@@ -140,6 +141,7 @@ def make_case(make_run):
             metrics=run.summaries,
             pid=pid,
             at=at or utc_now(),
+            sitting=sitting,
         )
 
     return make
