@@ -130,6 +130,7 @@ def make_case(make_run):
         fingerprint=None,
         pid=None,
         at=None,
+        sitting=None,
         **run_kw,
     ):
         run = make_run(**run_kw)
@@ -141,6 +142,7 @@ def make_case(make_run):
             metrics=run.summaries,
             pid=pid,
             at=at or utc_now(),
+            sitting=sitting,
         )
 
     return make

@@ -36,10 +36,17 @@ def _case(run, reference_fp, key=KEY):
 @pytest.fixture
 def outcome_of(make_run, make_case, reference_fp):
     """Judge a synthetic run (``make_run`` keywords) against a baseline of the same
-    synthetic case (or none), through the real judge."""
+    synthetic case (or none), through the real judge. The baseline holds three sittings
+    (as one updated on three days does): a one-sitting baseline's step band carries the
+    device prior's sitting term and may read UNSTABLE (docs/statistics.md)."""
 
     def judge(base=True, **run_kw):
-        found = make_case() if base else None
+        found = None
+        if base:
+            sittings = [make_case(seed=100 + i, sitting=f"s{i}") for i in range(3)]
+            found = dataclasses.replace(
+                sittings[0], runs=tuple(r for c in sittings for r in c.runs)
+            )
         run = make_run(**run_kw)
         return judge_case(_case(run, reference_fp), found, Path("baselines/box.yaml"),
                           missing="no baseline file baselines/box.yaml")  # fmt: skip

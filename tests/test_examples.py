@@ -41,5 +41,5 @@ def test_the_embedded_example_runs_and_the_sglang_one_says_what_it_needs(
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines([
         "*test_reference_decode ctx=32768 kv=contiguous bs=1*NO_BASELINE*",
-        "*needs SGLang: --specperf-server-url URL or --specperf-backend sglang*",
+        "*needs SGLang: --specperf-attach URL or --specperf-backend sglang*",
     ])  # fmt: skip

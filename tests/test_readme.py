@@ -38,7 +38,14 @@ def registered_flags() -> set[str]:
 
 
 def registered_ini() -> set[str]:
-    return set(re.findall(r"^\s+(specperf_[a-z_]+) \(", _help(), re.M))
+    """Live ini names: the old ones registered only to be refused ("refused: now ...") are left out."""
+    lines = _help().splitlines()
+    live = set()
+    for i, line in enumerate(lines):
+        m = re.match(r"^\s+(specperf_[a-z_]+) \(", line)
+        if m and "refused: now" not in " ".join(lines[i : i + 2]):
+            live.add(m.group(1))
+    return live
 
 
 def _table_rows() -> list[list[str]]:
