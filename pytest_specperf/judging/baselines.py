@@ -64,6 +64,7 @@ from pytest_specperf.judging.baseline_io import (
     atomic_write,
     dump_yaml,
     locked,
+    max_nodes_for,
     parse_yaml,
     read_bounded,
     real_target,
@@ -100,6 +101,7 @@ __all__ = [
     "Moved",
     "RunRecord",
     "WriteResult",
+    "device_mismatch",
     "dump_baselines",
     "fingerprint_hash",
     "fingerprint_mismatch",
@@ -221,6 +223,26 @@ def fingerprint_mismatch(base: Mapping[str, Any], now: Mapping[str, Any]) -> lis
     return out
 
 
+#: Device fields that must match for a file to be judged against (the file's name is
+#: the slug, but a file can be copied or renamed).
+DEVICE_KEYS = ("slug", "kind")
+
+
+def device_mismatch(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """Whose a baseline file is when it is not this run's device's (``slug`` or ``kind``
+    differ; a field the file lacks is not compared), else None."""
+    differ = [
+        k for k in DEVICE_KEYS if recorded.get(k) is not None and recorded.get(k) != now.get(k)
+    ]
+    if not differ:
+        return None
+
+    def who(d: Mapping[str, Any]) -> str:
+        return f"{brief(d.get('slug'))} ({brief(d.get('kind'))}, {brief(d.get('name'))})"
+
+    return f"the file was recorded on {who(recorded)}; this run is on {who(now)}"
+
+
 def _fingerprint_changes(base: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     keys = sorted(k for k in {*base, *now} if base.get(k) != now.get(k))
     return ", ".join(f"{k} {base.get(k)!r} -> {now.get(k)!r}" for k in keys)[:300]
@@ -329,13 +351,13 @@ class CaseProblem:
     test: str
     key: str
     problem: str
+    #: what to do about it (default: fix or re-record the entry)
+    fix: str | None = None
 
     @property
     def message(self) -> str:
-        return (
-            f"{self.path}: {self.engine}: {self.test} [{self.key}]: {self.problem}; fix the "
-            f"entry, or {_RERECORD} (an update replaces an invalid entry)"
-        )
+        fix = self.fix or f"fix the entry, or {_RERECORD} (an update replaces an invalid entry)"
+        return f"{self.path}: {self.engine}: {self.test} [{self.key}]: {self.problem}; {fix}"
 
     def __str__(self) -> str:
         return self.message
@@ -432,10 +454,11 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
 
     ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
     """
-    text = read_bounded(path, resolve_max_bytes(path, max_bytes))
+    limit = resolve_max_bytes(path, max_bytes)
+    text = read_bounded(path, limit)
     if text is None:
         return None
-    data = parse_yaml(text, path)
+    data = parse_yaml(text, path, max_nodes_for(limit))
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -133,19 +133,55 @@ def _pid(value: object) -> int | None:
 def _baseline(
     sess: SpecperfSession, case: Case
 ) -> tuple[CaseBaseline | CaseProblem | None, str]:
-    """The case's baseline (or the problem with it) and, when there is none, why."""
+    """The case's baseline (or the problem with it) and, when there is none, why: a
+    file another device recorded is a problem of every case (INVALID, never compared)."""
+    problem = None
     try:
         bf = sess.baselines()
+        foreign = sess.foreign_baselines()
     except BaselineError as e:
-        raise pytest.fail(str(e), pytrace=False) from None
+        problem = str(e)
+    if problem is not None:  # failed here, not in the handler: no chained traceback
+        pytest.fail(problem, pytrace=False)
     where = sess.display_path(sess.baseline_path)
     if bf is None:
         return None, f"no baseline file {where}"
+    if foreign is not None:
+        fix = f"this run is never judged against it: {FOREIGN_FIX}"
+        return CaseProblem(bf.path, "device", case.test, case.key, foreign, fix), ""
     identity = identity_of(case.fingerprint)
     found = bf.lookup(identity, case.test, case.key)
     if found is not None:
         return found, ""
-    return None, f"no baseline for {case.key} ({identity.key}) in {where}"
+    held = ", ".join(i.key for i in bf.identities()) or "none"
+    return None, (
+        f"no baseline for {case.key} ({identity.key}) in {where}; the file holds baselines "
+        f"of {held[:300]}"
+    )
+
+
+#: What to do about a baseline file another device recorded.
+FOREIGN_FIX = (
+    "move the file away (or point --specperf-baselines elsewhere) and record this "
+    "device's with --specperf-update-baselines"
+)
+
+
+def baseline_refusal(sess: SpecperfSession) -> str | None:
+    """Why the session must not measure anything, read before its first server starts:
+    an unusable baseline file (the message names the file, the place and the fix), or
+    an update into a file another device recorded."""
+    try:
+        sess.baselines()
+        foreign = sess.foreign_baselines()
+    except BaselineError as e:
+        return f"specperf: refused before measuring anything: {e}"
+    if foreign is not None and sess.settings.update_baselines:
+        return (
+            f"specperf: refused before measuring anything: {sess.baseline_path}: {foreign}; "
+            f"an update would mix the two devices' runs: {FOREIGN_FIX}"
+        )
+    return None
 
 
 def baseline_step_ms(
@@ -155,7 +191,9 @@ def baseline_step_ms(
     None without a usable one (the judge reports an unusable baseline after the run)."""
     try:
         bf = sess.baselines()
-        found = bf.lookup(identity_of(fingerprint), test_id(item), key) if bf else None
+        if bf is None or sess.foreign_baselines() is not None:
+            return None
+        found = bf.lookup(identity_of(fingerprint), test_id(item), key)
     except (BaselineError, ValueError):
         return None
     step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None
@@ -172,7 +210,7 @@ def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
     if record:
         refusal = recording_refusal(case.run, case.key)
         if refusal:
-            raise pytest.fail(refusal, pytrace=False)
+            pytest.fail(refusal, pytrace=False)
     outcome = judge_case(case, base, sess.baseline_path, missing=missing, record=record)
     if outcome.run.telemetry is not None and not outcome.run.telemetry.available:
         sess.telemetry_note = outcome.run.telemetry.reason

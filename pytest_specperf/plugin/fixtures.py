@@ -290,7 +290,12 @@ def model_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ModelServer]:
     """The session's server for the chosen backend, started once and torn down at the end."""
+    from pytest_specperf.plugin.cases import baseline_refusal
+
     sess = get_session(request.config)
+    refusal = baseline_refusal(sess)  # read once, before any server starts
+    if refusal is not None:  # one message for the session, no case measured
+        pytest.exit(refusal, returncode=pytest.ExitCode.USAGE_ERROR)
     problem = None
     try:
         server, controlled = _open_server(
@@ -354,9 +359,12 @@ def fragmented_kv(request: pytest.FixtureRequest, specperf: SpecperfHandle) -> K
     measured on the live request and reported with the run.
     """
     try:
-        layout = parse_layout(request.param)
+        layout: KVLayout | None = parse_layout(request.param)
+        problem = ""
     except ValueError as e:
-        raise pytest.fail(str(e), pytrace=False) from None
+        layout, problem = None, str(e)
+    if layout is None:  # failed here, not in the handler: no chained traceback
+        pytest.fail(problem, pytrace=False)
     specperf.layout = layout
     return layout
 

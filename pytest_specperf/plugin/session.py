@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_specperf.judging.baselines import (
+    BaselineError,
     BaselineFile,
     CaseBaseline,
     WriteResult,
+    device_mismatch,
     load_baselines,
 )
 from pytest_specperf.judging.judge import CaseOutcome
@@ -59,6 +61,7 @@ class SpecperfSession:
     _device: DeviceInfo | None = None
     _baselines: BaselineFile | None = None
     _baselines_loaded: bool = False
+    _baselines_error: BaselineError | None = None
     _history: History | None = None
 
     def device(self) -> DeviceInfo:
@@ -81,14 +84,24 @@ class SpecperfSession:
             return str(path)
 
     def baselines(self) -> BaselineFile | None:
-        """The device's baseline file, read once; ``BaselineError`` if unusable."""
+        """The device's baseline file, read once (a failed read too: every later call
+        raises the same ``BaselineError`` without reading the file again)."""
         if not self._baselines_loaded:
-            self._baselines = load_baselines(
-                self.baseline_path, max_bytes=self.settings.baseline_max_bytes
-            )
+            try:
+                self._baselines = load_baselines(
+                    self.baseline_path, max_bytes=self.settings.baseline_max_bytes
+                )
+            except BaselineError as e:
+                self._baselines_error = e
             self._baselines_loaded = True
+        if self._baselines_error is not None:
+            raise BaselineError(self._baselines_error.path, self._baselines_error.problem)
         return self._baselines
 
+    def foreign_baselines(self) -> str | None:
+        """Whose the baseline file is when another device recorded it, else None."""
+        bf = self.baselines()
+        return device_mismatch(bf.device, self.device().to_dict()) if bf is not None else None
 
     def history(self) -> History | None:
         """Earlier runs of the cases (``--specperf-history``), read once; None without it."""

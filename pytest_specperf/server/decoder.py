@@ -35,7 +35,7 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_r
 from pytest_specperf.probe.inject import CONTROL_FILE, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RecordTail
-from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
+from pytest_specperf.server.client import MAX_TIMEOUT_S, ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.model_server import ModelServer
 
 if TYPE_CHECKING:
@@ -94,8 +94,12 @@ class Pace:
     floor_s: float = FIRST_DEADLINE_FLOOR_S
 
     def deadline_s(self, max_steps: int) -> float:
-        """The deadline of a request of at most ``max_steps`` decode steps."""
-        return max(self.floor_s, DEADLINE_FACTOR * (self.fixed_s + max_steps * self.step_s))
+        """The deadline of a request of at most ``max_steps`` decode steps (at most
+        ``MAX_TIMEOUT_S``: a pace from any baseline gives a usable figure)."""
+        wanted = DEADLINE_FACTOR * (self.fixed_s + max_steps * self.step_s)
+        if math.isnan(wanted):
+            return self.floor_s
+        return min(max(self.floor_s, wanted), MAX_TIMEOUT_S)
 
     def widened(self, records: list[StepRecord], wall_s: float) -> Pace:
         """This pace, widened by a request that took ``wall_s`` for ``records``."""
