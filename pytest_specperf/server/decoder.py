@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
+from pytest_specperf.probe.heartbeat import CPU_PROGRESS_S, ProgressWatch
 from pytest_specperf.probe.inject import CONTROL_FILE, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RecordTail
@@ -78,6 +79,10 @@ class MeasurementError(RuntimeError):
 
 class ServerStopped(MeasurementError):
     """The server gave no answer within a request's deadline."""
+
+
+class ServerFrozen(ServerStopped):
+    """The server made no progress (no step, no CPU time) for ``STALL_S`` in a request."""
 
 
 class ServerExited(MeasurementError):
@@ -171,6 +176,20 @@ class _Blocks:
 
 
 @dataclass
+class _Following:
+    """One request being followed: its ids, what it is (for a failure), its clock."""
+
+    rids: list[str]
+    what: str
+    t0: float
+    deadline_s: float
+    counted: int
+    steps: int
+    #: whether the request itself was sent (before: the KV layout call)
+    sent: bool = False
+
+
+@dataclass
 class _Window:
     """What the first round measured besides the records."""
 
@@ -224,6 +243,7 @@ class Decoder:
         self.progress = progress
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
+        self.watch = ProgressWatch(server.run_dir)  # the server's progress (frozen: none)
         self._pool = futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="specperf-http"
         )
@@ -260,34 +280,32 @@ class Decoder:
         return max(int(m.get("completion_tokens", 1)) - 1 for m in metas)
 
     def _request(
-        self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int
-    ) -> tuple[list[StepRecord], list[dict[str, Any]]]:
-        """One request; its decode records (rank 0) and the responses' ``meta_info``."""
+        self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int,
+        what: str,
+    ) -> tuple[list[StepRecord], list[dict[str, Any]]]:  # fmt: skip
+        """One request (``what`` names it in a failure); its decode records (rank 0) and
+        the responses' ``meta_info``."""
         srv = self.server
         deadline_s = self.pace.deadline_s(max_new_tokens)
         t0 = time.monotonic()
         client = srv.client.with_timeout(deadline_s)
         rids = [f"specperf-{tag}-{uuid.uuid4().hex[:10]}" for _ in range(case.batch_size)]
+        mine: list[StepRecord] = []
+        follow = _Following(rids, what, t0, deadline_s, counted, case.steps)
+        self.watch.restart()
+        layout = self._pool.submit(
+            srv.backend.set_kv_layout, client, case.layout.name, case.layout.level, seed
+        )
+        self._follow(layout, follow, mine)
         try:
-            srv.backend.set_kv_layout(client, case.layout.name, case.layout.level, seed)
+            layout.result()
         except (ServerUnreachable, ServerHTTPError) as e:
             raise self._failure(e, rids[0], deadline_s) from None
         body = self._body(case, max_new_tokens, seed, rids)
         left = max(deadline_s - (time.monotonic() - t0), 1.0)
         fut = self._pool.submit(client.generate, body, timeout=left)
-        mine: list[StepRecord] = []
-        while True:
-            done = fut.done()
-            mine += self._poll(set(rids))
-            self.progress(counted + len(mine), self._total or case.steps, self._note)
-            if done:
-                break
-            self._check_alive()
-            if time.monotonic() - t0 > deadline_s:
-                raise self._stopped(rids[0], deadline_s)
-            # progress every POLL_S, but on as soon as the response is in (a sleep made every
-            # request wait for the next tick: 0.1 s on average, a second or so per case)
-            futures.wait([fut], timeout=POLL_S)
+        follow.sent = True
+        self._follow(fut, follow, mine)
         try:
             resp = fut.result()
         except (ServerUnreachable, ServerHTTPError) as e:
@@ -299,6 +317,39 @@ class Decoder:
         recs = [r for r in mine if r.rank == rank0]
         self.pace = self.pace.widened(recs, time.monotonic() - t0)
         return recs, infos
+
+    def _follow(self, fut: futures.Future[Any], f: _Following, mine: list[StepRecord]) -> None:
+        """Wait for ``fut`` while following its request: its records (the progress line),
+        the server's exit, its progress (no progress for ``STALL_S``: frozen) and the
+        request's deadline (the backstop for a server that burns CPU without a step)."""
+        while True:
+            done = fut.done()
+            mine += self._poll(set(f.rids))
+            self.progress(f.counted + len(mine), self._total or f.steps, self._note)
+            if done:
+                return
+            self._check_alive()
+            stalled = self.watch.stalled_for()
+            if stalled is not None:
+                raise self._frozen(stalled, f, len(mine))
+            if time.monotonic() - f.t0 > f.deadline_s:
+                raise self._stopped(f.rids[0], f.deadline_s)
+            # progress every POLL_S, but on as soon as the response is in (a sleep made every
+            # request wait for the next tick: 0.1 s on average, a second or so per case)
+            futures.wait([fut], timeout=POLL_S)
+
+    def _frozen(self, stalled: float, f: _Following, steps: int) -> ServerFrozen:
+        if not f.sent:
+            stage = "before it was sent (setting the KV layout)"
+        elif steps:
+            stage = f"in its decode, after {steps} step(s)"
+        else:
+            stage = "in its prefill (no decode step yet)"
+        return ServerFrozen(
+            f"server made no progress for {stalled:.1f} s during {f.what}, {stage} (request "
+            f"{f.rids[0]}): it recorded no step and used under {CPU_PROGRESS_S:g} s of CPU "
+            f"time ({self.watch.describe()}); it is frozen (stopped, paused) or hung"
+        )
 
     def _check_alive(self, when: str = "during the case") -> None:
         status = self.server.exit_status()
@@ -356,6 +407,7 @@ class Decoder:
             seed=WARMUP_SEED,
             tag=f"{case.tag}-warmup",
             counted=0,
+            what="the case's first request (its warm-up)",
         )
         return _accept_estimate(recs, 1.0)
 
@@ -369,7 +421,7 @@ class Decoder:
             max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=b, tag=f"{case.tag}-b{b}",
-                counted=len(got.records),
+                counted=len(got.records), what=f"measured block {b + 1}",
             )  # fmt: skip
             accept = _accept_estimate(recs, accept)
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
@@ -400,7 +452,7 @@ class Decoder:
         try:
             recs, _ = self._request(
                 case, max_new_tokens=max_new, seed=TELEMETRY_SEED, tag=f"{case.tag}-telemetry",
-                counted=case.steps,
+                counted=case.steps, what="the telemetry decode",
             )  # fmt: skip
             self.sampler.add_windows((r.wall_ns, r.wall_ns + r.step_ns) for r in recs[1:])
         finally:
@@ -423,7 +475,7 @@ class Decoder:
         for n in range(tries):
             recs, _ = self._request(
                 case, max_new_tokens=1 + (min_steps + 1) * block, seed=WARMUP_SEED + 1 + n,
-                tag=f"{case.tag}-{n}", counted=len(got),
+                tag=f"{case.tag}-{n}", counted=len(got), what=f"unmeasured request {n + 1}",
             )  # fmt: skip
             got += recs
             if len(got) >= min_steps:
@@ -463,7 +515,7 @@ class Decoder:
         for j, (seed, want, max_new) in enumerate(got.plan):
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=seed, tag=f"{case.tag}-r{got.rounds}b{j}",
-                counted=done + len(extra.records),
+                counted=done + len(extra.records), what=f"round {got.rounds + 1}, block {j + 1}",
             )  # fmt: skip
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
             if not kept:
