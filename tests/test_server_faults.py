@@ -270,7 +270,7 @@ def test_throttled_first_request_making_progress_is_not_killed(tmp_path, attempt
         stopped += 2.0
         os.kill(s.pid, signal.SIGCONT)
         time.sleep(0.5)
-    rc, out, dt = _finish(s, timeout=300)
+    rc, out, _ = _finish(s, timeout=300)
     gone = _gone(s.pid)
     ok = rc == pytest.ExitCode.OK and "made no progress" not in out and gone
     ROWS["throttled"].append(
