@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import functools
 import hashlib
 import json
@@ -876,7 +877,16 @@ def write_baselines(
                 f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
                 f"{RAISE_LIMIT}, or split the suite across files)",
             )
-        atomic_write(target, text)
+        try:
+            atomic_write(target, text)
+        except OSError as e:  # a full disk, a read-only file system, a quota
+            name = errno.errorcode.get(e.errno or 0, "")
+            raise BaselineError(
+                path,
+                f"cannot write the update ({e.strerror or e}{f', {name}' if name else ''}); "
+                f"the file is unchanged and no temporary file is left: free space in "
+                f"{target.parent} (or fix its permissions) and run the update again",
+            ) from None
     if removed:
         notes.insert(
             0,
