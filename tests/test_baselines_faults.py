@@ -807,7 +807,7 @@ def test_a_failed_write_of_any_errno_is_a_clear_error(tmp_path, make_case, monke
         raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
 
     monkeypatch.setattr(baseline_io, "write_all", quota_exceeded)
-    with pytest.raises(BaselineError, match="EDQUOT.*the file is unchanged"):
+    with pytest.raises(BaselineError, match=r"EDQUOT.*the file is unchanged"):
         write_baselines(path, {}, [make_case(pid=2)])
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [".cpu.yaml.lock", "cpu.yaml"]
