@@ -182,6 +182,9 @@ class FakeSession:
     def baselines(self):
         return self._bf
 
+    def foreign_baselines(self):
+        return None
+
 
 class FakeItem:
     nodeid = "perf_tests/t.py::test_d"
