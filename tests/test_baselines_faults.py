@@ -17,6 +17,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import fault_table
 import pytest
 import yaml
 
@@ -59,8 +60,10 @@ def _print_table(request):
                 tr.write_line(row)
 
 
-def _row(test: str, tries: int, outcome: str, nothing_lost: bool) -> None:
-    ROWS.append(f"{test} | {tries} | {outcome} | {'yes' if nothing_lost else 'NO'}")
+def _row(test: str, tries: int, outcome: str, nothing_lost: bool | str) -> None:
+    lost = nothing_lost if isinstance(nothing_lost, str) else ("yes" if nothing_lost else "NO")
+    ROWS.append(f"{test} | {tries} | {outcome} | {lost}")
+    fault_table.row(test, tries, outcome, nothing_lost)
 
 
 def _refused(path: Path, action=None) -> tuple[str, float, int]:
@@ -154,6 +157,8 @@ def test_aliases_within_limits_stay_small_on_update(tmp_path, make_case):
     path.write_text(anchored.replace("device: {}", "device: {a: &d [1, 2, 3], b: *d, c: *d}"))
     write_baselines(path, {"a": [1, 2, 3]}, [make_case(pid=2)])
     assert path.stat().st_size < 3 * len(data)
+    _row("aliases within the limits, then an update", 1, "written without expanding them "
+         f"({path.stat().st_size / len(data):.1f}x the size)", True)  # fmt: skip
 
 
 def test_huge_file_is_refused_by_size_before_reading(tmp_path, monkeypatch):
@@ -406,7 +411,8 @@ def test_without_the_lock_the_same_race_loses_cases(tmp_path, make_case):
     """The control: the test above can fail (a lost update is what the lock prevents)."""
     lost = _pairs(tmp_path / "cpu.yaml", make_case, 5, 0.3, lock=False)
     assert lost >= 1
-    _row("control: the same race with the lock disabled", 5, f"{lost} of 10 cases lost", False)
+    _row("control: the same race with the lock disabled", 5, f"{lost} of 10 cases lost (the "
+         "test that the race is real)", "NO (expected)")  # fmt: skip
 
 
 def _pause_at(point: str, signal_fd: int) -> None:
@@ -629,6 +635,8 @@ def test_no_deadline_derived_from_a_baseline_can_raise(step_ms):
     client = ServerClient(f"http://127.0.0.1:{peer.port}").with_timeout(deadline)
     assert client.get("/server_info") == {}
     peer.thread.join(5)
+    _row(f"request deadline from a baseline step of {step_ms!r} ms", 1,
+         f"deadline {deadline:.0f} s, the HTTP call ran (no OverflowError)", True)  # fmt: skip
 
 
 _AT_LIMIT = """
@@ -729,6 +737,8 @@ def test_the_reader_gives_what_safe_load_gives(tmp_path):
         got = baseline_io.parse_yaml(text, tmp_path / "x.yaml")
         want = yaml.safe_load(text)
         assert repr(got) == repr(want), text[:80]
+    _row("the one-pass reader against yaml.safe_load (repository files, scalar styles)",
+         len(texts), "the same data for every one", True)  # fmt: skip
 
 
 LONG_IDS = {
@@ -811,3 +821,5 @@ def test_a_failed_write_of_any_errno_is_a_clear_error(tmp_path, make_case, monke
         write_baselines(path, {}, [make_case(pid=2)])
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [".cpu.yaml.lock", "cpu.yaml"]
+    _row("failed write of the temporary file (EDQUOT, a test double at write_all)", 1,
+         "old file kept, EDQUOT named, no temporary file", True)  # fmt: skip

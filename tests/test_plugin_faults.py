@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fault_table
 import pytest
 import yaml
 from e2e import SHORT_RUN
@@ -32,18 +33,10 @@ def {NAME}(specperf, label):
     specperf.decode(context_len=1024)
 """
 FILE = "test_dé.py"
-ROWS: list[str] = []
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _print_table(request):
-    yield
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    if ROWS and tr is not None:
-        tr.write_line("")
-        tr.write_line("fault suite (plugin): test | tries | outcome | nothing lost")
-        for row in ROWS:
-            tr.write_line(row)
+def _row(test: str, outcome: str) -> None:
+    fault_table.row(test, 1, outcome, True)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +81,8 @@ def test_long_and_non_ascii_ids_round_trip_through_record_and_judge(pytester, re
     out = result.stdout.str()
     assert "NO_BASELINE" not in out and "INVALID" not in out, out
     result.assert_outcomes(passed=1)
-    ROWS.append(f"test id of {len(test)} characters and case key of {len(key)}, non-ASCII: "
-                "record, then judge | 1 | found and judged | yes")  # fmt: skip
+    _row(f"test id of {len(test)} characters and case key of {len(key)}, non-ASCII: record, "
+         "then judge", "found and judged (not NO_BASELINE)")  # fmt: skip
 
 
 def _foreign(text: str) -> str:
@@ -106,8 +99,8 @@ def test_a_baseline_of_another_device_is_invalid_saying_whose_it_is(pytester, re
         ["*SpecperfWarning*INVALID*the file was recorded on 'nvidia-h200' ('cuda', 'NVIDIA H200'); "
          "this run is on 'test-box' ('cpu'*this run is never judged against it*"]
     )  # fmt: skip
-    ROWS.append("baseline file of another device (slug nvidia-h200, kind cuda) | 1 | "
-                "INVALID naming whose it is | yes")  # fmt: skip
+    _row("baseline file of another device (slug nvidia-h200, kind cuda)",
+         "INVALID naming whose it is")  # fmt: skip
 
 
 def test_an_update_into_another_devices_file_is_refused_before_measuring(pytester, recorded):
@@ -119,8 +112,8 @@ def test_an_update_into_another_devices_file_is_refused_before_measuring(pyteste
     assert out.count("refused before measuring anything") == 1, out
     assert "an update would mix the two devices' runs" in out
     assert path.read_bytes() == before and _no_server_started(pytester)
-    ROWS.append("update into another device's file | 1 | refused before any server, "
-                "one message, file unchanged | yes")  # fmt: skip
+    _row("update into another device's file",
+         "refused before any server, one message, file unchanged")  # fmt: skip
 
 
 def test_a_baseline_of_another_engine_is_no_baseline_saying_whose(pytester, recorded):
@@ -139,8 +132,7 @@ def test_a_baseline_of_another_engine_is_no_baseline_saying_whose(pytester, reco
     reasons = " ".join(r for case in report["cases"] for r in case["reasons"])
     assert "(reference tiny DFLASH)" in reasons, reasons
     assert "the file holds baselines of reference big DFLASH" in reasons, reasons
-    ROWS.append("baseline file of another engine (model) | 1 | NO_BASELINE naming the "
-                "engines it holds | yes")  # fmt: skip
+    _row("baseline file of another engine (model)", "NO_BASELINE naming the engines it holds")
 
 
 BROKEN = {
@@ -164,8 +156,8 @@ def test_a_broken_baseline_is_refused_once_before_any_server_starts(pytester, wh
     assert out.count(fragment) == 1 and out.count(str(path.name)) == 1, out
     assert "During handling of the above exception" not in out
     assert "Traceback" not in out and _no_server_started(pytester)
-    ROWS.append(f"broken baseline file ({what}), 2 cases | 1 | refused before any server "
-                "started, one message naming file, place and fix, no case measured | yes")  # fmt: skip
+    _row(f"broken baseline file ({what}), 2 cases", "refused before any server started, one "
+         "message naming file, place and fix, no case measured")  # fmt: skip
 
 
 READ_TWICE = """
@@ -189,3 +181,4 @@ def test_a_failed_read_is_not_repeated(pytester):
     _setup(pytester, "schema_version: [\n", case=READ_TWICE)
     result = pytester.runpytest_inprocess("--specperf-device=test-box", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+    _row("broken baseline file fixed during the session", "the same error again: read once")

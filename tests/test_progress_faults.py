@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import fault_table
 import pytest
 
 from pytest_specperf.probe.heartbeat import Heartbeat, ProgressWatch, read_progress
@@ -23,6 +24,7 @@ FORK = multiprocessing.get_context("fork")
 #: A short stall time and beat for these tries (the shipped ones: 6 s, 0.5 s).
 STALL_S = 1.5
 BEAT_S = 0.1
+WHAT = {"burn": "burning CPU without a step", "steps": "recording steps, idle between"}
 
 
 def _server(run_dir: str, how: str) -> None:
@@ -81,6 +83,9 @@ def test_a_process_making_progress_is_never_stalled_then_a_freeze_is(tmp_path, h
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
+    fault_table.row(f"server process {WHAT[how]} for {3 * STALL_S:g} s, then SIGSTOP", 1,
+                    f"never stalled while working; stalled {took:.1f} s after the stop "
+                    f"(stall time {STALL_S:g} s)", True)  # fmt: skip
 
 
 def test_a_blocked_process_is_stalled_though_its_heartbeat_runs(tmp_path):
@@ -95,6 +100,8 @@ def test_a_blocked_process_is_stalled_though_its_heartbeat_runs(tmp_path):
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(5)
+    fault_table.row("server process hung on a lock (heartbeat still beating)", 1,
+                    f"stalled after {stalled:.1f} s (stall time {STALL_S:g} s)", True)  # fmt: skip
 
 
 def test_without_a_progress_file_only_the_deadline_applies(tmp_path):
@@ -102,9 +109,11 @@ def test_without_a_progress_file_only_the_deadline_applies(tmp_path):
     time.sleep(0.2)
     assert watch.stalled_for() is None
     assert ProgressWatch(None).stalled_for() is None
+    fault_table.row("server without a progress file", 1, "never stalled: the deadline alone", True)
 
 
 def test_a_torn_or_planted_progress_file_is_ignored(tmp_path):
     (tmp_path / "progress-rank0-pid1.json").write_text('{"beats": 1, "ste')
     (tmp_path / "progress-rank0-pid2.json").symlink_to("/dev/zero")
     assert read_progress(tmp_path) == {}
+    fault_table.row("torn progress file, link to /dev/zero", 2, "ignored, no hang", True)

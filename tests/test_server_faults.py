@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import fault_table
 import pytest
 from e2e import sigint_default
 
@@ -51,6 +52,8 @@ GONE_WITHIN_S = 30.0
 #: Seconds the stopped-server teardown may add after the deadline (SIGTERM, SIGCONT).
 TEARDOWN_S = 15.0
 ROWS: dict[str, list[str]] = {kind: [] for kind in TRIES}
+#: the test function of each kind (the fault table's last column)
+BY: dict[str, str] = {}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -87,8 +90,10 @@ def _table() -> list[str]:
         if rows:
             ok = sum(1 for r in rows if r.startswith("ok"))
             details = "; ".join(r.removeprefix("ok ") for r in rows)
+            outcome = f"{ok}/{len(rows)} as expected: {details}"
+            fault_table.row(titles[kind], len(rows), outcome, ok == len(rows), by=BY[kind])
             lost = "yes" if ok == len(rows) else "NO"
-            out.append(f"{titles[kind]} | {len(rows)} | {ok}/{len(rows)} as expected: {details} | {lost}")
+            out.append(f"{titles[kind]} | {len(rows)} | {outcome} | {lost}")
     return out
 
 
@@ -189,6 +194,7 @@ def test_sigint_during_a_case_leaves_no_server_and_the_baseline_whole(
     untouched = baseline.read_bytes() == before
     left = sorted(p.name for p in baseline.parent.iterdir())
     ok = rc == pytest.ExitCode.INTERRUPTED and gone and untouched and left == files
+    BY.setdefault("sigint", fault_table.current_test())
     ROWS["sigint"].append(f"{'ok' if ok else 'BAD'} at {delay:.1f} s: exit {rc}, "
                           f"ended in {dt:.1f} s, file {'untouched' if untouched else 'CHANGED'}")  # fmt: skip
     assert rc == pytest.ExitCode.INTERRUPTED, out
@@ -205,6 +211,7 @@ def test_killed_server_fails_the_case_naming_the_signal(tmp_path, attempt) -> No
     named = "the server was killed by signal 9 (SIGKILL) during the case" in out
     clean = "During handling of the above exception" not in out and "server log (" in out
     ok = rc == pytest.ExitCode.TESTS_FAILED and named and clean and gone and dt < 10
+    BY.setdefault("killed", fault_table.current_test())
     ROWS["killed"].append(f"{'ok' if ok else 'BAD'} failed in {dt:.1f} s")
     assert rc == pytest.ExitCode.TESTS_FAILED and named and clean, out
     assert dt < 10, f"took {dt:.1f} s to notice"
@@ -230,6 +237,7 @@ def _frozen_session(s: Session, kind: str) -> tuple[int, str, float, re.Match[st
           and "server log (" in out and gone)  # fmt: skip
     where = f"{found.group(2)}, {found.group(3).strip()}" if found else "no stall message"
     stall = f"{float(found.group(1)):.1f} s" if found else "-"
+    BY.setdefault(kind, fault_table.current_test())
     ROWS[kind].append(f"{'ok' if ok else 'BAD'} stall {stall} ({where}), ended in {dt:.1f} s")
     assert rc == pytest.ExitCode.TESTS_FAILED and found, out
     assert dt <= FROZEN_WITHIN_S, f"ended {dt:.1f} s after the freeze"
@@ -273,6 +281,7 @@ def test_throttled_first_request_making_progress_is_not_killed(tmp_path, attempt
     rc, out, _ = _finish(s, timeout=300)
     gone = _gone(s.pid)
     ok = rc == pytest.ExitCode.OK and "made no progress" not in out and gone
+    BY.setdefault("throttled", fault_table.current_test())
     ROWS["throttled"].append(
         f"{'ok' if ok else 'BAD'} exit {rc} after {stopped:.0f} s stopped in "
         f"{time.monotonic() - t0:.1f} s, never failed as frozen"
