@@ -22,7 +22,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--full-faults",
         action="store_true",
         help="run every try of the server fault tests (tests/test_server_faults.py: "
-        "SIGINT 5, killed 3, frozen 3); without it, one try of each",
+        "SIGINT 5, killed 3, frozen mid-case 3, frozen in a first request 3, throttled 1); "
+        "without it, one try of each",
     )
 
 
