@@ -67,7 +67,7 @@ def _run(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
 
 def _no_server_started(pytester: pytest.Pytester) -> bool:
     """No server work directory under the run's basetemp (the fixture makes one first)."""
-    return not list(pytester.path.glob("runpytest-*/specperf*"))
+    return not list(pytester.path.glob("runpytest-*/**/specperf*"))
 
 
 def test_long_and_non_ascii_ids_round_trip_through_record_and_judge(pytester, recorded):
@@ -145,12 +145,12 @@ BROKEN = {
 }
 
 
-@pytest.mark.parametrize("what", list(BROKEN))
+@pytest.mark.parametrize("what", [*BROKEN, "malformed YAML, 2 xdist workers"])
 def test_a_broken_baseline_is_refused_once_before_any_server_starts(pytester, what):
-    text, fragment = BROKEN[what]
+    text, fragment = BROKEN[what.split(",")[0]]
     two = CASE + CASE.replace(f"def {NAME}", "def test_second").split("\n", 3)[3]
     path = _setup(pytester, text, case=two)
-    result = _run(pytester)
+    result = _run(pytester, *(["-n", "2"] if "xdist" in what else []))
     out = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, out
     assert out.count(fragment) == 1 and out.count(str(path.name)) == 1, out

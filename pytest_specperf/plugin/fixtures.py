@@ -16,7 +16,7 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout
 from pytest_specperf.plugin.markers import CaseOptions, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
-from pytest_specperf.plugin.xdist import parallel_servers
+from pytest_specperf.plugin.xdist import parallel_servers, worker_id
 from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
 from pytest_specperf.server.control import ControlError, release, take_control
 from pytest_specperf.server.decoder import (
@@ -294,6 +294,8 @@ def model_server(
 
     sess = get_session(request.config)
     refusal = baseline_refusal(sess)  # read once, before any server starts
+    if refusal is not None and worker_id(request.config) is not None:
+        pytest.fail(refusal, pytrace=False)  # (the controller refuses first: see hooks)
     if refusal is not None:  # one message for the session, no case measured
         pytest.exit(refusal, returncode=pytest.ExitCode.USAGE_ERROR)
     problem = None

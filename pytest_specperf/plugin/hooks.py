@@ -14,7 +14,7 @@ import pytest
 
 from pytest_specperf.plugin import benchmark as _benchmark
 from pytest_specperf.plugin import options as _options
-from pytest_specperf.plugin.cases import judge_item
+from pytest_specperf.plugin.cases import baseline_refusal, judge_item
 from pytest_specperf.plugin.finish import finish, report_header, summary_lines
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
@@ -96,12 +96,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """pytest-xdist controller: the collection order, for the reports."""
+    """pytest-xdist controller: the collection order, for the reports; and the baseline
+    file read before any worker runs a test (a broken one ends the session here, with
+    one message, as the ``model_server`` fixture does without xdist)."""
     config = node.config
     if SESSION_KEY in config.stash:
-        g = get_session(config).gathered
+        sess = get_session(config)
+        g = sess.gathered
         if g is not None and not g.order:
             g.order = list(ids)
+            refusal = baseline_refusal(sess) if ids else None
+            if refusal is not None:
+                pytest.exit(refusal, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.hookimpl(optionalhook=True)
