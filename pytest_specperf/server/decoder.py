@@ -13,11 +13,15 @@ extended block has a baseline counterpart (block ``j`` of the baseline's run) an
 verdict pairs the mean of its rounds with it. The server's own metrics are cross-checked
 over the first round, and GPU telemetry comes from one long decode after it.
 
-Every request has a deadline: ``DEADLINE_FACTOR`` times what it should take at the pace
-known so far (the baseline's step time before the warm-up, then the pace the case's own
-requests showed: a prefill plus a time per step), never less than a floor. A server that
-gives no answer by then has stopped responding (frozen, or a hung step) and the case fails
-naming that; a launched server that exits fails the case at once, naming how it ended.
+While a request runs, the server's progress is watched (``probe.heartbeat``: the steps
+its processes recorded and their CPU time, reported every half second): a server that
+made none for ``STALL_S`` is frozen or hung, and the case fails within seconds naming the
+request and its stage, whether or not the case's pace is known; a slow request that makes
+progress is never failed by that rule. Every request also has a deadline, the backstop for
+a hang that burns CPU: ``DEADLINE_FACTOR`` times what it should take at the pace known so
+far (the baseline's step time before the warm-up, then the pace the case's own requests
+showed: a prefill plus a time per step), never less than a floor. A launched server that
+exits fails the case at once, naming how it ended.
 """
 
 from __future__ import annotations
