@@ -33,7 +33,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         import fault_table
 
         if fault_table.ROWS:
-            fault_table.write(Path(page))
+            tests = Path(__file__).resolve().parent
+            fault_table.write(Path(page), keep=fault_table.fault_tests(tests))
 
 
 # pytester's in-process runs restore sys.modules afterwards, and torch cannot be imported

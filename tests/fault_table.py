@@ -1,8 +1,9 @@
 """The fault table of ``docs/faults.md``, generated from the fault suite.
 
 Every test marked ``faults`` reports what it measured as rows (``row``); a run with
-``--fault-table=docs/faults.md`` writes them between the page's markers, so that the
-page shows the last run's figures and nothing else::
+``--fault-table=docs/faults.md`` writes them between the page's markers (a test that ran
+replaces its rows, the rows of tests that did not run stay, those of tests that are gone
+are dropped), so that the page shows each fault test's last figures::
 
     pytest tests -m faults --full-faults -p no:cacheprovider --fault-table=docs/faults.md
 
@@ -36,27 +37,46 @@ def row(test: str, tries: int, outcome: str, nothing_lost: bool | str, by: str =
     ROWS.setdefault(by or current_test(), []).append(tuple(c.replace("|", "/") for c in cell))  # type: ignore[arg-type]
 
 
-def table() -> list[str]:
-    lines = list(HEADER)
-    for by, rows in ROWS.items():
-        name = by.rsplit("::", 1)[-1]
-        lines += [f"| {t} | {n} | {o} | {lost} | `{name}` |" for t, n, o, lost in rows]
-    return lines
+def _lines(by: str) -> list[str]:
+    name = by.rsplit("::", 1)[-1]
+    return [f"| {t} | {n} | {o} | {lost} | `{name}` |" for t, n, o, lost in ROWS[by]]
 
 
-def write(page: Path) -> None:
-    """Replace the table between the markers of ``page`` by this run's rows."""
+def _name(line: str) -> str:
+    return line.rsplit("|", 2)[-2].strip().strip("`")
+
+
+def _rows_of(text: str) -> list[str]:
+    table = text.split(START, 1)[1].split(END, 1)[0]
+    return [line for line in table.splitlines() if line.startswith("|")][len(HEADER) :]
+
+
+def write(page: Path, keep: set[str] | None = None) -> None:
+    """Write this run's rows into the table between the markers of ``page``: a test that
+    ran replaces its rows where they were, one that did not keeps them (a partial run
+    updates its own rows), unless ``keep`` (the fault tests that exist) leaves it out."""
     text = page.read_text(encoding="utf-8")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    page.write_text(f"{head}{START}\n" + "\n".join(table()) + f"\n{END}{tail}", encoding="utf-8")
+    ran = {by.rsplit("::", 1)[-1]: by for by in ROWS}
+    lines, done = list(HEADER), set()
+    for line in _rows_of(text):
+        name = _name(line)
+        if name in ran:
+            if name not in done:
+                lines += _lines(ran[name])
+                done.add(name)
+        elif keep is None or name in keep:
+            lines.append(line)
+    for name, by in ran.items():
+        if name not in done:
+            lines += _lines(by)
+    page.write_text(f"{head}{START}\n" + "\n".join(lines) + f"\n{END}{tail}", encoding="utf-8")
 
 
 def documented(page: Path) -> set[str]:
     """The test functions the page's table names (its last column)."""
-    text = page.read_text(encoding="utf-8").split(START, 1)[1].split(END, 1)[0]
-    lines = [line for line in text.splitlines() if line.startswith("|")][len(HEADER) :]
-    return {line.rsplit("|", 2)[-2].strip().strip("`") for line in lines}
+    return {_name(line) for line in _rows_of(page.read_text(encoding="utf-8"))}
 
 
 def fault_tests(tests_dir: Path) -> set[str]:

@@ -35,3 +35,12 @@ def test_the_table_is_written_between_its_markers(tmp_path, monkeypatch) -> None
         and "| c | 1 | lost one | NO | `test_c` |" in text
     )
     assert fault_table.documented(page) == {"test_a", "test_c"}
+    # a partial run replaces its own rows and keeps the others, dropping gone tests'
+    monkeypatch.setattr(fault_table, "ROWS", {})
+    fault_table.row("c again", 3, "all kept", True, by="tests/test_x.py::test_c")
+    fault_table.row("new", 1, "ok", True, by="tests/test_x.py::test_d")
+    fault_table.write(page, keep={"test_a", "test_c", "test_d"})
+    rows = [ln for ln in page.read_text().splitlines() if ln.startswith("| ") and "`" in ln]
+    assert [r.split(" | ")[0] for r in rows] == ["| a / b", "| c again", "| new"]
+    fault_table.write(page, keep={"test_c", "test_d"})
+    assert fault_table.documented(page) == {"test_c", "test_d"}

@@ -112,8 +112,15 @@ def test_without_a_progress_file_only_the_deadline_applies(tmp_path):
     fault_table.row("server without a progress file", 1, "never stalled: the deadline alone", True)
 
 
-def test_a_torn_or_planted_progress_file_is_ignored(tmp_path):
-    (tmp_path / "progress-rank0-pid1.json").write_text('{"beats": 1, "ste')
-    (tmp_path / "progress-rank0-pid2.json").symlink_to("/dev/zero")
+def test_a_torn_planted_or_stale_progress_file_is_ignored(tmp_path):
+    me = os.getpid()
+    (tmp_path / f"progress-rank0-pid{me}.json").write_text('{"beats": 1, "ste')
+    (tmp_path / f"progress-rank1-pid{me}.json").symlink_to("/dev/zero")
+    proc = FORK.Process(target=time.sleep, args=(0,))
+    proc.start()
+    proc.join(5)  # a process that has ended: its pid is free
+    stale = '{"beats": 9, "steps": 9, "cpu_s": 1.0}'
+    (tmp_path / f"progress-rank0-pid{proc.pid}.json").write_text(stale)
     assert read_progress(tmp_path) == {}
-    fault_table.row("torn progress file, link to /dev/zero", 2, "ignored, no hang", True)
+    fault_table.row("torn progress file, link to /dev/zero, file of an ended server", 3,
+                    "ignored (no hang, no false stall)", True)  # fmt: skip

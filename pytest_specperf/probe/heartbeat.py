@@ -97,11 +97,26 @@ class Heartbeat:
             os.close(self._fd)
 
 
+def _gone(name: str) -> bool:
+    """Whether the process a progress file is named after no longer exists (a file left
+    by an earlier server in a reused run directory never advances: it is not watched)."""
+    try:
+        pid = int(name.rsplit("-pid", 1)[1].split(".", 1)[0].split("-", 1)[0])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, IndexError, OSError):  # another user's process: it exists
+        return False
+    return False
+
+
 def read_progress(run_dir: str | os.PathLike[str]) -> dict[str, Progress]:
-    """Every readable progress file of ``run_dir``, by file name (a torn or foreign file
-    is left out)."""
+    """Every readable progress file of a live process in ``run_dir``, by file name (a
+    torn or foreign file, or one whose process has ended, is left out)."""
     out = {}
     for path in sorted(Path(run_dir).glob(PROGRESS_GLOB)):
+        if _gone(path.name):
+            continue
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
             try:
