@@ -1,34 +1,12 @@
-"""``specperf`` / ``python -m pytest_specperf``: command-line tools."""
+"""``python -m pytest_specperf``: the ``specperf`` command (``cli.main``)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from pytest_specperf import __version__, calibrate, compare, history, plain_text
-from pytest_specperf.engines.sglang import check as sglang_check
+from pytest_specperf.cli.main import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specperf", description=plain_text(__doc__))
-    parser.add_argument("--version", action="version", version=f"pytest-specperf {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    calibrate.add_parser(sub)
-    history.add_parser(sub)
-    compare.add_parser(sub)
-    sglang_check.add_parser(sub)
-    args = parser.parse_args(argv)
-    if args.command == "calibrate":
-        return calibrate.run(args)
-    if args.command == "history":
-        return history.run(args)
-    if args.command == "compare":
-        return compare.run(args)
-    if args.command == "sglang-check":
-        return sglang_check.run(args)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -109,9 +109,9 @@ def canary_verify(eng: Any) -> dict[str, Any]:
 
 def canary_host_stall(eng: Any) -> dict[str, Any]:
     """``host_stall=2``: the change in unaccounted time, and the bottleneck verdict."""
+    from pytest_specperf.judging.bottleneck import StepFigures, classify
     from pytest_specperf.probe import StepProbe
     from pytest_specperf.probe.inject import Injector, parse_inject
-    from pytest_specperf.telemetry import StepFigures, classify
 
     probes = {
         "off": StepProbe(None, use_cuda=True),

@@ -9,7 +9,7 @@ shaped like the reference engine's, with step-to-step jitter and night-to-night 
 time -> the bridge's pure half (``reporting.benchmark``) -> pytest-benchmark's own
 ``Metadata``, ``pytest_benchmark_generate_json`` and ``FileStorage.save`` (``--format
 benchmark``, the default: OUT is a pytest-benchmark storage, ``OUT/<machine>/NNNN_*.json``),
-or ``reporting.report.write_report`` (``--format report``: one ``--specperf-json`` report
+or ``store.report.write_report`` (``--format report``: one ``--specperf-json`` report
 per night). What happens over the nights (as fractions of --runs, so that a short history
 has the same story):
 
@@ -46,7 +46,8 @@ from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_r
 from pytest_specperf.judging.verdict import DEFAULT_STEP_TOLERANCE, DEFAULT_TOLERANCE, Tolerances
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.reporting.benchmark import benchmark_entry, machine_entries, run_header
-from pytest_specperf.reporting.report import SPECPERF_KEY, report_payload, write_report
+from pytest_specperf.store.baselines import utc_now
+from pytest_specperf.store.report import SPECPERF_KEY, report_payload, write_report
 
 CONTEXTS = (1024, 8192, 32768, 46000, 131072)
 LAYOUTS = ("contiguous", "fragmented")
@@ -106,7 +107,7 @@ def _night(night: int, runs: int, cases: Sequence[tuple[int, str]], rng: random.
         outcomes.append(judge_case(case, baselines.get(case.key), Path("baselines/synthetic.yaml"),
                                    record=record))
         if record:
-            baselines[case.key] = as_baseline(case)
+            baselines[case.key] = as_baseline(case, at=utc_now())
     return outcomes
 
 

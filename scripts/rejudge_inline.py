@@ -25,11 +25,11 @@ from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_specperf.calibrate import expected_metric
+from pytest_specperf.cli.calibrate import expected_metric
 from pytest_specperf.judging.baseline_schema import make_run
-from pytest_specperf.judging.baselines import load_baselines
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
+from pytest_specperf.store.baselines import load_baselines
 
 Run = Mapping[str, Summary]
 #: condition -> repetition -> test and case key -> (its run's summaries, the gates it was judged on)

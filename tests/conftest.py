@@ -140,6 +140,7 @@ def make_run():
 def make_case(make_run):
     """A just-measured CaseBaseline of a synthetic run (see ``make_run``)."""
     from pytest_specperf.judging.baselines import CaseBaseline
+    from pytest_specperf.store.baselines import utc_now
 
     def make(
         test="perf_tests/t.py::test_d",
@@ -158,7 +159,7 @@ def make_case(make_run):
             steps=run.steps,
             metrics=run.summaries,
             pid=pid,
-            at=at,
+            at=at or utc_now(),
         )
 
     return make

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.server import ServerClient, ServerProcess, free_port
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.supervisor import ServerProcess, free_port
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_specperf.telemetry.bottleneck import StepFigures, activity_lines, classify
+from pytest_specperf.judging.bottleneck import StepFigures, activity_lines, classify
 
 # The incident's shape on a GPU: a 192 ms step, verify's CUDA-event span 190 ms, but the
 # device worked 4 ms of it; tensor 0%, DRAM 2%.

@@ -2,8 +2,15 @@
 
 - Only ``plugin/`` imports pytest and pytest-benchmark (the pytest11 entry point is
   ``pytest_specperf.plugin``).
-- ``judging/`` is pure: no pytest, no HTTP or socket library, no torch, no server code.
-- ``engines/protocol.py`` imports no backend implementation (the registry picks them).
+- ``judging/`` is pure: no pytest, no HTTP or socket library, no torch, no server code,
+  no files, locks or clocks (os, yaml, filelock, time, datetime), no store.
+- No folder import cycle: the folder graph (an arrow for every import of one package folder
+  by another, at run time, inside functions or under ``TYPE_CHECKING``) has no loop.
+- ``telemetry/`` samples only: it imports nothing of the package outside itself (no
+  verdict rule, no phase vocabulary).
+- Only ``cli/`` parses a command line with argparse (the reference engine's server process
+  reads its own argv: it is launched by the backend, not a command of ``specperf``).
+- ``server/protocol.py`` imports no backend implementation (the registry picks them).
 - No function is longer than 60 lines, except the ones the README's architecture note
   names with their reason.
 """
@@ -66,6 +73,8 @@ def test_the_plugin_wing_is_the_entry_point() -> None:
         ("torch", "pynvml", "sglang"),
         ("http", "urllib", "socket", "requests", "httpx"),
         ("pytest_specperf.server", "pytest_specperf.plugin", "pytest_specperf.engines"),
+        ("os", "yaml", "filelock", "time", "datetime"),
+        ("pytest_specperf.store", "pytest_specperf.cli"),
     ],
 )
 def test_judging_is_pure(banned: tuple[str, ...]) -> None:
@@ -78,8 +87,88 @@ def test_reporting_does_not_talk_to_servers_or_pytest() -> None:
     assert _offenders(_modules("reporting"), banned) == []
 
 
+def _folder(module: str) -> str | None:
+    """The package folder that ``module`` lies in; a top-level module is a node of its own
+    (``__init__`` for the package itself, which every folder may use)."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE.name:
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def folder_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Folder -> the folders its modules import (every import in the file, so run-time,
+    function-level and ``TYPE_CHECKING`` ones alike)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).parts
+        src = rel[0] if len(rel) > 1 else path.stem
+        for name in _imports(path):
+            dst = _folder(name)
+            if dst is not None and dst != src:
+                graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each loop of ``graph`` once, as the folders in order (depth-first search)."""
+    cycles: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                loop = path[path.index(nxt) :]
+                if frozenset(loop) not in seen:
+                    seen.add(frozenset(loop))
+                    cycles.append([*loop, nxt])
+            elif len(path) < len(graph) + 1:
+                visit(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    return cycles
+
+
+def test_folder_cycles_are_found() -> None:
+    """The cycle finder itself, on small named graphs."""
+    assert folder_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert folder_cycles({"engines": {"server"}, "server": {"engines"}}) == [
+        ["engines", "server", "engines"]
+    ]
+
+
+def test_no_folder_import_cycle() -> None:
+    assert folder_cycles(folder_graph()) == []
+
+
+def test_telemetry_samples_only() -> None:
+    """Verdict rules (bottleneck, gates) live in judging/: telemetry imports nothing of the
+    package outside itself, neither judging nor the phase vocabulary a rule is written in."""
+    others = tuple(
+        f"{PACKAGE.name}.{p.name}"
+        for p in PACKAGE.iterdir()
+        if p.is_dir() and p.name != "telemetry"
+    )
+    assert _offenders(_modules("telemetry"), others) == []
+
+
+#: A process's own argv, not a ``specperf`` command: launched by the reference backend.
+ARGPARSE_ELSEWHERE = {"pytest_specperf/engines/reference/server.py"}
+
+
+def test_only_cli_parses_a_command_line() -> None:
+    outside = [
+        p
+        for p in _modules()
+        if p.relative_to(PACKAGE).parts[0] != "cli"
+        and str(p.relative_to(PACKAGE.parent)) not in ARGPARSE_ELSEWHERE
+    ]
+    assert _offenders(outside, ("argparse",)) == []
+
+
 def test_the_backend_protocol_imports_no_implementation() -> None:
-    protocol = PACKAGE / "engines" / "protocol.py"
+    protocol = PACKAGE / "server" / "protocol.py"
     assert _offenders([protocol], ("pytest_specperf.engines.reference",
                                    "pytest_specperf.engines.sglang")) == []  # fmt: skip
 

@@ -18,9 +18,8 @@ from e2e import SHORT_RUN
 from rawhttp import launch_reference, serve
 
 from pytest_specperf.probe.inject import CONTROL_FILE, parse_inject, write_control
-from pytest_specperf.reporting.report import read_report
-from pytest_specperf.server import ServerClient
-from pytest_specperf.server.client import ATTACH_DEADLINE_S
+from pytest_specperf.server.client import ATTACH_DEADLINE_S, ServerClient
+from pytest_specperf.store.report import read_report
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -13,20 +13,22 @@ from e2e import column
 
 from pytest_specperf.judging.baselines import (
     SCHEMA_VERSION,
-    BaselineError,
     CaseBaseline,
     CaseProblem,
     Identity,
-    Moved,
-    dump_baselines,
     fingerprint_mismatch,
-    format_moved,
     identity_of,
-    load_baselines,
-    write_baselines,
 )
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import Tolerances, Verdict, judge_gate
+from pytest_specperf.store.baselines import (
+    BaselineError,
+    Moved,
+    dump_baselines,
+    format_moved,
+    load_baselines,
+    write_baselines,
+)
 
 TEST = "perf_tests/t.py::test_d"
 KEY = "ctx=8192 kv=contiguous bs=1"
@@ -266,7 +268,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch, make_ca
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(BaselineError, match=r"disk full.*the file is unchanged"):
         write_baselines(path, {}, [make_case(key="B")])
     assert path.read_bytes() == original
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))

@@ -21,17 +21,11 @@ import fault_table
 import pytest
 import yaml
 
-from pytest_specperf.judging import baseline_io, baselines
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    CaseBaseline,
-    CaseProblem,
-    Identity,
-    load_baselines,
-    write_baselines,
-)
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity
 from pytest_specperf.judging.verdict import Tolerances, judge_gate
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.store import baseline_io, baselines
+from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -642,7 +636,7 @@ def test_no_deadline_derived_from_a_baseline_can_raise(step_ms):
 _AT_LIMIT = """
 import sys, time
 from pathlib import Path
-from pytest_specperf.judging.baselines import BaselineError, load_baselines
+from pytest_specperf.store.baselines import BaselineError, load_baselines
 t0, c0 = time.perf_counter(), time.process_time()
 try:
     load_baselines(Path(sys.argv[1]))

@@ -22,7 +22,7 @@ from e2e import SHORT_RUN, VERIFY_CASE
 
 from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
-from pytest_specperf.reporting.report import read_report
+from pytest_specperf.store.report import read_report
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -25,8 +25,8 @@ from pytest_specperf.reporting.benchmark import (
     machine_entries,
     run_header,
 )
-from pytest_specperf.reporting.rebuild import run_from_case
-from pytest_specperf.reporting.report import read_report
+from pytest_specperf.store.rebuild import run_from_case
+from pytest_specperf.store.report import read_report
 
 TEST = "perf_tests/test_decode.py::test_decode"
 KEY = "ctx=8192 kv=contiguous bs=1 model=x"

@@ -7,11 +7,9 @@ import math
 import pytest
 
 from pytest_specperf import __main__ as cli
-from pytest_specperf.calibrate import (
-    CalibrateOptions,
+from pytest_specperf.cli.calibrate import CalibrateOptions, format_table, judge_report
+from pytest_specperf.judging.calibration import (
     Condition,
-    format_table,
-    judge_report,
     outcome_at,
     pair_sweep,
     recommend,
@@ -19,7 +17,7 @@ from pytest_specperf.calibrate import (
     sweep,
 )
 from pytest_specperf.judging.verdict import MetricVerdict
-from pytest_specperf.reporting.report import read_report
+from pytest_specperf.store.report import read_report
 
 
 def _case(key, verdict, metrics, culprit=None):
@@ -114,14 +112,14 @@ def test_pairs_of_tolerances_count_failures_detections_and_unstable_runs():
     summary = {"conditions": [{"condition": "A/A", "expect": None},
                               {"condition": "verify=1.10", "expect": "verify"}],
                "pairs": list(rows.values())}  # fmt: skip
-    from pytest_specperf.calibrate import _pair_table
+    from pytest_specperf.cli.calibrate import _pair_table
 
     text = "\n".join(_pair_table(summary))
     assert "7%      8%    0/4 fail, 0/4 U  4/4" in text, text
 
 
 def test_progress_says_how_long_is_left():
-    from pytest_specperf.calibrate import _eta
+    from pytest_specperf.cli.calibrate import _eta
 
     assert _eta([], 10) == "" and _eta([60.0], 0) == ""
     assert _eta([50.0, 70.0, 1000.0], 79) == "  (about 1h 32m left)"  # median 70 s x 79
@@ -159,7 +157,7 @@ def test_cli_errors(capsys, argv, message):
 
 
 def test_host_stall_share_zero_leaves_the_stall_condition_out(tmp_path):
-    from pytest_specperf.calibrate import Calibration
+    from pytest_specperf.cli.calibrate import Calibration
 
     names = [c.name for c in Calibration(_args(tmp_path, host_stall_share=0.0)).conditions(9.0)]
     assert names == ["A/A", "verify=1.10"]
@@ -180,7 +178,7 @@ def _args(tmp_path, resume=True, **kw):
 def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
     import json
 
-    from pytest_specperf.calibrate import Calibration
+    from pytest_specperf.cli.calibrate import Calibration
 
     cal = Calibration(_args(tmp_path))
     (tmp_path / "rep00-A_A.json").write_text(json.dumps({"schema_version": 1, **AA}))
@@ -205,7 +203,7 @@ def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
 def test_resume_refuses_other_conditions(tmp_path, monkeypatch):
     import json
 
-    from pytest_specperf.calibrate import Calibration
+    from pytest_specperf.cli.calibrate import Calibration
 
     (tmp_path / "baselines").mkdir()
     (tmp_path / "baseline.json").write_text(json.dumps({"schema_version": 1, "cases": [
@@ -221,7 +219,7 @@ def test_resume_refuses_other_conditions(tmp_path, monkeypatch):
 def test_resume_may_add_conditions(tmp_path, capsys):
     import json
 
-    from pytest_specperf.calibrate import Calibration
+    from pytest_specperf.cli.calibrate import Calibration
 
     (tmp_path / "conditions.json").write_text(json.dumps(["A/A", "verify=1.10"]))
     cal = Calibration(_args(tmp_path, hog=True, host_stall_share=0.0))
@@ -262,7 +260,7 @@ def test_unstable_is_rejudged_at_the_tolerance_too():
 
 
 def test_all_condition_expects_the_step_and_blames_no_phase():
-    from pytest_specperf.calibrate import expected_metric
+    from pytest_specperf.cli.calibrate import expected_metric
 
     assert expected_metric("all=1.10") == "step" and expected_metric("verify=1.05") == "verify"
     uniform = {"cases": [
@@ -290,8 +288,8 @@ def test_the_baselines_process_noise_is_shown(tmp_path, make_case):
     +10%): tau_hat of verify/rest shows it, step/ref (the reference scaled alike) not."""
     import dataclasses
 
-    from pytest_specperf.calibrate import baseline_noise
-    from pytest_specperf.judging.baselines import write_baselines
+    from pytest_specperf.cli.calibrate import baseline_noise
+    from pytest_specperf.store.baselines import write_baselines
 
     runs = [make_case(seed=1, factors=f) for f in ({}, {"verify": 1.1}, {})]
     case = dataclasses.replace(runs[0], runs=tuple(r.runs[0] for r in runs))
@@ -303,7 +301,7 @@ def test_the_baselines_process_noise_is_shown(tmp_path, make_case):
     assert row["draft/rest"] == pytest.approx(row["verify/rest"], rel=0.2)  # its rest grew
     assert row["step/ref"] < row["verify/rest"]
     summary = {"baseline_noise": [row]}
-    from pytest_specperf.calibrate import _noise_table
+    from pytest_specperf.cli.calibrate import _noise_table
 
     lines = _noise_table(summary)
     assert "noise between server processes in the baseline" in lines[1]
@@ -355,7 +353,7 @@ def test_a_killed_calibrate_takes_its_running_pytest_down(tmp_path):
 
 
 def test_unstable_parts_say_which_case_and_what_more_steps_could_fix():
-    from pytest_specperf.calibrate import Condition, _unstable_table, unstable_parts
+    from pytest_specperf.cli.calibrate import Condition, _unstable_table, unstable_parts
 
     def wide(key, within):
         c = _case(key, "UNSTABLE", [("verify", "UNSTABLE", 0.01, 0.03), ("step", "SAME", 0.0, 0.01)])

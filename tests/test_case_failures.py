@@ -191,9 +191,9 @@ class FakeItem:
 
 
 def test_the_first_deadline_comes_from_the_baselines_step_time(tmp_path, make_case, reference_fp):
-    from pytest_specperf.judging.baselines import load_baselines, write_baselines
     from pytest_specperf.judging.metrics import STEP
     from pytest_specperf.plugin.cases import baseline_step_ms
+    from pytest_specperf.store.baselines import load_baselines, write_baselines
 
     case = make_case()  # perf_tests/t.py::test_d, ctx=8192 kv=contiguous bs=1
     path = tmp_path / "b.yaml"

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf import compare
+from pytest_specperf.cli import compare
 from pytest_specperf.judging.judge import Case, as_baseline, judge_case
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.reporting.rebuild import run_from_case
-from pytest_specperf.reporting.report import read_report, report_payload, write_report
+from pytest_specperf.store.baselines import utc_now
+from pytest_specperf.store.rebuild import run_from_case
+from pytest_specperf.store.report import read_report, report_payload, write_report
 from pytest_specperf.telemetry.summary import MetricSummary, TelemetrySummary
 
 TEST = "perf_tests/t.py::test_d"
@@ -61,7 +62,7 @@ def test_compare_gives_the_verdicts_the_gate_gives(tmp_path, make_run, reference
     a = _write(tmp_path / "a.json", _case(base, reference_fp))
     b = _write(tmp_path / "b.json", _case(now, reference_fp))
     [got] = compare.compare_runs(read_report(a), read_report(b))
-    gate = judge_case(_case(now, reference_fp), as_baseline(_case(base, reference_fp)), a)
+    gate = judge_case(_case(now, reference_fp), as_baseline(_case(base, reference_fp), at=utc_now()), a)
     assert got.verdict.verdict is gate.verdict.verdict is Verdict.SLOWER
     assert got.verdict.culprit == gate.verdict.culprit == "verify"
     pairs = zip(got.verdict.metrics, gate.verdict.metrics, strict=True)

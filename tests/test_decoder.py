@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from pytest_specperf.engines import get_backend
-from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.judging.samples import KVLayout
 from pytest_specperf.server.decoder import CaseSpec, Decoder
 from pytest_specperf.server.model_server import ModelServer, start_server
+from pytest_specperf.server.protocol import BackendSettings
 from pytest_specperf.telemetry.summary import TelemetrySummary
 
 

@@ -18,8 +18,8 @@ from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.probe import PHASES
 from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, PhaseKernels
 from pytest_specperf.probe.record import StepRecord
-from pytest_specperf.reporting.report import case_json, strict
 from pytest_specperf.reporting.terminal import diagnosis_lines, failure_message, top_kernels
+from pytest_specperf.store.report import case_json, strict
 
 MS = 1_000_000
 

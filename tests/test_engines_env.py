@@ -63,10 +63,10 @@ def test_env_module_imports_only_the_standard_library() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
-    # the package, the engines registry and the (standard-library only) protocol
+    # the package, the engines registry and the (standard-library only) protocol in server/
     assert out == (
         "['pytest_specperf', 'pytest_specperf.engines', 'pytest_specperf.engines.env', "
-        "'pytest_specperf.engines.protocol'] []"
+        "'pytest_specperf.server', 'pytest_specperf.server.protocol'] []"
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf import history as cli
+from pytest_specperf.cli import history as cli
 from pytest_specperf.reporting.changepoints import (
     ChangePoint,
     change_points,

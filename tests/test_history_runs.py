@@ -8,8 +8,8 @@ import os
 from pytest_specperf.judging.baselines import fingerprint_hash
 from pytest_specperf.judging.judge import Case, judge_case
 from pytest_specperf.judging.verdict import Tolerances
-from pytest_specperf.reporting.history_runs import load_history
-from pytest_specperf.reporting.report import run_record_json
+from pytest_specperf.store.history_runs import load_history
+from pytest_specperf.store.report import run_record_json
 
 TEST, KEY = "perf_tests/t.py::test_d", "ctx=8192 kv=contiguous bs=1"
 

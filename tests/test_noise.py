@@ -28,6 +28,7 @@ from pytest_specperf.judging.verdict import (
     judge_runs,
     paired_noise,
 )
+from pytest_specperf.store.baselines import utc_now
 
 
 def run_of(logs_pct, value_pct=None):
@@ -220,8 +221,8 @@ def test_a_measurement_in_several_processes_is_recorded_as_several_runs(
     """as_baseline stores one run per process (with its pid); the store keeps the last K."""
     import dataclasses
 
-    from pytest_specperf.judging.baselines import load_baselines, write_baselines
     from pytest_specperf.judging.judge import Case, as_baseline, judge_case
+    from pytest_specperf.store.baselines import load_baselines, write_baselines
 
     def measured(seeds, pid0):
         runs = [dataclasses.replace(make_run(seed=s), server_pid=pid0 + i)
@@ -231,11 +232,11 @@ def test_a_measurement_in_several_processes_is_recorded_as_several_runs(
                     run=run, fingerprint=reference_fp, tolerances=Tolerances(0.07, 0.25))  # fmt: skip
 
     first = measured([1, 2, 3], 100)
-    recorded = as_baseline(first)
+    recorded = as_baseline(first, at=utc_now())
     assert [r.pid for r in recorded.runs] == [100, 101, 102]
     path = tmp_path / "box.yaml"
     write_baselines(path, {"name": "box"}, [recorded], keep_runs=4)
-    write_baselines(path, {"name": "box"}, [as_baseline(measured([4, 5], 200))], keep_runs=4)
+    write_baselines(path, {"name": "box"}, [as_baseline(measured([4, 5], 200), at=utc_now())], keep_runs=4)
     bf = load_baselines(path)
     assert bf is not None
     [case] = list(bf.all_cases())

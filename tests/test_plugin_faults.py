@@ -163,7 +163,7 @@ def test_a_broken_baseline_is_refused_once_before_any_server_starts(pytester, wh
 READ_TWICE = """
 import pytest
 from pathlib import Path
-from pytest_specperf.judging.baselines import BaselineError
+from pytest_specperf.store.baseline_io import BaselineError
 from pytest_specperf.plugin.session import get_session
 
 def test_read(request):

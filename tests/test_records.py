@@ -9,12 +9,12 @@ import math
 import pytest
 
 from pytest_specperf.engines import backend_names, get_backend
-from pytest_specperf.engines.protocol import BackendUnavailable
 from pytest_specperf.judging.metrics import GATEABLE, REGISTRY, MetricKind, spec
 from pytest_specperf.judging.samples import KVLayout, build_run
 from pytest_specperf.judging.verdict import CaseVerdict, MetricVerdict, Verdict
 from pytest_specperf.probe.record import StepRecord
-from pytest_specperf.reporting.report import ReportError, read_report, strict, write_report
+from pytest_specperf.server.protocol import BackendUnavailable
+from pytest_specperf.store.report import ReportError, read_report, strict, write_report
 
 
 def _records(n: int = 12) -> list[StepRecord]:

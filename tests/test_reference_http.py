@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 from rawhttp import address, exchange, launch_reference, run_reference, thread_count
 
-from pytest_specperf.server import ServerClient, ServerHTTPError
-from pytest_specperf.server.client import attach_problem
+from pytest_specperf.server.client import ServerClient, ServerHTTPError, attach_problem
 
 TIMEOUT_S = 1.0
 needs_proc = pytest.mark.skipif(

@@ -18,7 +18,7 @@ import pytest
 from http_fuzz_corpus import MAX_BODY, TIMEOUT_S, Case, corpus
 from rawhttp import Exchange, address, exchange, launch_reference
 
-from pytest_specperf.server import ServerClient
+from pytest_specperf.server.client import ServerClient
 
 pytestmark = pytest.mark.faults
 

@@ -11,7 +11,7 @@ import pytest
 from rawhttp import launch_reference, run_reference
 
 from pytest_specperf.probe import read_records
-from pytest_specperf.server import ServerClient, ServerHTTPError
+from pytest_specperf.server.client import ServerClient, ServerHTTPError
 
 
 @pytest.fixture(scope="module")

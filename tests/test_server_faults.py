@@ -25,9 +25,9 @@ import fault_table
 import pytest
 from e2e import sigint_default
 
-from pytest_specperf.judging.baselines import write_baselines
 from pytest_specperf.probe.heartbeat import STALL_S
 from pytest_specperf.server.decoder import FIRST_DEADLINE_FLOOR_S
+from pytest_specperf.store.baselines import write_baselines
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(300)]
 

@@ -15,7 +15,6 @@ import torch
 
 from pytest_specperf.engines import env as base
 from pytest_specperf.engines import get_backend
-from pytest_specperf.engines.protocol import BackendSettings, BackendUnavailable
 from pytest_specperf.engines.sglang import backend as backend_mod
 from pytest_specperf.engines.sglang import kv_fragment, launcher, source
 from pytest_specperf.engines.sglang.backend import (
@@ -30,6 +29,7 @@ from pytest_specperf.engines.sglang.hooks import ProbeRuntime, make_hook
 from pytest_specperf.engines.sglang.kv_fragment import KVLayoutError
 from pytest_specperf.engines.sglang.phase_map import load_builtin
 from pytest_specperf.server.client import ServerHTTPError
+from pytest_specperf.server.protocol import BackendSettings, BackendUnavailable
 
 FLAGS = frozenset({
     "--speculative-algorithm", "--speculative-num-draft-tokens", "--page-size",

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.engines.sglang import tiny_model
 from pytest_specperf.engines.sglang.backend import SGLangBackend
 from pytest_specperf.engines.sglang.metrics import cross_check, scrape
 from pytest_specperf.probe.sink import make_run_dir, read_records
-from pytest_specperf.server import ServerClient, ServerProcess, free_port
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.protocol import BackendSettings
+from pytest_specperf.server.supervisor import ServerProcess, free_port
 
 
 def _gpu_and_sglang() -> bool:

@@ -6,15 +6,14 @@ import math
 
 import pytest
 
-from pytest_specperf.telemetry import (
+from pytest_specperf.judging.bottleneck import (
     StepFigures,
-    TelemetrySummary,
     Thresholds,
     achieved_bandwidth,
     classify,
     device_busy_share,
 )
-from pytest_specperf.telemetry.summary import MetricSummary
+from pytest_specperf.telemetry.summary import MetricSummary, TelemetrySummary
 
 # The incident: 192 ms/step at 46k context, tensor cores 0%, DRAM 2%, tree build and mask
 # prep ~2 ms, graphs replaying; the GPU was busy 17.3 ms of the step.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.judging.samples import Utilization, utilizations
 from pytest_specperf.judging.verdict import Tolerances, judge_gate, judge_points
-from pytest_specperf.telemetry import TelemetrySummary, invalid_reasons
+from pytest_specperf.telemetry import TelemetrySummary
 from pytest_specperf.telemetry.summary import MetricSummary
 
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.telemetry import (
     TelemetrySampler,
     TelemetrySummary,
     detect_device,
-    invalid_reasons,
     loader,
 )
 from pytest_specperf.telemetry.loader import PynvmlImport, load_pynvml

@@ -2,7 +2,7 @@
 
 Built-in backends are ``reference`` (the embedded engine) and ``sglang``. Other packages
 add backends through the entry-point group ``pytest_specperf.backends`` (name ->
-``module:Class``). The protocol (``engines.protocol``) imports no implementation; this
+``module:Class``). The protocol (``server.protocol``) imports no implementation; this
 registry imports one only when it is asked for.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
-from pytest_specperf.engines.protocol import Backend, BackendUnavailable
+from pytest_specperf.server.protocol import Backend, BackendUnavailable
 
 #: Entry-point group of third-party backends.
 ENTRY_POINT_GROUP: Final = "pytest_specperf.backends"

@@ -11,7 +11,6 @@ package keeps its dependencies few. Nothing here reads files or raises anything 
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -253,8 +252,8 @@ def _int(v: Any, field: str, low: int, high: int) -> int:
 
 
 def _at(v: Any, field: str) -> str:
-    if isinstance(v, datetime.datetime):
-        return v.isoformat()
+    if hasattr(v, "hour") and hasattr(v, "isoformat"):  # a datetime (YAML reads timestamps so)
+        return str(v.isoformat())
     if not isinstance(v, str) or not v or len(v) > 64:
         raise Invalid(f"{field}: expected a timestamp string, got {brief(v)}")
     return v

@@ -5,6 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_specperf.judging.bottleneck import (
+    ActiveSource,
+    Bottleneck,
+    StepFigures,
+    Thresholds,
+    classify,
+)
 from pytest_specperf.judging.metrics import (
     RUNQ_SHARE,
     STEP,
@@ -17,13 +24,6 @@ from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.telemetry.bandwidth import kv_read_bytes
-from pytest_specperf.telemetry.bottleneck import (
-    ActiveSource,
-    Bottleneck,
-    StepFigures,
-    Thresholds,
-    classify,
-)
 
 
 def _medians(s: Mapping[str, Summary], form: str) -> dict[str, float]:

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.bottleneck import Bottleneck
 from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
+from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEFAULT_POINT_GATES,
@@ -40,8 +42,6 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.telemetry.bottleneck import Bottleneck
-from pytest_specperf.telemetry.gates import invalid_reasons
 
 
 @dataclass(frozen=True)
@@ -281,9 +281,9 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
     return None
 
 
-def as_baseline(case: Case) -> CaseBaseline:
+def as_baseline(case: Case, *, at: str) -> CaseBaseline:
     """What an update stores for ``case``: one run per server process (its siblings
-    included), each with its utilization medians."""
+    included), each with its utilization medians, recorded ``at`` (an ISO timestamp)."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
         metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
@@ -296,6 +296,7 @@ def as_baseline(case: Case) -> CaseBaseline:
                 fingerprint=case.fingerprint,
                 steps=run.steps,
                 metrics=metrics,
+                at=at,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
             )
         )

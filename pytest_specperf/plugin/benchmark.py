@@ -25,7 +25,7 @@ import pytest
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.reporting.benchmark import benchmark_entry, machine_entries, run_header
-from pytest_specperf.reporting.report import SPECPERF_KEY
+from pytest_specperf.store.report import SPECPERF_KEY
 
 #: The name pytest-benchmark registers its session under (``pytest_benchmark.plugin``).
 BENCHMARK_SESSION: Final = "pytest-benchmark"

@@ -16,12 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    CaseBaseline,
-    CaseProblem,
-    identity_of,
-)
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, identity_of
 from pytest_specperf.judging.judge import (
     Case,
     CaseOutcome,
@@ -40,6 +35,7 @@ from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
+from pytest_specperf.store.baselines import BaselineError, utc_now
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
@@ -219,7 +215,7 @@ def judge(sess: SpecperfSession, case: Case) -> CaseOutcome:
 
 def queue_record(sess: SpecperfSession, case: Case) -> None:
     """Queue a case for --specperf-update-baselines (written at the end of the session)."""
-    sess.to_record.append(as_baseline(case))
+    sess.to_record.append(as_baseline(case, at=utc_now()))
     note = noisy_baseline_note(case)
     if note:
         sess.notes.append(note)

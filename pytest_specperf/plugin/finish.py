@@ -14,19 +14,15 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    CaseBaseline,
-    format_moved,
-    write_baselines,
-)
+from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.plugin.benchmark import commit_info
 from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
 from pytest_specperf.reporting.markdown import append_markdown, markdown_summary, write_markdown
 from pytest_specperf.reporting.plot import write_svg
-from pytest_specperf.reporting.report import payload_of_cases, write_report
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
+from pytest_specperf.store.baselines import BaselineError, format_moved, write_baselines
+from pytest_specperf.store.report import payload_of_cases, write_report
 
 #: GitHub Actions' step summary file (Markdown appended there is shown on the run's page).
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"

@@ -17,7 +17,7 @@ from pytest_specperf.plugin.markers import CaseOptions, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.plugin.xdist import parallel_servers, worker_id
-from pytest_specperf.server import ServerHTTPError, ServerStartError, ServerUnreachable
+from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.control import ControlError, release, take_control
 from pytest_specperf.server.decoder import (
     CaseSpec,
@@ -28,6 +28,7 @@ from pytest_specperf.server.decoder import (
 )
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
 from pytest_specperf.server.pool import ServerPool
+from pytest_specperf.server.supervisor import ServerStartError
 
 LAYOUT_PARAMS = ("contiguous", "fragmented")
 

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from pytest_specperf.engines.env import MAX_KERNEL_EVERY
-from pytest_specperf.engines.protocol import BackendSettings
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
@@ -28,6 +27,7 @@ from pytest_specperf.judging.verdict import (
     parse_fraction,
 )
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
+from pytest_specperf.server.protocol import BackendSettings
 
 DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8

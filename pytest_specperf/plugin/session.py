@@ -13,23 +13,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import (
-    BaselineError,
-    BaselineFile,
-    CaseBaseline,
-    WriteResult,
-    device_mismatch,
-    load_baselines,
-)
+from pytest_specperf.judging.baselines import BaselineFile, CaseBaseline, device_mismatch
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.baseline_io import BaselineError
+from pytest_specperf.store.baselines import WriteResult, load_baselines
 
 if TYPE_CHECKING:
-    from pytest_specperf.reporting.history_runs import History
     from pytest_specperf.server.model_server import ModelServer
     from pytest_specperf.server.pool import ServerPool
+    from pytest_specperf.store.history_runs import History
     from pytest_specperf.telemetry.device import DeviceInfo
 
 
@@ -109,7 +104,7 @@ class SpecperfSession:
         if directory is None:
             return None
         if self._history is None:
-            from pytest_specperf.reporting.history_runs import load_history
+            from pytest_specperf.store.history_runs import load_history
 
             self._history = load_history(directory)
             self.notes.append(self._history.describe(self.display_path(directory)))

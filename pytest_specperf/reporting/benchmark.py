@@ -26,7 +26,7 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S
 from pytest_specperf.judging.stats import stable
 from pytest_specperf.probe.phases import ALL_PHASES
-from pytest_specperf.reporting.report import JSON_SCHEMA_VERSION, SPECPERF_KEY, case_json, strict
+from pytest_specperf.store.report import JSON_SCHEMA_VERSION, SPECPERF_KEY, case_json, strict
 
 #: pytest-benchmark's group of our cases (its table groups by ``group``).
 BENCHMARK_GROUP: Final = "specperf"

@@ -3,7 +3,7 @@
 A store is a folder of saved runs: pytest-benchmark's storage (``.benchmarks/<machine>/
 NNNN_<name>.json``, written by ``--benchmark-autosave`` or ``--benchmark-save``) or a
 folder of JSON reports (``--specperf-json``), read through the one reader
-``reporting.report.read_report``. A file that cannot be used (corrupt, truncated,
+``store.report.read_report``. A file that cannot be used (corrupt, truncated,
 another tool's, an unknown schema version) is named with the reason and skipped; the rest
 is read. Runs are ordered by date; each case (test, case key, engine) becomes a
 ``Series`` of ``Point`` s, one per run that measured it.
@@ -19,14 +19,14 @@ from pathlib import Path
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
-from pytest_specperf.reporting.report import (
+from pytest_specperf.reporting.table import render_table
+from pytest_specperf.store.report import (
     CaseReport,
     ForeignFile,
     Report,
     ReportError,
     read_report,
 )
-from pytest_specperf.reporting.table import render_table
 
 
 class MissingExtra(RuntimeError):

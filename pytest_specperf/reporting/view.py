@@ -18,7 +18,7 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
-from pytest_specperf.reporting.report import case_json, strict
+from pytest_specperf.store.report import case_json, strict
 
 
 def _phase_values(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -1,13 +1,3 @@
-"""Server processes (launch, readiness, teardown) and the HTTP client for SGLang's API."""
-
-from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
-from pytest_specperf.server.supervisor import ServerProcess, ServerStartError, free_port
-
-__all__ = [
-    "ServerClient",
-    "ServerHTTPError",
-    "ServerProcess",
-    "ServerStartError",
-    "ServerUnreachable",
-    "free_port",
-]
+"""Server processes (launch, readiness, teardown), the HTTP client for SGLang's API, and
+the backend protocol the engines implement (``server.protocol``, standard library only:
+it is imported in every SGLang process)."""

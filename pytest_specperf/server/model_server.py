@@ -9,21 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.engines.protocol import Backend, BackendSettings
 from pytest_specperf.judging.judge import is_speculative
 from pytest_specperf.probe.sink import RunDirError, make_run_dir
-from pytest_specperf.server import (
-    ServerClient,
-    ServerProcess,
-    ServerStartError,
-    free_port,
-)
 from pytest_specperf.server.client import (
     ATTACH_DEADLINE_S,
+    ServerClient,
     ServerHTTPError,
     ServerUnreachable,
     attach_problem,
 )
+from pytest_specperf.server.protocol import Backend, BackendSettings
+from pytest_specperf.server.supervisor import ServerProcess, ServerStartError, free_port
 
 
 @dataclass

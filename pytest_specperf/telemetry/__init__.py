@@ -35,14 +35,14 @@ Bandwidth (:mod:`.bandwidth`)
     ``peak_bandwidth(name: str, nvml_index: int | None = None) -> PeakBandwidth | None``
     (NVML bus width x max memory clock x 2, else a table of known GPUs, else None).
 
-Verdict (:mod:`.bottleneck`, pure)
+Verdict (moved to :mod:`pytest_specperf.judging.bottleneck`)
     ``classify(StepFigures(...), thresholds: Thresholds | None = None) -> Bottleneck``;
     ``Bottleneck(kind, reasons, figures).describe()`` gives one line such as
     "host-bound (GPU starved): device busy 9% of the 192.0 ms step, unaccounted 181.3 ms
     (94%), DRAM 2%, tensor 0%". ``StepFigures.with_telemetry(summary)`` fills in the
     utilization medians.
 
-Validity (:mod:`.gates`)
+Validity (moved to :mod:`pytest_specperf.judging.gates`)
     ``invalid_reasons(summary) -> list[str]`` (throttled clocks, other processes on the
     GPU: INVALID, never SLOWER).
 
@@ -60,15 +60,6 @@ from pytest_specperf.telemetry.bandwidth import (
     known_peak_bandwidth,
     peak_bandwidth,
 )
-from pytest_specperf.telemetry.bottleneck import (
-    Bottleneck,
-    BottleneckKind,
-    StepFigures,
-    Thresholds,
-    achieved_bandwidth,
-    classify,
-    device_busy_share,
-)
 from pytest_specperf.telemetry.clocks import (
     BENIGN_REASONS,
     THROTTLING_REASONS,
@@ -83,7 +74,6 @@ from pytest_specperf.telemetry.device import (
     slugify,
     validate_slug,
 )
-from pytest_specperf.telemetry.gates import invalid_reasons
 from pytest_specperf.telemetry.loader import PynvmlImport, import_pynvml, load_pynvml
 from pytest_specperf.telemetry.nvml import MIN_WINDOW_S, TelemetrySampler
 from pytest_specperf.telemetry.nvtx import NvtxRanges, nvtx_range
@@ -96,26 +86,18 @@ __all__ = [
     "MIN_WINDOW_S",
     "SLUG_PATTERN",
     "THROTTLING_REASONS",
-    "Bottleneck",
-    "BottleneckKind",
     "DeviceInfo",
     "DeviceKind",
     "MetricSummary",
     "NvtxRanges",
     "PeakBandwidth",
     "PynvmlImport",
-    "StepFigures",
     "TelemetrySampler",
     "TelemetrySummary",
-    "Thresholds",
-    "achieved_bandwidth",
     "bandwidth_from_bus",
-    "classify",
     "decode_clock_event_reasons",
     "detect_device",
-    "device_busy_share",
     "import_pynvml",
-    "invalid_reasons",
     "is_throttling",
     "known_peak_bandwidth",
     "load_pynvml",

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.env import probe_env
-from pytest_specperf.engines.protocol import (
+from pytest_specperf.probe.phases import BUILD_VERIFY_INPUT, DRAFT, PHASES
+from pytest_specperf.probe.record import StepRecord
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.protocol import (
     BackendSettings,
     BackendUnavailable,
     LaunchSpec,
     RunDirBinding,
 )
-from pytest_specperf.probe.phases import BUILD_VERIFY_INPUT, DRAFT, PHASES
-from pytest_specperf.probe.record import StepRecord
-from pytest_specperf.server.client import ServerClient
 
 #: Server flags the plugin sets itself; passing them through would be ambiguous.
 _RESERVED = ("--host", "--port", "--run-dir", "--config", "--no-probe")

@@ -35,12 +35,6 @@ from pytest_specperf.engines.env import (
     ENV_SGLANG_PLUGIN,
     probe_env,
 )
-from pytest_specperf.engines.protocol import (
-    BackendSettings,
-    BackendUnavailable,
-    LaunchSpec,
-    RunDirBinding,
-)
 from pytest_specperf.engines.sglang import (
     algorithms,
     kv_fragment,
@@ -52,6 +46,12 @@ from pytest_specperf.engines.sglang import (
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
+from pytest_specperf.server.protocol import (
+    BackendSettings,
+    BackendUnavailable,
+    LaunchSpec,
+    RunDirBinding,
+)
 
 #: The entry point SGLang's load_plugins() discovers (declared in pyproject.toml).
 ENTRY_POINT_GROUP = "sglang.srt.plugins"

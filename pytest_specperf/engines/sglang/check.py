@@ -19,16 +19,12 @@ step method exists, 1 when not, 2 for bad input (no source there, a bad phase ma
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
-import os
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf import plain_text
 from pytest_specperf.engines.sglang import algorithms, source
 from pytest_specperf.engines.sglang.callgraph import BUILTIN_NAMES, Call, CallGraph, Definition
 from pytest_specperf.engines.sglang.phase_map import (
@@ -536,57 +532,3 @@ def _step_lines(s: StepReport, *, show_all: bool = False) -> list[str]:
                 f"      params: [{params}]",
             ]
     return out
-
-
-# -- command line ----------------------------------------------------------------------------------
-def add_parser(sub: Any) -> None:
-    c = sub.add_parser(
-        "sglang-check",
-        help="check the SGLang phase map against SGLang's source (installed or a fork)",
-        description=plain_text(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    c.add_argument(
-        "--source",
-        metavar="PATH",
-        help="SGLang source to read: a checkout (its python/ directory or the repository) or "
-        "the sglang package directory (default: the installed SGLang)",
-    )
-    c.add_argument(
-        "--phase-map",
-        metavar="FILE",
-        help=f"your phase map, added to the built-in one (default: ${ENV_PHASE_MAP})",
-    )
-    c.add_argument(
-        "--algorithm",
-        metavar="NAME",
-        help="only the entries the backend installs for this --speculative-algorithm",
-    )
-    c.add_argument(
-        "--step",
-        action="append",
-        default=[],
-        metavar="TARGET",
-        help="also list the calls of this step method (sglang.module.Class.method), e.g. "
-        "of a worker you are writing a map for (repeatable)",
-    )
-    c.add_argument(
-        "--all",
-        action="store_true",
-        help="list every uncovered call, also library calls and methods of objects",
-    )
-    c.add_argument("--format", choices=("text", "json"), default="text")
-
-
-def run(args: argparse.Namespace) -> int:
-    phase_map = args.phase_map or os.environ.get(ENV_PHASE_MAP) or None
-    try:
-        report = build_report(args.source, phase_map, args.algorithm, tuple(args.step))
-    except CheckError as e:
-        print(f"specperf sglang-check: {e}", file=sys.stderr)
-        return 2
-    if args.format == "json":
-        print(json.dumps(asdict(report) | {"ok": report.ok}, indent=2))
-    else:
-        print(render_text(report, show_all=args.all))
-    return 0 if report.ok else 1

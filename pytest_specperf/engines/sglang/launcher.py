@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from pytest_specperf.engines.env import ENV_RUN_DIR, ENV_SGLANG_PLUGIN
-from pytest_specperf.engines.protocol import BackendUnavailable
+from pytest_specperf.server.protocol import BackendUnavailable
 
 #: Flags the plugin sets itself.
 RESERVED = {

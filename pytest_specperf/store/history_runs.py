@@ -29,7 +29,7 @@ from pytest_specperf.judging.baselines import fingerprint_hash
 from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Verdict
-from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
+from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
 
 #: Reports read, the newest: about two weeks of nightly runs.
 HISTORY_REPORTS = 14

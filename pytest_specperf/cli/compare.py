@@ -3,7 +3,7 @@
 A and B are saved runs: a JSON report (``--specperf-json``), a pytest-benchmark file
 (``--benchmark-json``), or a run of pytest-benchmark's storage named by its number or
 name (``0003``, ``0003_nightly``; ``--storage``). Each case of B is rebuilt from its saved
-steps (``reporting.rebuild``), run A's case becomes its baseline exactly as
+steps (``store.rebuild``), run A's case becomes its baseline exactly as
 ``--specperf-update-baselines`` would have stored it (``judging.judge.as_baseline``), and
 ``judging.judge.judge_case`` decides, with the gates and tolerances B was judged with
 (or those given here). A case of B that A lacks is NO_BASELINE; a different engine
@@ -28,10 +28,11 @@ from pytest_specperf.judging.verdict import (
     Verdict,
     parse_fraction,
 )
-from pytest_specperf.reporting.rebuild import run_from_case
-from pytest_specperf.reporting.report import CaseReport, Report, ReportError, read_report
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.baselines import utc_now
+from pytest_specperf.store.rebuild import run_from_case
+from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -95,7 +96,7 @@ def compare_runs(a: Report, b: Report, given: Tolerances | None = None) -> list[
         base_case = in_a.get((c.test, c.key))
         base = None
         if base_case is not None:
-            base = as_baseline(_case(a, base_case, case.tolerances))
+            base = as_baseline(_case(a, base_case, case.tolerances), at=utc_now())
         outcomes.append(
             judge_case(case, base, a.path, missing=f"not in run A ({a.path.name})")
         )

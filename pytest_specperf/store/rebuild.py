@@ -19,7 +19,7 @@ from pytest_specperf.judging.metrics import ACCEPT_LEN
 from pytest_specperf.judging.samples import DecodeRun, KVLayout, Window, build_run
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
-from pytest_specperf.reporting.report import CaseReport, ReportError
+from pytest_specperf.store.report import CaseReport, ReportError
 from pytest_specperf.telemetry.summary import TelemetrySummary
 
 

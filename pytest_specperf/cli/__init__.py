@@ -1,0 +1,1 @@
+"""The ``specperf`` command-line tools, every command in one place."""

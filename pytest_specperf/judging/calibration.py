@@ -1,0 +1,295 @@
+"""The calibration's analysis: pure statistics over finished, judged runs.
+
+A calibration (``specperf calibrate``, in ``cli.calibrate``) runs the suite under
+conditions (A/A, injected slowdowns, a CPU hog) and stores each run's report; this module
+re-judges those runs' metric verdicts at other tolerances (``MetricVerdict.rejudged``, the
+verdict's own rule) and counts false alarms, detections and undecided runs, so the tables
+and the recommended defaults come from the same rule as the gate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, case_disturbed
+from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
+
+_UNCOMPARED = (Verdict.NO_BASELINE, Verdict.INVALID)
+
+Judged = tuple[tuple[MetricVerdict, ...], ...]
+
+
+class JudgedCase(Protocol):
+    """A case as a stored report gives it back (``store.report.CaseReport``)."""
+
+    @property
+    def test(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def verdict(self) -> Verdict: ...
+    @property
+    def metrics(self) -> tuple[MetricVerdict, ...]: ...
+
+
+@dataclass(frozen=True)
+class SlowCase:
+    """A case of a run that failed: its key, the metric it blames, and every slow one."""
+
+    key: str
+    head: str
+    metrics: tuple[str, ...]
+    gated: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One repetition, judged from its stored report."""
+
+    slower_cases: tuple[SlowCase, ...]
+    unstable_cases: tuple[str, ...]
+    detected: bool
+    named_right: bool
+    cases: int
+    judged: Judged
+    #: the compared cases' names (test and key), in the order of ``judged``
+    names: tuple[str, ...] = ()
+    rep: int = 0
+    exit: int = 0
+    wall_s: float | None = None
+    resumed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rep": self.rep,
+            "exit": self.exit,
+            "wall_s": self.wall_s,
+            "resumed": self.resumed,
+            "cases": self.cases,
+            "detected": self.detected,
+            "named_right": self.named_right,
+            "unstable_cases": list(self.unstable_cases),
+            "names": list(self.names),
+            "slower_cases": [c.__dict__ | {"metrics": list(c.metrics), "gated": list(c.gated)}
+                             for c in self.slower_cases],
+            "judged": [[m.to_json() for m in case] for case in self.judged],
+        }  # fmt: skip
+
+
+@dataclass
+class Condition:
+    name: str
+    inject: str | None = None
+    hog: bool = False
+    expect: str | None = None  # the phase a detection must name (None: A/A)
+    runs: list[RunOutcome] = field(default_factory=list)
+
+    @property
+    def slower_runs(self) -> int:
+        return sum(1 for r in self.runs if r.slower_cases)
+
+    @property
+    def named_right(self) -> int:
+        return sum(1 for r in self.runs if r.slower_cases and r.named_right)
+
+    @property
+    def detected(self) -> int:
+        return sum(1 for r in self.runs if r.detected)
+
+    @property
+    def unstable_runs(self) -> int:
+        return sum(1 for r in self.runs if r.unstable_cases)
+
+
+def _of_kind(m: MetricVerdict, kind: str) -> bool:
+    """Whether ``m`` is judged with the step tolerance (``kind`` "step") or the phase one."""
+    return (spec(m.metric).tolerance == "step") == (kind == "step")
+
+
+def slower_at(judged: Judged, tolerance: float, kind: str) -> list[list[str]]:
+    """Per case, the metrics of ``kind`` ("phase" or "step", as ``Tolerances`` splits
+    them) that would be SLOWER at ``tolerance``: the verdict's own rule."""
+    out = []
+    for case in judged:
+        disturbed = case_disturbed(case)
+        out.append(
+            [
+                m.metric
+                for m in case
+                if _of_kind(m, kind)
+                and m.rejudged(tolerance, case_disturbed=disturbed) is Verdict.SLOWER
+            ]
+        )
+    return out
+
+
+def _unstable_at(case: Sequence[MetricVerdict], tol_phase: float, tol_step: float) -> bool:
+    disturbed = case_disturbed(case)
+    return any(
+        m.rejudged(tol_step if _of_kind(m, "step") else tol_phase, case_disturbed=disturbed)
+        is Verdict.UNSTABLE
+        for m in case
+    )
+
+
+def judge_run(
+    cases: Sequence[JudgedCase], expect: str | None, tol_phase: float, tol_step: float
+) -> RunOutcome:
+    """One run's compared cases judged by the verdict rule from their stored metrics at
+    ``tol_phase`` (phases) and ``tol_step`` (step); ``expect`` is the metric a detection
+    must name (None: an A/A run)."""
+    compared = [c for c in cases if c.verdict not in _UNCOMPARED]
+    judged: Judged = tuple(c.metrics for c in compared)
+    slower, unstable = [], []
+    for case, metrics in zip(compared, judged):
+        bad = (
+            slower_at((metrics,), tol_phase, "phase")[0]
+            + slower_at((metrics,), tol_step, "step")[0]
+        )
+        if bad:
+            changes = {m.metric: abs(m.change) for m in metrics}
+            # The culprit as the report names it: a phase first, then by size of change.
+            head = min(bad, key=lambda m: (m not in ALL_PHASES, -changes[m]))
+            gated = tuple(m.metric for m in metrics)
+            slower.append(SlowCase(case.key, head, tuple(bad), gated))
+        elif _unstable_at(metrics, tol_phase, tol_step):
+            unstable.append(case.key)
+    detected = bool(expect) and any(expect in c.metrics for c in slower)
+    # Attribution: the injected phase is named and no failing case blames another phase.
+    # A case failing on its step alone (the injected phase grew, but less than the
+    # tolerance there) blames no phase; its "where the time went" line names the phase.
+    wrong = [c for c in slower if c.head in ALL_PHASES and c.head != expect]
+    return RunOutcome(
+        slower_cases=tuple(slower),
+        unstable_cases=tuple(unstable),
+        detected=detected,
+        named_right=detected and not wrong,
+        cases=len(cases),
+        judged=judged,
+        names=tuple(f"{c.test.rsplit('::', 1)[-1]} {c.key}" for c in compared),
+    )  # fmt: skip
+
+
+def sweep(conds: list[Condition], tolerances: list[float], kind: str) -> list[dict[str, Any]]:
+    """Failed runs and detections each tolerance would have given on the same runs."""
+    rows = []
+    for tol in tolerances:
+        row: dict[str, Any] = {"tolerance": tol}
+        for c in conds:
+            fails = detect = 0
+            for r in c.runs:
+                per_case = slower_at(r.judged, tol, kind)
+                if any(per_case):
+                    fails += 1
+                if c.expect and any(c.expect in bad for bad in per_case):
+                    detect += 1
+            row[c.name] = {"failed": fails, "detected": detect, "runs": len(c.runs)}
+        rows.append(row)
+    return rows
+
+
+def outcome_at(
+    judged: Judged, tol_phase: float, tol_step: float, expect: str | None
+) -> tuple[bool, bool, bool]:
+    """One run re-judged at a pair of tolerances, as ``judge_report`` judges it: whether
+    it fails, whether a failing case names ``expect``, and whether a case that does not
+    fail is UNSTABLE."""
+    failed = detected = unstable = False
+    for case in judged:
+        bad = slower_at((case,), tol_phase, "phase")[0] + slower_at((case,), tol_step, "step")[0]
+        if bad:
+            failed = True
+            detected = detected or (expect is not None and expect in bad)
+        elif _unstable_at(case, tol_phase, tol_step):
+            unstable = True
+    return failed, detected, unstable
+
+
+#: The pairs of tolerances the calibration re-judges its runs at (phases, step).
+PAIR_GRID = tuple(
+    (round(0.01 * p, 2), st) for p in range(3, 8) for st in (0.05, 0.08, 0.10, 0.15, 0.25)
+)
+
+
+def pair_sweep(conds: list[Condition]) -> list[dict[str, Any]]:
+    """Per pair of tolerances in ``PAIR_GRID``, every condition's failed, detected and
+    UNSTABLE runs: the table defaults are chosen from (false alarms, detection and
+    undecided runs at once)."""
+    rows = []
+    for tp, ts in PAIR_GRID:
+        row: dict[str, Any] = {"tolerance": tp, "step_tolerance": ts}
+        for c in conds:
+            outs = [outcome_at(r.judged, tp, ts, c.expect) for r in c.runs]
+            row[c.name] = {
+                "failed": sum(f for f, _, _ in outs),
+                "detected": sum(d for _, d, _ in outs),
+                "unstable": sum(u for _, _, u in outs),
+                "runs": len(outs),
+            }
+        rows.append(row)
+    return rows
+
+
+def recommend(rows: list[dict[str, Any]], conds: list[Condition]) -> float | None:
+    """Smallest tolerance with at most 1 false alarm per 20 A/A runs (hog runs included)."""
+    for row in rows:
+        if all(row[c.name]["failed"] <= len(c.runs) // 20 for c in conds if c.expect is None):
+            return float(row["tolerance"])
+    return None
+
+
+def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
+    """Per case and metric that was UNSTABLE in any run of ``cond`` (at the tolerance the
+    run used): in how many, and the medians of its noise, of the part from this run's
+    blocks (``within``, what more steps shrink) and of the part between server processes
+    (``sqrt(noise^2 - within^2)``, what only more processes shrink): why, case by case."""
+    groups: dict[tuple[str, str], list[MetricVerdict]] = {}
+    for run in cond.runs:
+        for name, case in zip(run.names, run.judged):
+            disturbed = case_disturbed(case)
+            for m in case:
+                if m.rejudged(m.tolerance, case_disturbed=disturbed) is Verdict.UNSTABLE:
+                    groups.setdefault((name, m.metric), []).append(m)
+    rows = []
+    for (name, metric), ms in groups.items():
+        noise = [
+            (n, m.within)
+            for m in ms
+            if m.within is not None and math.isfinite(n := m.noise_at(m.tolerance))
+        ]
+        rows.append({
+            "case": name, "metric": metric, "unstable": len(ms), "runs": len(cond.runs),
+            "tolerance": ms[0].tolerance,
+            "noise": _median([n for n, _ in noise]),
+            "within": _median([w for _, w in noise]),
+            "between": _median([math.sqrt(max(n**2 - w**2, 0.0)) for n, w in noise]),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (-r["unstable"], r["case"], r["metric"]))
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def smallest_detected(conds: list[Condition]) -> str | None:
+    """The smallest injected phase factor detected in at least 95% of its runs."""
+    smallest: tuple[str, float] | None = None
+    for c in conds:
+        if not (c.inject and c.expect in ALL_PHASES and c.expect != UNACCOUNTED and c.runs):
+            continue
+        if c.detected / len(c.runs) >= 0.95:
+            f = float(c.inject.split("=")[1])
+            if smallest is None or f < smallest[1]:
+                smallest = (c.inject, f)
+    return smallest[0] if smallest else None
+
+
+def detects(expect: str | None, kind: str) -> bool:
+    """Whether a sweep table of ``kind`` counts detections of ``expect`` (its metric is
+    judged at that kind's tolerance) rather than failed runs."""
+    return expect is not None and kind == "phase" and spec(expect).tolerance == "phase"

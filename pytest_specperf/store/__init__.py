@@ -1,0 +1,1 @@
+"""Files: baseline YAML (lock, atomic write), the case-JSON report, history runs."""
