@@ -2,7 +2,13 @@
 
 Each measurement is a *part*: its result (or its error) is written to the step's JSON as
 soon as it is known, so a step stopped by its time limit keeps what it measured.
-Parts run in order of importance (issue 15's five measurements first).
+Parts run in order of importance (issue 15's five measurements first). The parts that run
+``torch.profiler`` (kernels against spans, the small CUDA trace) are a step of their own,
+``profile``, which runs after every other measurement: a profiler that hangs (CUPTI and
+graph replays) loses only itself. ``SPECPERF_KERNEL_EVERY=0`` skips them (the fallback).
+
+Every CUDA-only call goes through a side (``gpu_check_device``): the GPU, or the CPU
+rehearsal's named stand-ins.
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import math
 import os
 import shutil
 import statistics
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_check import Results
+from gpu_check_device import Cuda
 
 CTXS = (32768, 46000)
 HEAD_CTX = 46000
@@ -31,7 +37,8 @@ COPY_BYTES = 4 << 30
 GPM_SECONDS = 1.2
 LOAD_SECONDS = 10.0
 CANARY_STEPS = 30
-DEVICE = "cuda:0"
+#: The kernel-sampling switch of the plugin's servers; 0 also skips the ``profile`` step.
+KERNEL_EVERY_ENV = "SPECPERF_KERNEL_EVERY"
 
 
 # -- small helpers ---------------------------------------------------------------------------
@@ -94,18 +101,19 @@ class Nvml:
         }
 
 
-def calibrate_with_clock(nv: Nvml) -> dict[str, Any]:
+def calibrate_with_clock(nv: Nvml, side: Cuda) -> dict[str, Any]:
     """The canary's ``_sleep`` calibration now, beside NVML's SM clock."""
-    from pytest_specperf.probe.inject import CudaSleep
-
     before = nv.sm_clock()
-    cpn = CudaSleep(DEVICE).calibrate()
-    return {
+    cpn = side.sleep_calibration()
+    out = {
         "cycles_per_ns": cpn,
-        "implied_sm_clock_mhz": round(cpn * 1e3, 1),
+        "implied_sm_clock_mhz": None if cpn is None else round(cpn * 1e3, 1),
         "nvml_sm_clock_mhz_before": before,
         "nvml_sm_clock_mhz_after": nv.sm_clock(),
     }
+    if cpn is None:
+        out["stand_in"] = "sleep-calibration"
+    return out
 
 
 def device_info() -> Any:
@@ -123,39 +131,7 @@ def peak_of(dev: Any) -> Any:
 # -- telemetry truth -------------------------------------------------------------------------
 
 
-def copy_rate(nbytes: int, seconds: float, window: Any = None) -> dict[str, Any]:
-    """Device-to-device copies of ``nbytes`` back to back for about ``seconds`` (one
-    enqueue, one wait), timed with CUDA events; ``window``: a context to run them in."""
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    dst.copy_(src)
-    end.record()
-    end.synchronize()
-    one_s = start.elapsed_time(end) / 1e3
-    n = max(1, math.ceil(seconds / max(one_s, 1e-6)))
-    with window if window is not None else contextlib.nullcontext():
-        start.record()
-        for _ in range(n):
-            dst.copy_(src)
-        end.record()
-        end.synchronize()
-    s = start.elapsed_time(end) / 1e3
-    del src, dst
-    return {
-        "copy_bytes": nbytes,
-        "copies": n,
-        "seconds": s,
-        "copy_gb_per_s": n * nbytes / s / 1e9,
-        "moved_gb_per_s": 2 * n * nbytes / s / 1e9,  # read + write
-    }
-
-
-def copy_vs_gpm(dev: Any, peak: Any) -> dict[str, Any]:
+def copy_vs_gpm(dev: Any, peak: Any, side: Cuda) -> dict[str, Any]:
     """A 4 GB copy's bandwidth against GPM DRAM_BW_UTIL over the same >= 1 s window."""
     from pytest_specperf.telemetry import TelemetrySampler
     from pytest_specperf.telemetry.summary import DRAM_UTIL
@@ -163,7 +139,7 @@ def copy_vs_gpm(dev: Any, peak: Any) -> dict[str, Any]:
     sampler = TelemetrySampler(dev.nvml_index or 0, uuid=dev.uuid)
     sampler.start()
     try:
-        rate = copy_rate(COPY_BYTES, GPM_SECONDS, window=sampler.window())
+        rate = side.copy_rate(COPY_BYTES, GPM_SECONDS, window=sampler.window())
     finally:
         summary = sampler.stop()
     dram = summary.median(DRAM_UTIL)
@@ -177,10 +153,10 @@ def copy_vs_gpm(dev: Any, peak: Any) -> dict[str, Any]:
     return out
 
 
-def telemetry_step(out: Path, config: str) -> int:
+def telemetry_step(out: Path, side: Cuda) -> int:
     """NVML identity, peak bandwidth, throttle reasons and processes, the ``_sleep``
     calibration at idle, and a 4 GB copy against GPM."""
-    res = Results(out / "telemetry.json")
+    res = Results(out / "telemetry.json", side=side)
     dev = device_info()
     res.put("identity", dev.to_dict())
     peak = peak_of(dev)
@@ -189,8 +165,8 @@ def telemetry_step(out: Path, config: str) -> int:
     nv = Nvml(dev.nvml_index or 0)
     res.put("nvml", {"available": nv.nv is not None, "reason": nv.reason})
     res.part("idle_state", nv.state)
-    res.part("sleep_calibration_idle", calibrate_with_clock, nv)
-    res.part("copy_vs_gpm", copy_vs_gpm, dev, peak)
+    res.part("sleep_calibration_idle", calibrate_with_clock, nv, side)
+    res.part("copy_vs_gpm", copy_vs_gpm, dev, peak, side)
     res.part("state_after_copy", nv.state)
     return 0
 
@@ -292,22 +268,22 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def graphs_vs_eager(eng: Any) -> dict[str, Any]:
+def graphs_vs_eager(eng: Any, side: Cuda) -> dict[str, Any]:
     """Same seeds through graphs and eagerly: output ids, counts, capture time, memory."""
-    import torch
-
     out: dict[str, Any] = {}
     for ctx in CTXS:
-        mem0 = torch.cuda.memory_reserved(eng.device)
-        first, recs1 = decode(eng, ctx, 96, seed=7)
-        mem1 = torch.cuda.memory_reserved(eng.device)
-        again, recs2 = decode(eng, ctx, 96, seed=7)
+        mem0 = side.memory_reserved()
+        run_ctx, new = side.ctx(ctx), side.work(96)
+        first, recs1 = decode(eng, run_ctx, new, seed=7)
+        mem1 = side.memory_reserved()
+        again, recs2 = decode(eng, run_ctx, new, seed=7)
         graphs, eng.graphs = eng.graphs, None
         try:
-            eager, recs_e = decode(eng, ctx, 96, seed=7)
+            eager, recs_e = decode(eng, run_ctx, new, seed=7)
         finally:
             eng.graphs = graphs
         out[str(ctx)] = {
+            "context_run": run_ctx,
             "identical_output_ids": first.output_ids == again.output_ids == eager.output_ids,
             "first_divergence": first_divergence(first.output_ids, eager.output_ids),
             "counts_first_run": graph_counts(recs1),
@@ -372,19 +348,22 @@ def save_trace(prof: Any, path: Path) -> dict[str, Any]:
     return trace
 
 
-def profiled_decode(eng: Any, ctx: int, new: int, path: Path) -> tuple[list[Any], dict[str, Any]]:
-    from torch.profiler import ProfilerActivity, profile
+def profiled_decode(
+    eng: Any, ctx: int, new: int, path: Path, side: Cuda
+) -> tuple[list[Any], dict[str, Any]]:
+    from torch.profiler import profile
 
-    with probe_swapped(eng, annotating_probe()):
+    with probe_swapped(eng, annotating_probe(use_cuda=side.use_cuda)):
         decode(eng, ctx, new, seed=5)  # warm (graphs for this bucket)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=side.profiler_activities()) as prof:
             _, recs = decode(eng, ctx, new, seed=5)
     return recs, save_trace(prof, path)
 
 
-def kernels_vs_spans(eng: Any, out: Path) -> dict[str, Any]:
+def kernels_vs_spans(eng: Any, out: Path, side: Cuda) -> dict[str, Any]:
     """Per phase: CUDA-event span vs kernel sum and kernel union over ~10 steps at 46k."""
-    recs, trace = profiled_decode(eng, HEAD_CTX, 1 + 10 * 3, out / "traces/engine-46k.json.gz")
+    path = out / f"traces/{'cpu-rehearsal' if side.rehearsal else 'engine'}-46k.json.gz"
+    recs, trace = profiled_decode(eng, side.ctx(HEAD_CTX), 1 + side.work(10) * 3, path, side)
     return kernels_and_spans(trace, recs)
 
 
@@ -415,11 +394,9 @@ def kernels_and_spans(trace: dict[str, Any], recs: list[Any]) -> dict[str, Any]:
     }
 
 
-def sync_census(eng: Any, steps: int = 3) -> dict[str, Any]:
+def sync_census(eng: Any, side: Cuda, steps: int = 3) -> dict[str, Any]:
     """``torch.cuda.set_sync_debug_mode("warn")`` around the first ``steps`` decode steps:
     every synchronizing call inside a step, by source line."""
-    import torch
-
     done = [0]
     original = eng._step_dflash if eng.algorithm == "DFLASH" else eng._step_greedy
     fetches0 = eng._d2h.fetches
@@ -428,18 +405,18 @@ def sync_census(eng: Any, steps: int = 3) -> dict[str, Any]:
         if done[0] >= steps:
             return original(batch)
         done[0] += 1
-        torch.cuda.set_sync_debug_mode("warn")
+        side.sync_debug_mode("warn")
         try:
             return original(batch)
         finally:
-            torch.cuda.set_sync_debug_mode(0)
+            side.sync_debug_mode(0)
 
     name = "_step_dflash" if eng.algorithm == "DFLASH" else "_step_greedy"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         setattr(eng, name, watched)
         try:
-            decode(eng, HEAD_CTX, 1 + steps * eng.block, seed=9)
+            decode(eng, side.ctx(HEAD_CTX), 1 + steps * eng.block, seed=9)
         finally:
             delattr(eng, name)
     sites = Counter(f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:120]}"
@@ -449,24 +426,50 @@ def sync_census(eng: Any, steps: int = 3) -> dict[str, Any]:
             "expected": "0 warnings; read_backs = steps run (the accept phase's one read)"}
 
 
-def engine_step(out: Path, config: str) -> int:
-    """Build the engine once and run every engine part (see the module docstring)."""
+def build_engine(side: Cuda, res: Results) -> Any:
+    """The check's engine (``side.config`` on ``side.device``), its build time recorded."""
     from pytest_specperf.engines.reference.config import get_config
     from pytest_specperf.engines.reference.engine import Engine
     from pytest_specperf.probe import StepProbe
 
-    res = Results(out / "engine.json")
     t0 = time.monotonic()
-    eng = Engine(get_config(config), device=DEVICE, probe=StepProbe(None, use_cuda=True))
+    eng = Engine(
+        get_config(side.config),
+        device=side.device,
+        probe=StepProbe(None, use_cuda=side.use_cuda),
+        graph_capture=side.capture(),
+    )
     res.put("build", {"s": round(time.monotonic() - t0, 3), "fingerprint": eng.fingerprint(),
                       "kv_read": eng.kv_read_model(), "pool_tokens": eng.pool_tokens})
-    for key, fn, args in engine_parts(eng, out):
+    return eng
+
+
+def engine_step(out: Path, side: Cuda) -> int:
+    """Build the engine once and run every engine part (see the module docstring)."""
+    res = Results(out / "engine.json", side=side)
+    eng = build_engine(side, res)
+    for key, fn, args in engine_parts(eng, side):
         res.part(key, fn, *args)
     res.put("engine_info", eng.info())
     return 0
 
 
-def engine_parts(eng: Any, out: Path) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+def profile_step(out: Path, side: Cuda) -> int:
+    """The profiler parts, last of all: kernels against spans at 46k, a small CUDA trace.
+    ``SPECPERF_KERNEL_EVERY=0`` skips them (the fallback when the profiler hangs)."""
+    res = Results(out / "profile.json", side=side)
+    if os.environ.get(KERNEL_EVERY_ENV, "").strip() == "0":
+        why = f"skipped: {KERNEL_EVERY_ENV}=0 (no profiler in this run)"
+        print(f"gpu-check: profile {why}", flush=True)
+        res.put("skipped", why)
+        return 0
+    eng = build_engine(side, res)
+    for key, fn, args in profile_parts(eng, out, side):
+        res.part(key, fn, *args)
+    return 0
+
+
+def engine_parts(eng: Any, side: Cuda) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
     from gpu_check_canaries import (
         canary_host_stall,
         canary_verify,
@@ -474,25 +477,34 @@ def engine_parts(eng: Any, out: Path) -> list[tuple[str, Callable[..., Any], tup
         layouts,
         load_and_calibration,
         probe_on_off,
-        small_trace,
     )
 
     return [
-        ("graphs_vs_eager", graphs_vs_eager, (eng,)),
-        ("logits_graph_vs_eager", logits_diff, (eng, HEAD_CTX)),
-        ("kernels_vs_spans", kernels_vs_spans, (eng, out)),
-        ("sync_census", sync_census, (eng,)),
-        ("load_and_sleep_calibration", load_and_calibration, (eng,)),
-        ("canary_verify", canary_verify, (eng,)),
-        ("canary_host_stall", canary_host_stall, (eng,)),
-        ("layouts_and_bandwidth", layouts, (eng,)),
-        ("probe_on_off", probe_on_off, (eng,)),
-        ("small_cuda_trace", small_trace, (eng, out)),
-        ("dflash_vs_none", dflash_vs_none, (eng,)),
+        ("graphs_vs_eager", graphs_vs_eager, (eng, side)),
+        ("logits_graph_vs_eager", logits_diff, (eng, side.ctx(HEAD_CTX))),
+        ("sync_census", sync_census, (eng, side)),
+        ("load_and_sleep_calibration", load_and_calibration, (eng, side)),
+        ("canary_verify", canary_verify, (eng, side)),
+        ("canary_host_stall", canary_host_stall, (eng, side)),
+        ("layouts_and_bandwidth", layouts, (eng, side)),
+        ("probe_on_off", probe_on_off, (eng, side)),
+        ("dflash_vs_none", dflash_vs_none, (eng, side)),
     ]
 
 
-STEPS: dict[str, Callable[[Path, str], int]] = {
+def profile_parts(
+    eng: Any, out: Path, side: Cuda
+) -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+    from gpu_check_canaries import small_trace
+
+    return [
+        ("kernels_vs_spans", kernels_vs_spans, (eng, out, side)),
+        ("small_cuda_trace", small_trace, (eng, out, side)),
+    ]
+
+
+STEPS: dict[str, Callable[[Path, Cuda], int]] = {
     "telemetry": telemetry_step,
     "engine": engine_step,
+    "profile": profile_step,
 }

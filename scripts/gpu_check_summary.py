@@ -3,7 +3,8 @@
 Reads what the steps left under ``OUT`` (any may be missing or partial) and writes
 ``summary.json`` and ``summary.txt``: the goals of the first GPU run, the plugin's cases,
 the canary verdicts, and the A/A and verify=1.05 arms as changes of device times against
-the recorded baseline run.
+the recorded baseline run; first, which steps finished and which were stopped at their
+limit (``steps.tsv``, written by the shell as each step ends).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gpu_check import HEADLINE, PLAN, write_json
+from gpu_check import HEADLINE, REHEARSAL_CTX, step_report, write_json
 
 ARMS_AA = ("aa1", "aa2", "aa3")
 ARMS_V105 = ("v105a", "v105b", "v105c")
@@ -39,12 +40,14 @@ def dig(data: Any, *keys: Any) -> Any:
 
 
 def headline(report: Any) -> dict[str, Any] | None:
-    for case in dig(report, "cases") or []:
-        if case.get("nodeid") == HEADLINE or (
-            case.get("context_len") == 46000 and case.get("kv_layout") == "contiguous"
-            and "test_decode" in str(case.get("test"))
-        ):
-            return dict(case)
+    """The headline case (46k contiguous decode; a rehearsal's: at ``REHEARSAL_CTX``)."""
+    for ctx in (46000, REHEARSAL_CTX):
+        for case in dig(report, "cases") or []:
+            if (ctx == 46000 and case.get("nodeid") == HEADLINE) or (
+                case.get("context_len") == ctx and case.get("kv_layout") == "contiguous"
+                and "test_decode" in str(case.get("test"))
+            ):
+                return dict(case)
     return None
 
 
@@ -132,13 +135,14 @@ def canary(report: Any) -> dict[str, Any]:
     }
 
 
-def summarize(out: Path) -> int:
+def summarize(out: Path, rehearsal: bool = False) -> int:
     record = load(out / "record.json")
     base = headline(record)
     engine = load(out / "engine.json")
     arms = {name: arm(out, name, base) for name in ARMS_AA + ARMS_V105}
     summary = {
-        "steps": {s.name: sorted(p.name for p in out.glob(f"{s.name}*.json")) for s in PLAN},
+        "rehearsal": "CPU rehearsal with stand-ins: not GPU results" if rehearsal else None,
+        "steps": step_report(out),
         "preflight": load(out / "preflight.json"),
         "telemetry": load(out / "telemetry.json"),
         "goals": goals(engine, arms),
@@ -157,7 +161,14 @@ def summarize(out: Path) -> int:
 
 
 def summary_text(s: dict[str, Any]) -> str:
-    lines = ["== goals"]
+    lines = [f"== REHEARSAL: {s['rehearsal']}"] if s.get("rehearsal") else []
+    steps = s["steps"]
+    lines.append(f"== steps finished: {', '.join(steps['finished']) or 'none'}")
+    for name, status in steps["stopped"].items():
+        lines.append(f"== step {name}: {status}")
+    if steps["not_run"]:
+        lines.append(f"== steps not run (yet): {', '.join(steps['not_run'])}")
+    lines.append("== goals")
     for name, g in s["goals"].items():
         lines.append(f"  {name:32s} {g['value']!s:>24s}  goal {g['goal']:8s} met: {g['met']}")
     lines.append("== plugin cases (record)")

@@ -8,9 +8,11 @@
 same runs would give against a baseline recorded *inline*: the first K quiet A/A runs of
 the calibration (one server process each, interleaved with the other conditions), judged
 by the plugin's own rule (``judging.verdict.judge_runs``, every gate the run was judged
-on). Every condition's repetitions K and later are judged, so all columns cover the same
-rounds. The disturbance check (run-queue share) is not applied here, so a run with the
-CPU hog can only count more false alarms than the plugin would raise.
+on, each at its share of the run's false-alarm budget; Holm's later steps are not
+applied, so it can only count fewer SLOWER than the plugin). Every condition's
+repetitions K and later are judged, so all columns cover the same rounds. The
+disturbance check (run-queue share) is not applied here, so a run with the CPU hog
+can only count more false alarms than the plugin would raise.
 
 It prints first how far the recorded baseline sits from the quiet A/A runs (the offset
 a judged run inherits whatever its own noise), then the counts per K and tolerance pair.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from pytest_specperf.cli.calibrate import expected_metric
 from pytest_specperf.judging.baseline_schema import make_run
+from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
 from pytest_specperf.store.baselines import load_baselines
@@ -96,10 +99,15 @@ def judge(
         if rep < k:
             continue
         verdicts: list[tuple[str, Verdict]] = []
+        # the plugin's budget: the run's cases as its tests, the extension's looks, each
+        # case's gates; every A/A run of the inline baseline is a sitting of its own
+        family = Family(tests=max(1, len(cases)), looks=MAX_LOOKS)
         for key, (now, gates) in cases.items():
             base = tuple(aa[i][key][0] for i in first)
+            sittings = tuple(f"A/A rep {i}" for i in first)
+            alpha = family.gate_alpha(len(gates))
             for m in gates:
-                mv = judge_runs(m, Runs(base, (now,)), tol)
+                mv = judge_runs(m, Runs(base, (now,), base_sittings=sittings), tol, alpha=alpha)
                 if mv is not None:
                     verdicts.append((m, mv.verdict))
         n += 1

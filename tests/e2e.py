@@ -7,8 +7,7 @@ from __future__ import annotations
 #: counts its steps; tests/test_noise_e2e.py has the extension) against the ``test-box``
 #: baselines, without pytest's cache, in file order.
 SHORT_RUN = (
-    "--specperf-steps=8",
-    "--specperf-warmup-steps=2",
+    "--specperf-steps=8,warmup=2",
     "--specperf-max-time=0",
     "--specperf-device=test-box",
     "-p",

@@ -101,7 +101,7 @@ def test_gpu_without_kernel_samples_says_what_it_cannot_tell():
     f = StepFigures(step_ms=100.0, host_ms={"verify": 50.0}, device_ms={"verify": 50.0},
                     unaccounted_ms=50.0)  # fmt: skip
     (line,) = activity_lines(f)
-    assert "device activity not sampled" in line and "--specperf-kernel-every" in line
+    assert "device activity not sampled" in line and "--specperf-profile kernels=N" in line
 
 
 def cpu(**kw) -> StepFigures:

@@ -1,5 +1,5 @@
 """Attach mode end to end: what a bad URL is called (within the deadline), and canaries
-without relaunch: ``--specperf-inject`` and ``specperf calibrate --server-url`` against
+without relaunch: ``--specperf-inject`` and ``specperf calibrate --attach`` against
 one running reference server, switched through the control file in its run directory."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerCli
 
 def _attached(pytester: pytest.Pytester, url: str, *extra: str) -> pytest.RunResult:
     pytester.makepyfile(test_case=CASE)
-    return pytester.runpytest_subprocess(*ARGS, f"--specperf-server-url={url}", *extra, timeout=180)
+    return pytester.runpytest_subprocess(*ARGS, f"--specperf-attach={url}", *extra, timeout=180)
 
 
 def test_inject_reaches_an_attached_server_and_is_removed_after(pytester, server) -> None:
@@ -87,7 +87,7 @@ def test_an_injected_run_is_never_recorded_as_a_baseline(pytester, server) -> No
     pytester.makepyfile(test_case=RECORD_INJECTED)
     try:
         result = pytester.runpytest_subprocess(
-            *ARGS, f"--specperf-server-url={client.base_url}", "--specperf-update-baselines",
+            *ARGS, f"--specperf-attach={client.base_url}", "--specperf-update-baselines",
             timeout=180,
         )  # fmt: skip
     finally:
@@ -105,7 +105,7 @@ def test_calibrate_against_one_running_server(pytester, server, tmp_path) -> Non
     pytester.makepyfile(test_case=CASE)
     work, out = tmp_path / "cal", tmp_path / "cal.json"
     cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--repetitions", "1",
-           "--inject", "verify=3", "--server-url", client.base_url,
+           "--inject", "verify=3", "--attach", client.base_url,
            "--work-dir", str(work), "--json", str(out), "--", "test_case.py", *ARGS[:-1]]  # fmt: skip
     proc = subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -187,7 +187,7 @@ def url(request) -> Iterator[str]:
 def test_attach_errors_say_what_is_wrong_within_the_deadline(pytester, url, says) -> None:
     pytester.makepyfile(test_case=CASE)
     t0 = time.monotonic()
-    result = pytester.runpytest_inprocess(f"--specperf-server-url={url}", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess(f"--specperf-attach={url}", "-p", "no:cacheprovider")
     assert time.monotonic() - t0 < ATTACH_DEADLINE_S + 2
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"*specperf: cannot start the reference server: cannot attach to {url}: {says}"])

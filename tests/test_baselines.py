@@ -309,7 +309,7 @@ ENTRY = "engines: {e: {identity: {backend: reference, model: tiny, draft_model: 
         ("cases: [unclosed", "malformed YAML"),
         (
             "schema_version: 7\nengines: {}\n",
-            "schema_version is 7: this pytest-specperf reads versions 1, 2, 3. If a newer pytest-specperf wrote the file, upgrade",
+            "schema_version is 7: this pytest-specperf reads versions 1, 2, 3, 4. If a newer pytest-specperf wrote the file, upgrade",
         ),
         ("engines: {}\n", "schema_version is None"),
         ("schema_version: true\n", "schema_version is True"),

@@ -1,7 +1,8 @@
 """Migration of older baseline files on read, by ``schema_version``: v1 (one summary per
 metric and case) and v2 (every metric on its own line) files, both the development box's
 real baselines as those schemas recorded them. Every case judges exactly as it did, and
-only an update rewrites the file, as v3."""
+only an update rewrites the file, as v4 (schema 4 adds each run's sitting and host and a
+case's not_gated mark; a case's layout is v3's)."""
 
 from __future__ import annotations
 
@@ -109,9 +110,9 @@ def test_migrated_cases_judge_identically(tol):
     assert len(verdicts) >= 2  # the comparison saw more than one outcome
 
 
-def test_migrated_file_dumps_as_compact_v3(tmp_path):
+def test_migrated_file_dumps_as_compact_v4(tmp_path):
     text = dump_baselines(load_baselines(V1))
-    assert text.startswith("schema_version: 3\n")
+    assert text.startswith("schema_version: 4\n")
     lines = len(text.splitlines())
     print(
         f"\nv1 file: {len(V1.read_text().splitlines())} lines; as v3: {lines} lines (10 cases, 1 run each)"
@@ -124,14 +125,14 @@ def test_migrated_file_dumps_as_compact_v3(tmp_path):
         assert again.lookup(REF, case.test, case.key).metrics == case.metrics
 
 
-def test_only_an_update_rewrites_v1_as_v3_keeping_every_case(tmp_path, make_case):
+def test_only_an_update_rewrites_v1_as_v4_keeping_every_case(tmp_path, make_case):
     path = tmp_path / "cpu-amd-epyc-2c.yaml"
     shutil.copy(V1, path)
     old = load_baselines(path)
     result = write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
     assert result.case_count() == 11 and result.notes == ()
     new = load_baselines(path)
-    assert new.version == 3
+    assert new.version == 4
     for case in old.all_cases():
         kept = new.lookup(REF, case.test, case.key)
         assert kept.metrics == case.metrics and kept.runs == case.runs
@@ -192,17 +193,17 @@ def _entry_sizes(text: str) -> list[tuple[int, int]]:
     return list(zip(runs, sizes))
 
 
-def test_the_v2_file_loads_as_it_is_and_dumps_as_v3_with_every_value(tmp_path):
+def test_the_v2_file_loads_as_it_is_and_dumps_as_v4_with_every_value(tmp_path):
     before = V2.read_bytes()
     old = load_baselines(V2)
     assert old.version == 2 and old.case_count() == 10 and old.problems() == []
     assert V2.read_bytes() == before  # reading never rewrites
     text = dump_baselines(old)
-    assert text.startswith("schema_version: 3\n")
+    assert text.startswith("schema_version: 4\n")
     path = tmp_path / "v3.yaml"
     path.write_text(text)
     new = load_baselines(path)
-    assert new.version == 3 and new.problems() == []
+    assert new.version == 4 and new.problems() == []
     for case in old.all_cases():
         again = new.lookup(REF, case.test, case.key)
         assert again.runs == case.runs and again.steps == case.steps, case.key
@@ -223,7 +224,7 @@ def test_v2_cases_judge_identically_after_an_update_rewrote_them(tmp_path, make_
     old = load_baselines(path)
     write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
     new = load_baselines(path)
-    assert new.version == 3 and new.case_count() == 11
+    assert new.version == 4 and new.case_count() == 11
     for case in old.all_cases():
         kept = new.lookup(REF, case.test, case.key)
         now = {m: _scaled(s, 1.3 if m.startswith("verify") else 1.0)

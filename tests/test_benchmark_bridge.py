@@ -137,7 +137,7 @@ def test_specperf_compare_and_history_read_the_storage(saved, tmp_path):
     from pytest_specperf.__main__ import main
 
     out = subprocess.run([sys.executable, "-m", "pytest_specperf", "compare", "0001", "0002",
-                          "--tolerance", "0.9", "--step-tolerance", "0.95"],
+                          "--tolerance", "0.9,step=0.95"],
                          cwd=saved, capture_output=True, text=True, timeout=120)  # fmt: skip
     # two real runs on a shared machine: SLOWER is possible, and then the exit status is 1
     assert out.returncode == (1 if "SLOWER" in out.stdout else 0), out.stdout + out.stderr

@@ -83,13 +83,14 @@ def test_budget_keywords_and_ini_twins(pytester):
     pytester.makeini(
         textwrap.dedent("""
         [pytest]
-        specperf_max_step_ms = 250
-        specperf_min_active_share = 30%
-        specperf_kernel_every = 8
+        specperf_budgets =
+            max_step_ms=250
+            min_active_share=30%
+        specperf_profile = kernels=8
     """)
     )
     pytester.makepyfile(MARKED.format(marker="min_active_share='60%', min_tokens_per_s=20"))
-    result = pytester.runpytest("-s", "--specperf-min-accept-len=2")
+    result = pytester.runpytest("-s", "--specperf-budget=min_accept_len=2")
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         [
@@ -105,14 +106,15 @@ def test_budget_keywords_and_ini_twins(pytester):
         ((), "min_active_share='lots'", "*min_active_share 'lots' must be a share in (0, 1]*"),
         ((), "max_step_ms=0", "*max_step_ms 0 must be a positive number*"),
         (
-            ("--specperf-max-step-ms=abc",),
+            ("--specperf-budget=max_step_ms=abc",),
             "",
-            "*--specperf-max-step-ms: invalid value 'abc'; expected a positive number*",
+            "*--specperf-budget: invalid value 'max_step_ms=abc': max_step_ms 'abc' is not a "
+            "positive number*",
         ),
         (
-            ("--specperf-kernel-every=-1",),
+            ("--specperf-profile=kernels=-1",),
             "",
-            "*--specperf-kernel-every: invalid value '-1'; expected an integer in [[]0, *",
+            "*--specperf-profile: invalid value 'kernels=-1': kernels -1 is not in [[]0, *",
         ),
     ],
 )

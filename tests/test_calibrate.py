@@ -149,11 +149,40 @@ def test_table_is_readable():
     (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
     (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR (or all=FACTOR) per --inject"),
     (["calibrate", "--host-stall-share", "-0.1"], "--host-stall-share -0.1: must be in [0, 5)"),
-    (["calibrate", "--server-url", "ftp://h:1"], "--server-url: server URL 'ftp://h:1' must look like"),
 ])
 def test_cli_errors(capsys, argv, message):
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--attach", "ftp://h:1"], "argument --attach: invalid value 'ftp://h:1': server URL "
+     "'ftp://h:1' must look like"),
+    (["--tolerance", "seven"], "argument --tolerance: invalid value 'seven': phase 'seven' is "
+     "not a fraction in (0, 1); expected PHASE[,step=STEP]"),
+    (["--processes", "0"], "argument --processes: invalid value '0': processes 0 is not in [1, 16]"),
+    (["--max-time", "-1"], "argument --max-time: invalid value '-1': out of range; expected seconds"),
+    (["--step-tolerance", "5%"], "argument --step-tolerance: was replaced by --tolerance "
+     "PHASE[,step=STEP]"),
+    (["--server-url", "http://127.0.0.1:3"], "argument --server-url: was replaced by --attach URL"),
+])
+def test_cli_values_are_parsed_by_the_shared_parsers(capsys, argv, message):
+    """--tolerance, --attach, --processes, --max-time: the plugin's parsers, as argparse's
+    type=, so the error names the flag; the old spellings name the new one."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["calibrate", *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tolerance_and_attach_reach_every_run_in_the_new_spelling(tmp_path):
+    from pytest_specperf.settings import parse_attach, parse_tolerance
+
+    opts = _args(tmp_path, resume=False, tolerance=parse_tolerance("5%"),
+                 attach=parse_attach("http://127.0.0.1:3,run-dir=/tmp/r"))
+    assert opts.tolerances == (0.05, 0.25)  # the step part not given: the default
+    assert opts.run_args() == ["--specperf-tolerance=5%,step=25%",
+                               "--specperf-attach=http://127.0.0.1:3,run-dir=/tmp/r"]
 
 
 def test_host_stall_share_zero_leaves_the_stall_condition_out(tmp_path):
@@ -170,7 +199,7 @@ def _args(tmp_path, resume=True, **kw):
 
     ns = dict(repetitions=1, inject=["verify=1.10"], host_stall_share=0.2, hog=False,
               json=None, work_dir=tmp_path, resume=resume, pytest_args=[], tolerance=None,
-              step_tolerance=None, server_url=None)
+              attach=None)
     ns.update(kw)
     return CalibrateOptions.from_args(argparse.Namespace(**ns))
 
@@ -248,11 +277,6 @@ def test_run_outcome_judges_stored_metrics_by_the_current_rule():
     assert not out.slower_cases and out.unstable_cases == ("ctx=131072",)
 
 
-def test_cli_tolerance_errors(capsys):
-    assert cli.main(["calibrate", "--tolerance", "seven"]) == 2
-    assert "--tolerance 'seven'" in capsys.readouterr().err
-
-
 def test_unstable_is_rejudged_at_the_tolerance_too():
     wobbly = _case("ctx=32768", "UNSTABLE", [("verify", "UNSTABLE", 0.02, 0.02)])
     assert _run_outcome({"cases": [wobbly]}, None, (0.05, 0.15)).unstable_cases == ("ctx=32768",)
@@ -280,7 +304,6 @@ def test_processes_and_max_time_reach_every_run(tmp_path):
     opts = _args(tmp_path, resume=False, inject=["all=1.10"], processes=3, max_time=20.0)
     assert (opts.processes, opts.max_time) == (3, 20.0)
     assert opts.run_args() == ["--specperf-max-time=20"]
-    assert cli.main(["calibrate", "--processes", "0"]) == 2
 
 
 def test_the_baselines_process_noise_is_shown(tmp_path, make_case):

@@ -114,20 +114,20 @@ def test_baseline_size_limit_option_and_ini(pytester, flag, ini) -> None:
     if ini:
         pytester.makeini("[pytest]\nspecperf_baseline_max_mb = 0.25\n")
     args = ["--specperf-device=test-box", "-p", "no:cacheprovider"]
-    result = pytester.runpytest_inprocess(*args, *(["--specperf-baseline-max-mb=0.25"] if flag else []))
+    result = pytester.runpytest_inprocess(*args, *(["-o", "specperf_baseline_max_mb=0.25"] if flag else []))
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*test-box.yaml: is 0.3 MiB, over the 0.25 MiB limit for a baseline "
-                                 "file*raise the limit with --specperf-baseline-max-mb=<MiB>*"])  # fmt: skip
-    result = pytester.runpytest_inprocess(*args, "--specperf-baseline-max-mb=1")
+                                 "file*raise the limit with -o specperf_baseline_max_mb=<MiB>*"])  # fmt: skip
+    result = pytester.runpytest_inprocess(*args, "-o", "specperf_baseline_max_mb=1")
     assert "over the" not in result.stdout.str()  # read under the raised limit
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "lots", "nan", "inf", "70000"])
 def test_bad_baseline_size_limits_are_usage_errors(pytester, value) -> None:
     pytester.makepyfile("def test_x(): pass")
-    result = pytester.runpytest_inprocess(f"--specperf-baseline-max-mb={value}")
+    result = pytester.runpytest_inprocess("-o", f"specperf_baseline_max_mb={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--specperf-baseline-max-mb: invalid value '{value}'; expected "
+    result.stderr.fnmatch_lines([f"*ini option specperf_baseline_max_mb: invalid value '{value}'; expected "
                                  "a size in MiB in (0, 65536], e.g. 32*"])  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def test_decode(specperf):
 def test_an_update_over_the_limit_writes_nothing(pytester) -> None:
     pytester.makepyfile(test_case=DECODE)
     result = pytester.runpytest_subprocess(
-        "--specperf-update-baselines", "--specperf-baseline-max-mb=0.001",
+        "--specperf-update-baselines", "-o", "specperf_baseline_max_mb=0.001",
         "--specperf-device=test-box", "-p", "no:cacheprovider", timeout=180,
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED

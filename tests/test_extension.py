@@ -78,6 +78,19 @@ def test_the_budget_stops_the_rounds(make_run, undecided, monkeypatch):
     assert clock.t == 20.0
 
 
+def test_the_looks_stop_at_the_false_alarm_budgets_count(make_run, undecided, monkeypatch):
+    """The run's false-alarm budget was split over MAX_LOOKS looks per case
+    (judging.significance): a case still undecided after them stops, whatever the time."""
+    from pytest_specperf.judging.significance import MAX_LOOKS
+
+    clock = FakeClock(1.0)
+    monkeypatch.setattr("pytest_specperf.plugin.fixtures.time.monotonic", lambda: clock.t)
+    decoder = FakeDecoder(make_run, clock, round_s=1.0)
+    undecided += [["verify"]] * 20
+    _handle(600.0)._extend(None, [decoder], clock)
+    assert decoder.rounds == MAX_LOOKS == 4
+
+
 @pytest.mark.parametrize(("max_time", "update"), [(0.0, False), (60.0, True)])
 def test_no_rounds_without_a_budget_or_when_recording(make_run, undecided, max_time, update):
     decoder = FakeDecoder(make_run, FakeClock(1.0))

@@ -9,20 +9,26 @@ import random
 import pytest
 
 from pytest_specperf.judging.noise import (
-    PRIOR_RUNS,
+    CURRENT_SITTING,
+    LEGACY_SITTING,
+    NO_PRIOR,
+    PROVISIONAL_PRIOR,
+    LevelPrior,
     RunBlocks,
     anova_between,
+    level_estimate,
     log_rows,
+    pooled,
     relative_noise,
-    shrunk_between,
+    sitting_coefficient,
 )
+from pytest_specperf.judging.significance import Family, critical
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import (
     MetricVerdict,
     Runs,
     Tolerances,
     Verdict,
-    between_prior,
     decide,
     judge_metric,
     judge_runs,
@@ -30,12 +36,20 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.store.baselines import utc_now
 
+#: The provisional prior of the phases' forms: tau0 1.2% (4 df), sitting 1.1% (6 df).
+PHASE = PROVISIONAL_PRIOR.phase
 
-def run_of(logs_pct, value_pct=None):
+
+def prior(between=0.0, sitting=0.0, df=math.inf):
+    """A level prior of known (infinite df) or weak variances, for tests of one level."""
+    return LevelPrior(between, df, sitting, df)
+
+
+def run_of(logs_pct, value_pct=None, sitting=None):
     """A run from its log block centers in percent (ln x * 100): the README's units."""
     blocks = tuple(math.exp(x / 100) for x in logs_pct)
     center = sum(logs_pct) / len(logs_pct) if value_pct is None else value_pct
-    return RunBlocks(math.exp(center / 100), blocks)
+    return RunBlocks(math.exp(center / 100), blocks, sitting=sitting)
 
 
 def summary_of(logs_pct, n=16):
@@ -43,8 +57,8 @@ def summary_of(logs_pct, n=16):
     return Summary.compact(r.value, r.blocks, n)
 
 
-# The README's worked example ("Noise between server processes"): block effects BETA, a
-# residual pattern E (rows and columns sum to zero), process effects that agree or not.
+# The worked example of docs/statistics.md: block effects BETA, a residual pattern E (rows
+# and columns sum to zero), process effects that agree or not, one sitting.
 BETA = [0.0, 1.0, -0.6, 0.4]
 E = [[0.1, -0.1, 0.0, 0.0], [-0.1, 0.1, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
 NOW = [b + 6.0 + x for b, x in zip(BETA, [0.2, -0.2, 0.1, -0.1])]  # 6.2 6.8 5.5 6.3
@@ -54,39 +68,79 @@ def _baseline(process_effects):
     return [[BETA[j] + u + E[i][j] for j in range(4)] for i, u in enumerate(process_effects)]
 
 
-def test_readme_worked_example_runs_that_agree():
+def test_worked_example_one_sitting_against_the_provisional_prior():
     base = _baseline([-0.3, 0.6, -0.3])
     assert [[round(x, 1) for x in r] for r in base] == [
         [-0.2, 0.6, -0.9, 0.1], [0.5, 1.7, 0.0, 1.0], [-0.3, 0.7, -0.9, 0.1]]  # fmt: skip
-    noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=0.05 / 6)
+    noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=PHASE)
     # MS_runs = 4 * var(-0.1, 0.8, -0.1) = 1.08; MS_blocks = 0.04 / 6; tau_hat^2 = 0.2683
     assert noise.between_hat2 * 1e4 == pytest.approx((1.08 - 0.04 / 6) / 4)
-    # tau^2 = (2 * 0.8333^2 + 2 * 0.2683) / 4 = 0.4814 -> tau = 0.694%
-    assert noise.between * 100 == pytest.approx(0.694, abs=5e-4)
-    # d = 6.2 5.8 6.1 5.9: sd 0.1826, w = 0.0913%; noise^2 = w^2 + tau^2 (1 + 1/3)
+    # tau^2 = (4 * 1.2^2 + 2 * 0.2683) / 6 = 1.0494 on 6 df -> tau = 1.024%
+    assert noise.between * 100 == pytest.approx(1.0244, abs=5e-4)
+    assert noise.between_df == 6
+    # one sitting: sigma_s = the prior's 1.1% on 6 df, c_s = 1 (now) + 1 (baseline) = 2
+    assert noise.sittings == 1 and noise.sitting_hat2 is None
+    assert noise.sitting * 100 == pytest.approx(1.1) and noise.sitting_coef == 2.0
+    # d = 6.2 5.8 6.1 5.9: sd 0.1826, w = 0.0913% on 3 df
     assert noise.within * 100 == pytest.approx(0.0913, abs=5e-5)
-    assert noise.total * 100 == pytest.approx(0.806, abs=5e-4)
-    change = math.exp((6.2 - 0.2) / 100) - 1  # the centers: 6.2 now, 0.2 the baseline's
-    assert decide(change, noise.total, 0.05) is Verdict.SLOWER  # 6.2% > 5% and > 2.42%
+    # noise^2 = 0.0083 + 1.0494 * 4/3 + 1.21 * 2 = 3.8275: 1.956%
+    assert noise.total * 100 == pytest.approx(1.9564, abs=5e-4)
+    # Satterthwaite: 3.8275^2 / (0.0083^2/3 + 1.3992^2/6 + 2.42^2/6) = 11.25
+    assert noise.df == pytest.approx(11.25, abs=0.01)
+    # the change judged is the mean of d: 6.0 -> +6.18%
+    change = math.expm1(noise.log_change)
+    assert change == pytest.approx(math.exp(0.06) - 1)
+    # alone (5% one-sided): t = 1.792, band 3.51% < 6.18%: SLOWER
+    assert critical(0.05, noise.df) == pytest.approx(1.7923, abs=1e-3)
+    assert decide(change, noise.total, 0.05, z=critical(0.05, noise.df)) is Verdict.SLOWER
+    # in a run of 7 tests, 4 looks, 6 gates: alpha 0.000298, t = 4.717, band 9.23% > 5%
+    alpha = Family(tests=7, looks=4).gate_alpha(6)
+    assert alpha == pytest.approx(0.05 / 168)
+    z = critical(alpha, noise.df)
+    assert z == pytest.approx(4.717, abs=2e-3)
+    assert decide(change, noise.total, 0.05, z=z) is Verdict.UNSTABLE
 
 
-def test_readme_worked_example_runs_that_disagree():
+def test_worked_example_three_sittings_one_run_each():
+    """The same runs from three sittings: no sitting has two runs, so tau is the prior's;
+    the sittings' means (-0.1, 0.8, -0.1) vary less than tau0 alone explains, so the
+    sitting estimate is 0 on 2 df, pooled with the prior: (6 * 1.21 + 0) / 8."""
+    base = [run_of(r, sitting=s) for r, s in zip(_baseline([-0.3, 0.6, -0.3]), "abc")]
+    noise = relative_noise(base, [run_of(NOW)], prior=PHASE)
+    assert noise.between_hat2 is None and noise.between * 100 == pytest.approx(1.2)
+    assert noise.sittings == 3 and noise.sitting_hat2 == 0.0
+    assert noise.sitting**2 * 1e4 == pytest.approx(6 * 1.21 / 8)
+    assert noise.sitting_coef == pytest.approx(1 + 1 / 3)
+    assert noise.total * 100 == pytest.approx(1.7715, abs=5e-4)
+
+
+def test_worked_example_runs_that_disagree_need_processes():
     base = _baseline([-1.5, 3.0, -1.5])
-    noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=0.05 / 6)
-    assert noise.between * 100 == pytest.approx(1.929, abs=5e-4)
-    assert noise.total * 100 == pytest.approx(2.229, abs=5e-4)
+    noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=prior(df=0))
+    # a prior worth nothing: tau^2 = tau_hat^2 = (4 * 6.75 - 0.0067) / 4 = 6.748
+    assert noise.between**2 * 1e4 == pytest.approx(6.748, abs=1e-3)
     change = math.exp(0.06) - 1
-    assert decide(change, noise.total, 0.05) is Verdict.UNSTABLE  # band 6.69% > 5%
+    assert decide(change, noise.total, 0.05) is Verdict.UNSTABLE  # 3 x 3.0% > 5%
     assert noise.rounds_for(change / 3) is None  # more steps cannot decide it
-    assert noise.processes_for(change / 3) == 2
+    assert noise.processes_for(change / 3) == 4
 
 
-def test_one_run_against_one_is_the_paired_noise_plus_the_prior():
+def test_one_run_against_one_is_the_paired_noise_plus_the_priors():
     base, now = [0.0, 1.2, -0.8, 0.5, 0.1, -0.3], [0.4, 1.3, -0.9, 0.9, 0.2, 0.1]
-    noise = relative_noise([run_of(base)], [run_of(now)], prior=0.01)
+    noise = relative_noise([run_of(base)], [run_of(now)], prior=prior(0.01, 0.02))
     assert noise.within == pytest.approx(paired_noise(summary_of(base), summary_of(now)))
-    assert noise.between == 0.01  # no evidence: the prior
-    assert noise.total**2 == pytest.approx(noise.within**2 + 2 * 0.01**2)
+    assert noise.between == 0.01 and noise.sitting == 0.02  # no evidence: the priors
+    assert noise.total**2 == pytest.approx(noise.within**2 + 2 * 0.01**2 + 2 * 0.02**2)
+    assert noise.df > 1e6  # known priors dominate: about as sure as the normal
+    alone = relative_noise([run_of(base)], [run_of(now)], prior=prior())
+    assert alone.df == 5  # the blocks alone: 6 - 1
+
+
+def test_the_tolerance_does_not_move_the_noise():
+    """The issue's complaint: tau0 = tol/6 made a wider tolerance a wider band."""
+    b = [summary_of([0.0, 1.0, -0.6, 0.4])]
+    n = [summary_of([4.1, 5.0, 3.5, 4.3])]
+    assert judge_metric("verify", b, n, 0.03).noise == judge_metric("verify", b, n, 0.15).noise
 
 
 def _simulate(rng, runs, blocks, tau, sigma, beta_sd=0.05):
@@ -119,18 +173,51 @@ def test_runs_that_agree_narrow_the_band_and_runs_that_disagree_widen_it():
     agree = _simulate(rng, 5, 8, 0.002, 0.01)
     disagree = _simulate(rng, 5, 8, 0.04, 0.01)
     now = [run_of([x * 100 for x in agree[0]])]
-    prior = between_prior(0.05)
-    narrow = relative_noise([run_of([x * 100 for x in r]) for r in agree], now, prior=prior)
-    wide = relative_noise([run_of([x * 100 for x in r]) for r in disagree], now, prior=prior)
-    assert narrow.between < prior < wide.between
-    assert 3 * narrow.total < 0.05 < 3 * wide.total
+    p = PHASE
+    narrow = relative_noise([run_of([x * 100 for x in r]) for r in agree], now, prior=p)
+    wide = relative_noise([run_of([x * 100 for x in r]) for r in disagree], now, prior=p)
+    assert narrow.between < p.between < wide.between
+    assert narrow.total < wide.total
 
 
 def test_the_prior_fades_as_runs_accumulate():
-    assert shrunk_between(None, 1, 0.01) == 0.01**2
-    assert shrunk_between(0.0, 3, 0.01) == pytest.approx(0.01**2 * PRIOR_RUNS / (PRIOR_RUNS + 2))
-    many = shrunk_between(0.02**2, 41, 0.01)
-    assert many == pytest.approx((PRIOR_RUNS * 1e-4 + 40 * 4e-4) / (PRIOR_RUNS + 40))
+    assert pooled(None, 0, 0.01, 4) == (0.01**2, 4)
+    assert pooled(0.0, 2, 0.01, 4) == (pytest.approx(0.01**2 * 4 / 6), 6)
+    many, df = pooled(0.02**2, 40, 0.01, 4)
+    assert many == pytest.approx((4 * 1e-4 + 40 * 4e-4) / 44) and df == 44
+    assert pooled(0.02**2, 40, 0.01, math.inf) == (0.01**2, math.inf)  # a known variance
+
+
+def test_the_process_term_is_estimated_within_sittings():
+    """Two sittings 4% apart, three quiet processes each: the offset is the sittings',
+    not the processes' (pooled within sittings tau_hat is about 0), and the sitting
+    estimate recovers it (var of the two means 0.0008, less what the runs explain)."""
+    rng = random.Random(5)
+    beta = [rng.gauss(0, 0.05) for _ in range(8)]
+    rows = [[b + off + rng.gauss(0, 0.002) for b in beta] for off in (0, 0, 0, 0.04, 0.04, 0.04)]
+    labels = ["mon"] * 3 + ["tue"] * 3
+    est = level_estimate(rows, labels)
+    assert est is not None and est.between_df == 4 and est.sittings == 2
+    assert est.between_hat2 is not None and est.between_hat2 < 1e-5
+    assert est.sitting_hat2(0.0) == pytest.approx(0.04**2 / 2, rel=0.05)
+    # the same rows as one sitting: the offset would be taken for process noise
+    assert anova_between(rows) > 0.04**2 / 4
+
+
+def test_the_sitting_coefficient_of_a_comparison():
+    assert sitting_coefficient([LEGACY_SITTING] * 3, [CURRENT_SITTING]) == 2.0
+    assert sitting_coefficient(["a", "b", "c"], [CURRENT_SITTING]) == pytest.approx(4 / 3)
+    assert sitting_coefficient(["a", "a", "b", "b"], [CURRENT_SITTING]) == pytest.approx(1.5)
+    # A/B in one sitting: the offset cancels
+    assert sitting_coefficient(["x", "x"], ["x", "x", "x"]) == 0.0
+
+
+def test_an_ab_comparison_in_one_sitting_has_no_sitting_term():
+    base = [run_of([0.0, 1.0, -0.6, 0.4], sitting="s1")]
+    now = [run_of([0.2, 1.1, -0.5, 0.5], sitting="s1")]
+    noise = relative_noise(base, now, prior=prior(0.01, 0.05))
+    assert noise.sitting_coef == 0.0
+    assert noise.total**2 == pytest.approx(noise.within**2 + 2 * 0.01**2)
 
 
 def test_rounds_fold_onto_the_baseline_blocks():
@@ -147,8 +234,8 @@ def test_more_rounds_lower_only_the_current_runs_part():
     base = [run_of([(b + rng.gauss(0, 0.002)) * 100 for b in beta])]
     one = [run_of([(b + rng.gauss(0, 0.03)) * 100 for b in beta])]
     three = [run_of([(b + rng.gauss(0, 0.03)) * 100 for _ in range(3) for b in beta])]
-    n1 = relative_noise(base, one, prior=0.001)
-    n3 = relative_noise(base, three, prior=0.001)
+    n1 = relative_noise(base, one, prior=prior(0.001))
+    n3 = relative_noise(base, three, prior=prior(0.001))
     assert n1.rounds == 1 and n3.rounds == 3
     assert n3.total < n1.total
     assert n1.predicted(1) == pytest.approx(n1.total)
@@ -163,7 +250,7 @@ def test_blocks_that_do_not_pair_fall_back_to_unpaired_errors():
     a, b = summary_of([0.0, 1.0, -1.0, 0.5]), summary_of([0.0, 1.0, -1.0])
     noise = relative_noise(
         [RunBlocks(a.value, a.blocks, a.rel_se())], [RunBlocks(b.value, b.blocks, b.rel_se())],
-        prior=0.0,
+        prior=NO_PRIOR.phase,
     )  # fmt: skip
     assert not noise.paired
     assert noise.within == pytest.approx(math.hypot(a.rel_se(), b.rel_se()))
@@ -178,8 +265,16 @@ def test_history_runs_inform_the_process_noise_only():
     alone = judge_metric("verify", base, now, 0.05)
     with_calm = judge_metric("verify", base, now, 0.05, history=calm)
     with_wild = judge_metric("verify", base, now, 0.05, history=wild)
+    # history reports are sittings of their own: one run each says nothing of tau
+    # within a sitting; labelled as one nightly sitting they do
+    same = ("nightly",) * 4
+    with_calm = judge_metric("verify", base, now, 0.05, history=calm,
+                             sittings=((), (), same))  # fmt: skip
+    with_wild = judge_metric("verify", base, now, 0.05, history=wild,
+                             sittings=((), (), same))  # fmt: skip
     assert alone.change == with_calm.change == with_wild.change  # against the baseline
     assert with_calm.history_runs == 4 and with_calm.between_runs == 5
+    assert with_calm.sittings == 2  # the baseline's and the nightly one
     assert with_calm.between < alone.between < with_wild.between
     assert with_calm.verdict is Verdict.SLOWER and with_wild.verdict is Verdict.UNSTABLE
     assert with_wild.processes_to_decide is not None and with_wild.steps_to_decide is None
@@ -199,20 +294,22 @@ def test_several_processes_now_are_judged_together():
     assert "over 3 baseline runs, 3 processes" in three.describe()
 
 
-def test_a_stored_verdict_is_rejudged_with_the_prior_of_the_other_tolerance():
-    base = [summary_of([0.0, 1.0, -0.6, 0.4])]
-    now = [summary_of([4.1, 5.0, 3.5, 4.3])]
+def test_a_stored_verdict_is_rejudged_at_another_tolerance_with_its_own_noise():
+    base = [summary_of([0.0, 1.0, -0.6, 0.4, 0.2, -0.1])]
+    now = [summary_of([9.1, 10.0, 8.5, 9.3, 9.2, 8.9])]
     live = judge_metric("verify", base, now, 0.07)
     stored = MetricVerdict.from_json(live.to_json())
-    assert stored.noise_at(0.07) == pytest.approx(live.noise)
+    assert stored.noise == pytest.approx(live.noise)
+    assert stored.critical == pytest.approx(live.critical) and stored.df == pytest.approx(live.df)
     assert stored.rejudged(0.07) is live.verdict
-    # at 3% the prior is smaller (0.5% instead of 1.17%): the same rule, recomputed
-    again = judge_metric("verify", base, now, 0.03)
-    assert stored.noise_at(0.03) == pytest.approx(again.noise)
-    assert stored.rejudged(0.03) is again.verdict is Verdict.SLOWER
-    # an older report without the parts keeps its stored noise
+    for tol in (0.03, 0.12):  # the same rule at another tolerance, recomputed
+        again = judge_metric("verify", base, now, tol)
+        assert again.noise == pytest.approx(live.noise)
+        assert stored.rejudged(tol) is again.verdict
+    # an older report without the critical value keeps the rule it was judged by (3x)
     old = MetricVerdict.from_json({"metric": "verify", "change": 0.05, "noise": 0.01})
-    assert old.noise_at(0.03) == 0.01 and old.base_runs == 1 and old.rounds == 1
+    assert old.critical == 3.0 and old.base_runs == 1 and old.rounds == 1
+    assert old.rejudged(0.03) is Verdict.SLOWER
 
 
 def test_a_measurement_in_several_processes_is_recorded_as_several_runs(

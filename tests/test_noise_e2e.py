@@ -27,7 +27,7 @@ def test_decode(specperf, context_len):
 ACCEPT_CASE = CASE.replace('gate=["verify", "step"]', 'gate=["accept_len"]')
 TEST, KEY = "test_case.py::test_decode", "ctx=2048 kv=contiguous bs=1"
 ENGINE = "reference tiny DFLASH"
-ARGS = ("--specperf-steps=8", "--specperf-warmup-steps=2", "--specperf-device=test-box",
+ARGS = ("--specperf-steps=8,warmup=2", "--specperf-device=test-box",
         "-p", "no:cacheprovider", "-p", "no:randomly")  # fmt: skip
 
 
@@ -60,7 +60,7 @@ def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
     assert len(column(stored, "verify/rest")) == 3
     # an update of 2 more processes keeps the last 4
     _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
-         "--specperf-keep-runs=4").assert_outcomes(passed=1)  # fmt: skip
+         "-o", "specperf_keep_runs=4").assert_outcomes(passed=1)  # fmt: skip
     assert [r["pid"] for r in _stored(pytester)["runs"]][:2] == pids[1:]
     assert len(_stored(pytester)["runs"]) == 4
     # judged in 2 processes against the 4 runs
@@ -125,7 +125,7 @@ def test_an_undecided_case_measures_more_rounds(pytester):
     pytester.makepyfile(test_case=CASE)
     _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
     _flat_blocks(pytester)
-    result = _run(pytester, "--specperf-tolerance=0.3%", "--specperf-step-tolerance=95%",
+    result = _run(pytester, "--specperf-tolerance=0.3%,step=95%",
                   "--specperf-max-time=25", "--specperf-json=report.json")  # fmt: skip
     case = _case(pytester)
     rounds = case["runs"][0]["rounds"]
@@ -146,7 +146,7 @@ def test_no_extension_with_a_zero_budget_and_the_advice_says_so(pytester):
     pytester.makepyfile(test_case=CASE)
     _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
     _flat_blocks(pytester)
-    result = _run(pytester, "--specperf-tolerance=0.3%", "--specperf-step-tolerance=90%",
+    result = _run(pytester, "--specperf-tolerance=0.3%,step=90%",
                   "--specperf-max-time=0", "--specperf-json=report.json")  # fmt: skip
     outcomes = result.parseoutcomes()  # failed: SLOWER at 0.3%, the processes drifted apart
     assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 1, outcomes

@@ -162,9 +162,9 @@ def test_more_workers_than_gpus_is_refused(pytester, monkeypatch):
 
 def test_workers_cannot_share_an_attached_server(pytester):
     pytester.makepyfile(test_ci=CASES)
-    result = pytester.runpytest(*SHORT_RUN, "-n", "2", "--specperf-server-url=http://127.0.0.1:3")
+    result = pytester.runpytest(*SHORT_RUN, "-n", "2", "--specperf-attach=http://127.0.0.1:3")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*-n 2 with --specperf-server-url*attach without -n*"])
+    result.stderr.fnmatch_lines(["*-n 2 with --specperf-attach*attach without -n*"])
 
 
 def test_xdist_workers_measure_and_the_controller_writes_once(pytester):
@@ -197,7 +197,6 @@ def test_xdist_workers_measure_and_the_controller_writes_once(pytester):
     props = _properties(pytester.path / "j.xml")
     assert {dict(p)["specperf.case"] for p in props.values()} == set(KEYS)
 
-    again = _run(pytester, "-n", "2", "--specperf-tolerance=60%",
-                 "--specperf-step-tolerance=90%")  # fmt: skip
+    again = _run(pytester, "-n", "2", "--specperf-tolerance=60%,step=90%")  # fmt: skip
     again.assert_outcomes(passed=2)
     assert "NO_BASELINE" not in again.stdout.str()  # the workers read what was written

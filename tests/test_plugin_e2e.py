@@ -296,7 +296,7 @@ def test_host_stall_is_reported_as_unaccounted_time(pytester):
 
 def test_profile_on_regression_saves_a_trace(pytester, recorded):
     _setup(pytester, _edit(recorded, _scale("verify", 0.5)))
-    result = _run(pytester, "--specperf-profile-on-regression")
+    result = _run(pytester, "--specperf-profile=on-regression")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["profile of a re-run of this case: specperf-profiles/*.json"])
     (trace,) = (pytester.path / "specperf-profiles").glob("*.json")

@@ -25,12 +25,26 @@ def test_markers_are_registered_for_strict_markers(pytester):
     [
         (
             "specperf(tolerence=0.1)",
-            "*unknown keyword(s) tolerence; valid: gate, tolerance, step_tolerance, steps, warmup, context_len*",
+            "*unknown keyword(s) tolerence; valid: gate, tolerance, steps, warmup, context_len*",
         ),
         ("specperf(gate=['verfy'])", "*gate: unknown metric(s) 'verfy'; valid: step, accept_len*"),
         ("specperf(gate=[])", "*gate must be a non-empty list*"),
-        ("specperf(tolerance='lots')", "*tolerance 'lots' must be a fraction*"),
-        ("specperf(tolerance=2)", "*tolerance 2 must be a fraction*"),
+        (
+            "specperf(tolerance='lots')",
+            "*tolerance: invalid value 'lots': phase 'lots' is not a "
+            "fraction in (0, 1); expected PHASE[[],step=STEP[]]*",
+        ),
+        ("specperf(tolerance=2)", "*tolerance: invalid value 2: phase '2' is not a fraction*"),
+        ("specperf(tolerance=True)", "*tolerance: invalid value True: not text or a number*"),
+        (
+            "specperf(tolerance='5%,step=')",
+            "*tolerance: invalid value '5%,step=': 'step' has no value*",
+        ),
+        (
+            "specperf(step_tolerance='30%')",
+            "*step_tolerance= was replaced by "
+            "tolerance='PHASE[[],step=STEP[]]', e.g. tolerance='step=30%'*",
+        ),
         ("specperf(steps=2)", "*steps must be an integer >= 4, got 2*"),
         ("specperf(steps=True)", "*steps must be an integer >= 4, got True*"),
         ("specperf(8)", "*takes keyword arguments only*"),
@@ -57,9 +71,27 @@ def test_valid_marker_is_accepted(pytester):
             from pytest_specperf.plugin.markers import parse_marker
             o = parse_marker(request.node)
             assert o.gate == ("verify", "step", "unaccounted", "util.sm")
-            assert o.tolerance == 0.1 and o.steps == 8 and o.warmup == 0
+            assert o.tolerance == 0.1 and o.step_tolerance is None
+            assert o.steps == 8 and o.warmup == 0
+
+        @pytest.mark.specperf(tolerance="10%,step=30%")
+        def test_both(request):
+            from pytest_specperf.plugin.markers import parse_marker
+            o = parse_marker(request.node)
+            assert (o.tolerance, o.step_tolerance) == (0.1, 0.3)
+
+        @pytest.mark.specperf(tolerance="step=40%")
+        def test_step_only(request):
+            from pytest_specperf.plugin.markers import parse_marker
+            o = parse_marker(request.node)
+            assert (o.tolerance, o.step_tolerance) == (None, 0.4)
+
+        @pytest.mark.specperf(tolerance=0.05)
+        def test_number(request):
+            from pytest_specperf.plugin.markers import parse_marker
+            assert parse_marker(request.node).tolerance == 0.05
     """)
-    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.runpytest().assert_outcomes(passed=4)
 
 
 def test_long_context_is_applied_from_the_context_length(pytester):

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pytest_specperf.plugin.options import OPTIONS
+from pytest_specperf.plugin.options import OPTIONS, REPLACED_FLAGS, REPLACED_INI
 
 SHOW = """
 def test_show(request):
@@ -22,12 +22,48 @@ def test_every_option_is_listed_in_help(pytester):
     for o in OPTIONS:
         result.stdout.fnmatch_lines([f"*{o.flag}*" if o.kind != "ini" else f"*{o.ini}*"])
     result.stdout.fnmatch_lines(["*specperf_tolerance*", "*specperf_long_context_min*"])
+    for old in REPLACED_FLAGS:
+        result.stdout.no_fnmatch_line(f"*{old}*")
+
+
+def test_help_of_the_group_fits_on_a_screen(pytester, monkeypatch):
+    """At most 19 flags, one idea each, and the group's help at most 40 lines wide 80."""
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = pytester.runpytest("--help").stdout.lines
+    start = lines.index("speculative-decoding performance (pytest-specperf):")
+    group = lines[start : lines.index("", start)]
+    assert len([o for o in OPTIONS if o.kind != "ini"]) <= 19
+    assert len(group) <= 40, "\n".join(group)
 
 
 def test_defaults(pytester):
     pytester.makepyfile(SHOW)
     result = pytester.runpytest("-s")
-    result.stdout.fnmatch_lines(["*SETTINGS reference 0.07 0.25 32 8 None () False baselines 32768"])
+    result.stdout.fnmatch_lines(
+        ["*SETTINGS reference 0.07 0.25 32 8 None () False baselines 32768"]
+    )
+
+
+STEPS_TOLERANCE = """
+def test_show(request):
+    from pytest_specperf.plugin.session import get_session
+    s = get_session(request.config).settings
+    print("PARTS", s.tolerance, s.step_tolerance, s.steps, s.warmup_steps)
+"""
+
+
+def test_parts_of_a_value_merge_command_line_over_ini(pytester):
+    """tolerance and steps: a part the command line leaves out comes from the ini file, then
+    from the default."""
+    pytester.makepyfile(STEPS_TOLERANCE)
+    pytester.runpytest("-s", "--specperf-tolerance=step=40%", "--specperf-steps=warmup=0"
+                       ).stdout.fnmatch_lines(["*PARTS 0.07 0.4 32 0"])  # fmt: skip
+    pytester.makeini("[pytest]\nspecperf_tolerance = 5%,step=30%\nspecperf_steps = 16,warmup=4\n")
+    pytester.runpytest("-s").stdout.fnmatch_lines(["*PARTS 0.05 0.3 16 4"])
+    pytester.runpytest("-s", "--specperf-tolerance=10%", "--specperf-steps=warmup=1"
+                       ).stdout.fnmatch_lines(["*PARTS 0.1 0.3 16 1"])  # fmt: skip
+    pytester.runpytest("-s", "--specperf-tolerance=phase=2%,step=50%", "--specperf-steps=8"
+                       ).stdout.fnmatch_lines(["*PARTS 0.02 0.5 8 4"])  # fmt: skip
 
 
 def test_ini_twins_and_command_line_wins(pytester):
@@ -72,45 +108,78 @@ def test_ini_twins_and_command_line_wins(pytester):
         ),
         (
             ["--specperf-tolerance=abc"],
-            "*--specperf-tolerance: invalid value 'abc'; expected a fraction*",
+            "*argument --specperf-tolerance: invalid value 'abc': phase 'abc' is not a fraction "
+            "in (0, 1); expected PHASE[[],step=STEP[]]*",
         ),
         (["--specperf-tolerance=150%"], "*--specperf-tolerance: invalid value '150%'*"),
         (["--specperf-tolerance=0"], "*--specperf-tolerance: invalid value '0'*"),
         (
-            ["--specperf-steps=two"],
-            "*--specperf-steps: invalid value 'two'; expected an integer in [[]4, *",
+            ["--specperf-tolerance=7%,steps=25%"],
+            "*--specperf-tolerance: invalid value '7%,steps=25%': unknown part 'steps' (known: "
+            "phase, step)*",
         ),
-        (["--specperf-steps=2"], "*--specperf-steps: invalid value '2'*"),
-        (["--specperf-warmup-steps=-1"], "*--specperf-warmup-steps: invalid value '-1'*"),
+        (
+            ["--specperf-steps=two"],
+            "*--specperf-steps: invalid value 'two': steps 'two' is not an integer; expected "
+            "N[[],warmup=W[]]*",
+        ),
+        (["--specperf-steps=2"], "*--specperf-steps: invalid value '2': steps 2 is not in [[]4, *"),
+        (["--specperf-steps=8,warmup=-1"], "*--specperf-steps: invalid value '8,warmup=-1'*"),
         (
             ["--specperf-device=../etc"],
             "*--specperf-device: invalid value '../etc'; expected a lowercase slug*",
         ),
         (["--specperf-device=NVIDIA H200"], "*--specperf-device: invalid value 'NVIDIA H200'*"),
         (
-            ["--specperf-server-url=localhost:30000"],
-            "*--specperf-server-url: server URL 'localhost:30000' must look like http://*",
+            ["--specperf-attach=localhost:30000"],
+            "*--specperf-attach: invalid value 'localhost:30000': server URL 'localhost:30000' "
+            "must look like http://*",
         ),
-        (["--specperf-server-url=http://127.0.0.1:99999"], "*invalid port*"),
+        (["--specperf-attach=http://127.0.0.1:99999"], "*invalid port*"),
         (
-            ["--specperf-run-dir=/tmp"],
-            "*--specperf-run-dir applies only with --specperf-server-url*",
+            ["--specperf-attach=http://127.0.0.1:3,rundir=/tmp"],
+            "*--specperf-attach: invalid value 'http://127.0.0.1:3,rundir=/tmp': unknown part "
+            "'rundir' (known: run-dir)*",
         ),
         (
-            ["--specperf-server-url=http://127.0.0.1:3", "--specperf-model=x"],
-            "*attaches to a running server*",
+            ["--specperf-attach=http://127.0.0.1:3", "--specperf-model=x"],
+            "*--specperf-attach measures a running server, and --specperf-model only configures "
+            "a server the plugin launches: drop it or drop --specperf-attach*",
+        ),
+        (
+            ["--specperf-attach=http://127.0.0.1:3", "--specperf-profile=nvtx"],
+            "*--specperf-profile only configures a server the plugin launches*SPECPERF_NVTX=1*",
         ),
         (["--specperf-server-arg="], "*--specperf-server-arg: invalid value ''*"),
-        (["--specperf-processes=0"], "*--specperf-processes: invalid value '0'; expected an "
-                                     "integer in [[]1, 16]*"),
-        (["--specperf-keep-runs=65"], "*--specperf-keep-runs: invalid value '65'*"),
-        (["--specperf-max-time=-1"], "*--specperf-max-time: invalid value '-1'; expected "
-                                     "seconds in [[]0, 86400] (0: no automatic extension)*"),
-        (["--specperf-history=/nonexistent/nightly"], "*--specperf-history: invalid value "
-                                                      "'/nonexistent/nightly'; expected a directory*"),
         (
-            ["--specperf-server-url=http://127.0.0.1:3", "--specperf-processes=2"],
-            "*--specperf-processes 2 needs servers launched by the plugin*",
+            ["--specperf-processes=0"],
+            "*--specperf-processes: invalid value '0': processes 0 is not in [[]1, 16]*",
+        ),
+        (
+            ["--specperf-max-time=-1"],
+            "*--specperf-max-time: invalid value '-1': out of range; "
+            "expected seconds in [[]0, 86400] (0: no automatic extension)*",
+        ),
+        (
+            ["--specperf-history=/nonexistent/nightly"],
+            "*--specperf-history: invalid value '/nonexistent/nightly'; expected a directory*",
+        ),
+        (
+            ["--specperf-attach=http://127.0.0.1:3", "--specperf-processes=2"],
+            "*--specperf-processes only configures a server the plugin launches*",
+        ),
+        (
+            ["--specperf-profile=nvtx,kernels"],
+            "*--specperf-profile: invalid value 'nvtx,kernels': kernels needs a number, e.g. "
+            "kernels=16*",
+        ),
+        (
+            ["--specperf-profile=nvtx,flame"],
+            "*unknown part 'flame' (known: nvtx, kernels, on-regression, none)*",
+        ),
+        (
+            ["--specperf-budget=max_step_ms"],
+            "*--specperf-budget: invalid value 'max_step_ms': max_step_ms has no limit*",
         ),
     ],
 )
@@ -169,6 +238,110 @@ def test_show(request):
     s = get_session(request.config).settings
     print("NOISE", s.processes, s.keep_runs, s.max_time_s, s.history_dir and s.history_dir.name)
 """
+
+
+@pytest.mark.parametrize("flag", sorted(REPLACED_FLAGS))
+def test_old_flags_are_refused_naming_the_new_spelling(pytester, flag):
+    new, takes_value = REPLACED_FLAGS[flag]
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(f"{flag}=1" if takes_value else flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*argument {flag}: was replaced by {new.replace('[', '[[]')}"])
+
+
+def test_the_old_tolerance_spellings_name_the_new_one(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--specperf-step-tolerance", "25%")
+    result.stderr.fnmatch_lines(
+        ["*--specperf-step-tolerance: was replaced by --specperf-tolerance PHASE,step=STEP*"]
+    )
+    result = pytester.runpytest("--specperf-server-url=http://127.0.0.1:3")
+    result.stderr.fnmatch_lines(["*--specperf-server-url: was replaced by --specperf-attach URL"])
+
+
+@pytest.mark.parametrize("flag", ["--specperf-keep-runs", "--specperf-baseline-max-mb",
+                                  "--specperf-ready-timeout"])  # fmt: skip
+def test_flags_that_became_ini_only_say_how_to_set_them(pytester, flag):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(f"{flag}=3")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    ini = "specperf_" + flag.removeprefix("--specperf-").replace("-", "_")
+    result.stderr.fnmatch_lines([f"*argument {flag}: is ini-only now: -o {ini}=*, or {ini} in the "
+                                 "ini file"])  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REPLACED_INI))
+def test_old_ini_options_are_refused_naming_the_new_one(pytester, name):
+    pytester.makeini(f"[pytest]\n{name} = 1\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    new = REPLACED_INI[name].replace("[", "[[]")
+    result.stderr.fnmatch_lines([f"*ini option {name} was replaced by {new}"])
+
+
+ATTACH = """
+def test_show(request):
+    from pytest_specperf.plugin.session import get_session
+    s = get_session(request.config).settings
+    print("ATTACH", s.server_url, s.run_dir, s.model, s.server_args, s.processes, s.nvtx,
+          s.kernel_every, s.profile_on_regression, s.notes)
+"""
+LAUNCH_INI = """[pytest]
+specperf_model = tiny
+specperf_server_args = --page-size=16
+specperf_processes = 3
+specperf_profile = nvtx,kernels=4,on-regression
+"""
+
+
+def test_attaching_from_the_command_line_ignores_ini_launch_settings_with_a_note(pytester):
+    """Issue 30: the ini file's launch settings need not be blanked to attach."""
+    pytester.makeini(LAUNCH_INI)
+    pytester.makepyfile(ATTACH)
+    result = pytester.runpytest("-s", "--specperf-attach=http://127.0.0.1:3,run-dir=rd")
+    result.stdout.fnmatch_lines([
+        "*ATTACH http://127.0.0.1:3 rd None () 1 False None True (\"attached with "
+        "--specperf-attach: ignored the ini file's launch settings (specperf_model, "
+        "specperf_server_args, specperf_processes, specperf_profile's nvtx and kernels)\",)"
+    ])  # fmt: skip
+    # without attaching they apply
+    pytester.runpytest("-s").stdout.fnmatch_lines(
+        ["*ATTACH None None tiny ('--page-size=16',) 3 True 4 True ()"]
+    )
+
+
+def test_attaching_from_the_ini_file_with_launch_settings_is_refused(pytester):
+    pytester.makeini(LAUNCH_INI + "specperf_attach = http://127.0.0.1:3\n")
+    pytester.makepyfile(ATTACH)
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*ini option specperf_attach measures a running server, and ini option specperf_model, "
+        "ini option specperf_server_args, ini option specperf_processes, ini option "
+        "specperf_profile only configure a server the plugin launches: drop them or drop ini "
+        "option specperf_attach*"
+    ])  # fmt: skip
+
+
+BUDGETS = """
+def test_show(request):
+    from pytest_specperf.plugin.session import get_session
+    print("BUDGETS", get_session(request.config).settings.budgets())
+"""
+
+
+def test_budgets_repeat_and_merge_by_name_over_the_ini_file(pytester):
+    pytester.makeini("[pytest]\nspecperf_budgets =\n    max_step_ms=250\n    min_accept_len=2\n")
+    pytester.makepyfile(BUDGETS)
+    result = pytester.runpytest(
+        "-s", "--specperf-budget=max_step_ms=100,min_active_share=50%",
+        "--specperf-budget=min_tokens_per_s=20",
+    )  # fmt: skip
+    result.stdout.fnmatch_lines([
+        "*BUDGETS Budgets(max_unaccounted_share=None, min_active_share=0.5, max_step_ms=100.0, "
+        "min_accept_len=2.0, min_tokens_per_s=20.0)"
+    ])  # fmt: skip
 
 
 def test_noise_options_and_their_ini_twins(pytester):

@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from pytest_specperf.judging.noise import NO_PRIOR
+from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.stats import Summary, summarize
 from pytest_specperf.judging.verdict import (
     MetricVerdict,
@@ -16,6 +18,9 @@ from pytest_specperf.judging.verdict import (
     judge_share,
     paired_noise,
 )
+
+#: A gate's level in a run of the default suite: 7 tests, 4 looks, 6 gates a case.
+RUN_GATE_ALPHA = Family(tests=7, looks=4).gate_alpha(6)
 
 # Per-step verify times (ms) of 4 blocks x 4 steps, as recorded on the 2-core CPU box.
 BASE = [
@@ -82,8 +87,8 @@ def test_change_beyond_tolerance_but_within_noise_is_unstable():
     rounds = v.steps_to_decide // 16
     part = v.noise**2 - v.floor**2  # the current run's part, at one round
     target = max(0.05, abs(v.change))  # the band must shrink to the tolerance (or change)
-    assert 3 * math.sqrt(v.floor**2 + part / rounds) <= target
-    assert 3 * math.sqrt(v.floor**2 + part / (rounds - 1)) > target
+    assert v.critical * math.sqrt(v.floor**2 + part / rounds) <= target
+    assert v.critical * math.sqrt(v.floor**2 + part / (rounds - 1)) > target
 
 
 def test_paired_blocks_cancel_block_effects():
@@ -91,7 +96,9 @@ def test_paired_blocks_cancel_block_effects():
     base = [1.0] * 4 + [2.0] * 4 + [3.0] * 4 + [4.0] * 4
     now = [x * 1.1 for x in base]
     assert paired_noise(s(base), s(now)) == pytest.approx(0.0, abs=1e-12)
-    assert judge_metric("step", s(base), s(now), 0.08).verdict is Verdict.SLOWER
+    # the block noise alone (no process or sitting prior): the pairing is what is tested
+    v = judge_metric("step", s(base), s(now), 0.08, prior=NO_PRIOR)
+    assert v.verdict is Verdict.SLOWER
 
 
 def test_unpaired_blocks_fall_back_to_independent_errors():
@@ -147,7 +154,8 @@ def test_share_uses_paired_block_noise_and_can_be_unstable():
     step = s(BASE)
     base = s([0.5, 0.5, 0.5, 0.5] * 4)
     jumpy = summarize([0.5] * 4 + [12.0] * 4 + [0.5] * 4 + [9.0] * 4, BLOCKS)
-    v = judge_share("unaccounted", base, jumpy, step, step, 0.05)
+    # at a gate's level in a run of the default suite (7 tests, 4 looks, 6 gates)
+    v = judge_share("unaccounted", base, jumpy, step, step, 0.05, alpha=RUN_GATE_ALPHA)
     assert v.verdict is Verdict.UNSTABLE and v.steps_to_decide
     steady = judge_share("unaccounted", base, s([5.0] * 16), step, step, 0.05)
     assert steady.verdict is Verdict.SLOWER and steady.noise < 0.01
@@ -298,7 +306,10 @@ def test_tokens_per_s_drop_from_accept_length_still_fails():
     now = _decode_metrics(40.0, 6.9, [2, 3, 1, 2])  # a quarter to a half fewer per step
     mv = judge_gate("tokens_per_s", base, now, Tolerances(0.07, 0.25))
     assert mv is not None and mv.verdict is Verdict.SLOWER, mv.describe()
-    assert mv.change == pytest.approx(2.0 / 3.0 - 1, rel=1e-6)
+    # the change judged is the mean paired log difference of the blocks' tokens/ref
+    ratios = [2 / 3, 3 / 4, 1 / 2, 2 / 3]
+    expected = math.expm1(sum(math.log(r) for r in ratios) / 4)
+    assert mv.change == pytest.approx(expected, rel=1e-6)
 
 
 def test_tokens_per_ref_from_a_stored_run_matches_the_live_arithmetic():

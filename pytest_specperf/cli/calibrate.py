@@ -12,7 +12,7 @@ every condition alike. It prints a table and writes JSON.
 a case fails on its step or tokens/s, and no phase is blamed). ``--processes N`` records
 the baseline in N server processes (the verdicts then estimate the noise between
 processes from it); ``--max-time S`` is every run's ``--specperf-max-time``.
-With ``--server-url URL`` every run attaches to that one running server instead (a big
+With ``--attach URL`` every run attaches to that one running server instead (a big
 model is loaded once): the baseline is recorded against it, and each repetition's pytest
 process switches the server's injection through the control file in its run directory
 (``--specperf-inject`` in attach mode), removing it again when it ends.
@@ -37,6 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf import plain_text
+from pytest_specperf.cli.options import (
+    add_attach_option,
+    add_max_time_option,
+    add_processes_option,
+    add_replaced_options,
+    add_tolerance_option,
+)
 from pytest_specperf.judging.calibration import (
     Condition,
     RunOutcome,
@@ -54,10 +61,10 @@ from pytest_specperf.judging.verdict import (
     DEFAULT_TOLERANCE,
     Verdict,
     Z,
-    parse_fraction,
 )
 from pytest_specperf.probe.phases import UNACCOUNTED
 from pytest_specperf.reporting.table import render_table
+from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, Attach, ToleranceSpec
 from pytest_specperf.store.report import Report, ReportError, read_report, strict
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
@@ -96,21 +103,18 @@ class CalibrateOptions:
     processes: int = 1
     #: every run's ``--specperf-max-time`` (None: the suite's)
     max_time: float | None = None
-    server_url: str | None = None
+    attach: Attach | None = None
 
     def run_args(self) -> list[str]:
         """pytest options every run of the calibration gets: the tolerances asked for, the
         extension's budget, the server to attach to (``--option=VALUE``: see ``_pytest``)."""
         out = []
         if self.tolerances is not None:
-            out += [
-                f"--specperf-tolerance={self.tolerances[0]}",
-                f"--specperf-step-tolerance={self.tolerances[1]}",
-            ]
+            out.append(f"--specperf-tolerance={ToleranceSpec(*self.tolerances)}")
         if self.max_time is not None:
             out.append(f"--specperf-max-time={self.max_time:g}")
-        if self.server_url is not None:
-            out.append(f"--specperf-server-url={self.server_url}")
+        if self.attach is not None:
+            out.append(f"--specperf-attach={self.attach}")
         return out
 
     @classmethod
@@ -142,16 +146,11 @@ class CalibrateOptions:
                 )
         if args.resume and args.work_dir is None:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
-        processes = getattr(args, "processes", 1)
-        max_time = getattr(args, "max_time", None)
-        if not 1 <= processes <= 16:
-            raise ValueError("--processes must be from 1 to 16")
-        if max_time is not None and not 0 <= max_time <= 86400:
-            raise ValueError("--max-time must be seconds in [0, 86400]")
-        url = _server_url(args.server_url)
-        if url is not None and processes > 1:
+        processes = getattr(args, "processes", 1)  # --processes, --max-time, --attach and
+        max_time = getattr(args, "max_time", None)  # --tolerance: parsed by their type=
+        if args.attach is not None and processes > 1:
             raise ValueError(
-                f"--processes {processes} needs servers the plugin launches; with --server-url "
+                f"--processes {processes} needs servers the plugin launches; with --attach "
                 "there is one server: drop one of the two"
             )
         return cls(
@@ -161,39 +160,21 @@ class CalibrateOptions:
             injects=tuple(args.inject or DEFAULT_FACTORS),
             host_stall_share=args.host_stall_share,
             hog=bool(args.hog),
-            tolerances=_tolerances(args.tolerance, args.step_tolerance),
+            tolerances=_tolerances(args.tolerance),
             json_path=args.json,
             work_dir=args.work_dir,
             resume=bool(args.resume),
             suite=tuple(args.pytest_args or DEFAULT_SUITE),
-            server_url=url,
+            attach=args.attach,
         )
 
 
-def _server_url(url: str | None) -> str | None:
-    if url is None:
+def _tolerances(given: ToleranceSpec | None) -> tuple[float, float] | None:
+    """The tolerances every run gets: the parts given, the others the defaults."""
+    if given is None:
         return None
-    from pytest_specperf.server.client import check_url
-
-    try:
-        return check_url(url)
-    except ValueError as e:
-        raise ValueError(f"--server-url: {e}") from None
-
-
-def _tolerances(tol: str | None, step_tol: str | None) -> tuple[float, float] | None:
-    if tol is None and step_tol is None:
-        return None
-    out = []
-    for flag, text, default in (
-        ("--tolerance", tol, DEFAULT_TOLERANCE),
-        ("--step-tolerance", step_tol, DEFAULT_STEP_TOLERANCE),
-    ):
-        try:
-            out.append(default if text is None else parse_fraction(text))
-        except ValueError:
-            raise ValueError(f"{flag} {text!r}: expected a fraction like 0.07 or 7%") from None
-    return out[0], out[1]
+    tol = given.over(DEFAULT_TOLERANCES)
+    return tol.phase, tol.step
 
 
 class Calibration:
@@ -453,7 +434,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
     def band(r: dict[str, Any]) -> str:  # a disturbed case is UNSTABLE whatever its band
         if r["noise"] is None:
             return "-"
-        wide = Z * r["noise"]
+        wide = (r.get("critical") or Z) * r["noise"]
         return f"{wide * 100:.1f}% {'>' if wide > r['tolerance'] else '<='} {r['tolerance']:.0%}"
 
     cells = [
@@ -466,7 +447,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         "why quiet A/A runs were UNSTABLE (medians over the runs where the metric was): "
         "noise = this run's blocks (within: more steps shrink it) and between processes",
         *render_table(
-            ["case", "metric", "UNSTABLE", "noise", "within", "between", f"{Z:g}x noise vs tol"],
+            ["case", "metric", "UNSTABLE", "noise", "within", "between", "t x noise vs tol"],
             cells,
         ),
     ]
@@ -572,7 +553,7 @@ def _verdict_table(summary: dict[str, Any]) -> list[str]:
 
 _SWEEP_TITLES = {
     "phase": "phases, accept length, unaccounted share: --specperf-tolerance",
-    "step": "step time and tokens/s: --specperf-step-tolerance",
+    "step": "step time and tokens/s: --specperf-tolerance step=",
 }
 
 
@@ -715,24 +696,13 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--hog", action="store_true", help="add A/A repetitions with a busy process on one core"
     )
-    c.add_argument(
-        "--tolerance",
-        metavar="F",
-        help="phase tolerance to run and judge at, as --specperf-tolerance (default: the "
-        "suite's); the sweep tables show every other",
-    )
-    c.add_argument(
-        "--step-tolerance",
-        metavar="F",
-        help="step tolerance to run and judge at, as --specperf-step-tolerance",
+    add_tolerance_option(
+        c.add_argument,
+        "",
+        "tolerances to run and judge at, as --specperf-tolerance (default: the suite's; a "
+        "part not given: the default); the sweep tables show every other",
     )
     _add_run_options(c)
-    c.add_argument(
-        "--server-url",
-        metavar="URL",
-        help="calibrate against this running server (attach mode): baseline and every "
-        "repetition on it, injections switched through its run directory's control file",
-    )
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
     c.add_argument(
@@ -749,18 +719,29 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_run_options(c: Any) -> None:
-    c.add_argument(
-        "--processes",
-        type=int,
+    add_processes_option(
+        c.add_argument,
+        "",
+        "record the baseline in N server processes (--specperf-processes; default 1)",
         default=1,
-        metavar="N",
-        help="record the baseline in N server processes (--specperf-processes; default 1)",
     )
-    c.add_argument(
-        "--max-time",
-        type=float,
-        metavar="S",
-        help="every run's --specperf-max-time (the automatic extension's budget per case)",
+    add_max_time_option(
+        c.add_argument,
+        "",
+        "every run's --specperf-max-time (the automatic extension's budget per case)",
+    )
+    add_attach_option(
+        c.add_argument,
+        "",
+        "calibrate against this running server (as --specperf-attach): baseline and every "
+        "repetition on it, injections switched through its run directory's control file",
+    )
+    add_replaced_options(
+        c.add_argument,
+        {
+            "--step-tolerance": (f"was replaced by --tolerance {TOLERANCE_FORM}", True),
+            "--server-url": ("was replaced by --attach URL", True),
+        },
     )
 
 

@@ -20,16 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_specperf import plain_text
+from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, is_speculative, judge_case
-from pytest_specperf.judging.verdict import (
-    DEFAULT_STEP_TOLERANCE,
-    DEFAULT_TOLERANCE,
-    Tolerances,
-    Verdict,
-    parse_fraction,
-)
+from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, ToleranceSpec
 from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import run_from_case
 from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
@@ -59,17 +55,14 @@ def resolve_run(arg: str, storage: Path) -> Path:
     raise RunNotFound(f"{arg!r} names {len(found)} runs in {storage} ({names}); be more precise")
 
 
-def _tolerances(report: Report, case: CaseReport, given: Tolerances | None) -> Tolerances:
-    """``given``, else the case's own (marker and options included), else the run's."""
-    if given is not None:
-        return given
+def _tolerances(report: Report, case: CaseReport, given: ToleranceSpec | None) -> Tolerances:
+    """The parts ``given``, the others the case's own (marker and options included), else
+    the run's."""
     own = Tolerances.from_json(case.data.get("tolerances"))
-    if own is not None:
-        return own
-    return Tolerances(
-        phase=report.tolerance or DEFAULT_TOLERANCE,
-        step=report.step_tolerance or DEFAULT_STEP_TOLERANCE,
-    )
+    if own is None:
+        run = ToleranceSpec(phase=report.tolerance or None, step=report.step_tolerance or None)
+        own = run.over(DEFAULT_TOLERANCES)
+    return (given or ToleranceSpec()).over(own)
 
 
 def _case(report: Report, c: CaseReport, tolerances: Tolerances) -> Case:
@@ -86,7 +79,7 @@ def _case(report: Report, c: CaseReport, tolerances: Tolerances) -> Case:
     )
 
 
-def compare_runs(a: Report, b: Report, given: Tolerances | None = None) -> list[CaseOutcome]:
+def compare_runs(a: Report, b: Report, given: ToleranceSpec | None = None) -> list[CaseOutcome]:
     """Every case of ``b`` judged against the same case of ``a`` (``ReportError`` when a
     case cannot be rebuilt)."""
     in_a = {(c.test, c.key): c for c in a.cases}
@@ -97,9 +90,7 @@ def compare_runs(a: Report, b: Report, given: Tolerances | None = None) -> list[
         base = None
         if base_case is not None:
             base = as_baseline(_case(a, base_case, case.tolerances), at=utc_now())
-        outcomes.append(
-            judge_case(case, base, a.path, missing=f"not in run A ({a.path.name})")
-        )
+        outcomes.append(judge_case(case, base, a.path, missing=f"not in run A ({a.path.name})"))
     return outcomes
 
 
@@ -123,26 +114,11 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
     return lines
 
 
-def _given(args: argparse.Namespace) -> Tolerances | None:
-    if args.tolerance is None and args.step_tolerance is None:
-        return None
-    try:
-        phase = parse_fraction(args.tolerance) if args.tolerance else DEFAULT_TOLERANCE
-        step = (
-            parse_fraction(args.step_tolerance) if args.step_tolerance else DEFAULT_STEP_TOLERANCE
-        )
-    except ValueError as e:
-        raise ValueError(
-            f"tolerance: invalid value {e}; expected a fraction like 0.07 or 7%"
-        ) from None
-    return Tolerances(phase=phase, step=step)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``specperf compare``; 1 when a case of B is SLOWER, 2 when a run cannot be used."""
     out = out or sys.stdout
     try:
-        given = _given(args)
+        given: ToleranceSpec | None = args.tolerance  # parsed by --tolerance's type=
         a = read_report(resolve_run(args.a, args.storage))
         b = read_report(resolve_run(args.b, args.storage))
         outcomes = compare_runs(a, b, given)
@@ -169,5 +145,8 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_STORAGE,
         help="pytest-benchmark storage to find runs named by number (default .benchmarks)",
     )
-    c.add_argument("--tolerance", metavar="F", help="phase tolerance (default: B's)")
-    c.add_argument("--step-tolerance", metavar="F", help="step tolerance (default: B's)")
+    add_tolerance_option(c.add_argument, "", "tolerances to judge at; a part not given is B's")
+    add_replaced_options(
+        c.add_argument,
+        {"--step-tolerance": (f"was replaced by --tolerance {TOLERANCE_FORM}", True)},
+    )

@@ -20,6 +20,7 @@ from typing import Any
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEVICE_BUSY,
+    GATEABLE,
     RUNQ_SHARE,
     STEP,
     STEP_PARTS,
@@ -37,6 +38,7 @@ from pytest_specperf.judging.metrics import (
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 
+_GATE_NAMES = frozenset(GATEABLE)
 #: Most runs kept per case (``keep_runs`` may not exceed it).
 MAX_RUNS = 64
 #: Most block centers per run and metric.
@@ -66,6 +68,9 @@ BLOCK_METRICS = frozenset(
 )
 _CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
 _CASE_FIELDS_V3 = ("fingerprint", "steps", "runs", "phases", "value", "blocks")
+_CASE_FIELDS_V4 = (*_CASE_FIELDS_V3, "not_gated")
+_RUN_FIELDS_V3 = ("at", "pid")
+_RUN_FIELDS_V4 = ("at", "pid", "sitting", "host")
 #: A v3 case's ``phases`` row: per step part (each phase, ``unaccounted``, ``step``) its
 #: forms, by field: ``ms`` the wall time, ``rest`` its share of the rest of the step, ``ref``
 #: the step relative to the KV read time, ``cpu`` the probe thread's CPU time, ``device``
@@ -95,15 +100,31 @@ class Invalid(Exception):
     """A case that fails validation; the text names the field."""
 
 
+#: The sitting of a run stored without one (schema 3 and older): all such runs of a case
+#: are taken as one sitting, the conservative reading (the sitting term then comes from
+#: the device prior).
+LEGACY_SITTING = "legacy"
+#: Longest sitting id and host name stored.
+MAX_LABEL = 128
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One stored run of a case (one server process): per metric its center, and the
-    block centers of the forms the verdicts pair."""
+    block centers of the forms the verdicts pair; when and where it was measured (the
+    sitting: one pytest session's servers on one host, by id)."""
 
     at: str
     pid: int | None
     values: Mapping[str, float]
     blocks: Mapping[str, tuple[float, ...]]
+    sitting: str | None = None
+    host: str | None = None
+
+    @property
+    def sitting_label(self) -> str:
+        """The sitting the noise groups this run by (``LEGACY_SITTING`` when unknown)."""
+        return self.sitting if self.sitting is not None else LEGACY_SITTING
 
     def summaries(self, steps: int) -> dict[str, Summary]:
         """The run as compact summaries, one per metric."""
@@ -114,13 +135,20 @@ class RunRecord:
 
 
 def make_run(
-    at: str, pid: int | None, values: Mapping[str, float], blocks: Mapping[str, Any]
+    at: str,
+    pid: int | None,
+    values: Mapping[str, float],
+    blocks: Mapping[str, Any],
+    sitting: str | None = None,
+    host: str | None = None,
 ) -> RunRecord:
     return RunRecord(
         at=at,
         pid=pid,
         values=MappingProxyType(dict(values)),
         blocks=MappingProxyType({m: tuple(b) for m, b in blocks.items()}),
+        sitting=sitting,
+        host=host,
     )
 
 
@@ -259,18 +287,39 @@ def _at(v: Any, field: str) -> str:
     return v
 
 
-def _runs_v2(raw: Any) -> list[tuple[str, int | None]]:
+def _label(v: Any, field: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v or len(v) > MAX_LABEL or not v.isprintable():
+        raise Invalid(
+            f"{field}: expected a printable name of 1 to {MAX_LABEL} characters, got {brief(v)}"
+        )
+    return v
+
+
+@dataclass(frozen=True)
+class _RunMeta:
+    at: str
+    pid: int | None
+    sitting: str | None
+    host: str | None
+
+
+def _runs_v2(raw: Any, version: int) -> list[_RunMeta]:
+    allowed = _RUN_FIELDS_V4 if version >= 4 else _RUN_FIELDS_V3
     out = []
     for i, r in enumerate(_list(raw, "runs", most=MAX_RUNS)):
         r = _mapping(r, f"runs[{i}]")
-        extra = sorted(str(k) for k in r if k not in ("at", "pid"))
+        extra = sorted(str(k) for k in r if k not in allowed)
         if extra:
             raise Invalid(f"runs[{i}]: unknown field(s) {', '.join(extra)[:120]}")
         pid = r.get("pid")
         out.append(
-            (
+            _RunMeta(
                 _at(r.get("at"), f"runs[{i}].at"),
                 None if pid is None else _int(pid, f"runs[{i}].pid", 0, 2**31),
+                _label(r.get("sitting"), f"runs[{i}].sitting"),
+                _label(r.get("host"), f"runs[{i}].host"),
             )
         )
     if not out:
@@ -335,9 +384,12 @@ def _rows(raw: Any, n: int) -> dict[str, list[Any]]:
 
 
 def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]:
-    """A v2 or v3 case entry: its fingerprint reference, steps per run and runs."""
+    """A v2, v3 or v4 case entry: its fingerprint reference, steps per run and runs."""
     d = _mapping(raw, "case")
-    allowed = _CASE_FIELDS_V3 if version >= 3 else _CASE_FIELDS_V2
+    if version >= 4:
+        allowed: tuple[str, ...] = _CASE_FIELDS_V4
+    else:
+        allowed = _CASE_FIELDS_V3 if version >= 3 else _CASE_FIELDS_V2
     extra = sorted(str(k) for k in d if k not in allowed)
     if extra:
         raise Invalid(f"unknown field(s) {', '.join(extra)[:120]} (expected {', '.join(allowed)})")
@@ -345,7 +397,7 @@ def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]
     if not isinstance(ref, str) or not ref:
         raise Invalid(f"fingerprint: expected a fingerprint hash, got {brief(ref)}")
     steps = _int(d.get("steps"), "steps", 1, MAX_STEPS)
-    meta = _runs_v2(d.get("runs"))
+    meta = _runs_v2(d.get("runs"), version)
     n = len(meta)
     values = _columns(d.get("value", {} if version >= 3 else None), "value", n)
     grouped: dict[str, list[Any]] = {}
@@ -358,7 +410,7 @@ def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]
         values.update(grouped)
     blocks = _columns(d.get("blocks", {}), "blocks", n)
     runs = []
-    for i, (at, pid) in enumerate(meta):
+    for i, rm in enumerate(meta):
         suffix = f"[{i}]" if n > 1 else ""
 
         def name(kind: str, metric: str, suffix: str = suffix) -> str:
@@ -367,14 +419,72 @@ def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]
             return f"{kind}.{metric}{suffix}" if metric else kind
 
         run = make_run(
-            at,
-            pid,
+            rm.at,
+            rm.pid,
             {m: number(v[i], name("value", m)) for m, v in values.items()},
             {m: _list(b[i], name("blocks", m)) for m, b in blocks.items()},
+            rm.sitting,
+            rm.host,
         )
         check_run(run, name)
         runs.append(run)
     return ref, steps, tuple(runs)
+
+
+# -- schema v4: a case no setting can decide ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class NotGated:
+    """A case whose server processes disagree beyond any tolerance (bimodal): found when
+    its baseline was recorded, the gates it cannot decide, each with its measured spread
+    between processes (``tau_hat`` of the judged form, log units), and why. ``accepted``:
+    the team accepted it in the file (``--specperf-strict`` then counts the case judged)."""
+
+    gates: Mapping[str, float]
+    reason: str
+    accepted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "gates": {g: float(f"{x:.4g}") for g, x in sorted(self.gates.items())},
+            "reason": self.reason,
+        }
+
+
+#: Longest stored reason of a ``not_gated`` mark.
+MAX_REASON = 500
+
+
+def parse_not_gated(raw: Any) -> NotGated | None:
+    """A v4 case's ``not_gated`` mark (None: absent); ``Invalid`` names the field."""
+    if raw is None:
+        return None
+    d = _mapping(raw, "not_gated")
+    extra = sorted(str(k) for k in d if k not in ("accepted", "gates", "reason"))
+    if extra:
+        raise Invalid(f"not_gated: unknown field(s) {', '.join(extra)[:120]} "
+                      "(expected accepted, gates, reason)")  # fmt: skip
+    accepted = d.get("accepted", False)
+    if not isinstance(accepted, bool):
+        raise Invalid(f"not_gated.accepted: expected true or false, got {brief(accepted)}")
+    reason = d.get("reason")
+    if not isinstance(reason, str) or not reason or len(reason) > MAX_REASON:
+        raise Invalid(f"not_gated.reason: expected a text of 1 to {MAX_REASON} characters, "
+                      f"got {brief(reason)}")  # fmt: skip
+    gates = _mapping(d.get("gates"), "not_gated.gates")
+    if not gates or len(gates) > MAX_METRICS:
+        raise Invalid(f"not_gated.gates: expected 1 to {MAX_METRICS} gates")
+    out: dict[str, float] = {}
+    for g, x in gates.items():
+        if not isinstance(g, str) or g not in _GATE_NAMES:
+            raise Invalid(f"not_gated.gates: {brief(g)} is not a gateable metric")
+        v = number(x, f"not_gated.gates.{g}")
+        if v < 0:
+            raise Invalid(f"not_gated.gates.{g}: must be >= 0, got {v:g}")
+        out[g] = v
+    return NotGated(MappingProxyType(out), reason, accepted)
 
 
 # -- schema v1 (read for migration) ------------------------------------------------------

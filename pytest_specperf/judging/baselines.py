@@ -1,8 +1,8 @@
 """Baseline records (pure): ``<dir>/<device-slug>.yaml``, one file per device model.
 
-Layout (``schema_version: 3``)::
+Layout (``schema_version: 4``)::
 
-    schema_version: 3
+    schema_version: 4
     device: {name: ..., kind: cpu, ...}
     engines:
       reference tiny DFLASH:                 # identity: backend, model, draft, algorithm
@@ -15,7 +15,7 @@ Layout (``schema_version: 3``)::
               fingerprint: 1a2b3c4d5e6f                  # the runs' engine fingerprint
               steps: 32                                  # measured steps per run
               runs:                                      # one per server process, newest last
-              - {at: '2026-12-01T10:00:00+00:00', pid: 4711}
+              - {at: '2026-12-01T10:00:00+00:00', pid: 4711, sitting: 20261201T1000-box, host: box}
               phases:                                    # per step part, each run's centers:
                 verify: {ms: [31.2, 31.4], rest: [3.51, 3.52], cpu: [31.0, 31.3]}
                 step: {ms: [40.9, 41.0], ref: [6.87, 6.91], cpu: [40.8, 40.9]}
@@ -23,6 +23,10 @@ Layout (``schema_version: 3``)::
                 accept_len: [3.125, 3.125]
               blocks:                                    # per judged form, each run's blocks
                 verify/rest: [[3.45, 3.42, ...], [3.52, 3.49, ...]]
+              not_gated:                                 # only for a case no setting decides
+                accepted: false                          # true: the team accepts it (strict)
+                gates: {draft: 0.174, verify: 0.167}     # measured spread between processes
+                reason: bimodal between server processes ...
 
 A ``phases`` row holds one step part's forms (``ms`` wall time, ``rest`` its share of the
 rest of the step, ``ref`` the step against the KV read time, ``cpu`` the probe thread's CPU
@@ -31,16 +35,20 @@ of three runs takes about 35 lines.
 
 The identity selects the entry, so a reference run and an SGLang run (or two models) on
 one device never read or overwrite each other's cases; the rest of the fingerprint is
-compared (a mismatch is INVALID). An update appends the new run to each recorded case and
+compared (a mismatch is INVALID). An update appends the new runs to each recorded case and
 keeps the last ``keep_runs``; a case whose engine fingerprint, step count or metric set
-changed starts over, so runs of different engines are never pooled.
+changed starts over, so runs of different engines are never pooled. Every run an update
+writes carries its sitting (the update's id, from when and where it ran) and host, so a
+baseline grown over updates on several days knows its sittings (``judging.noise``); runs
+of older files carry none and read as one sitting.
 
 Files are read and written by ``store.baselines`` through ``store.baseline_io`` (size,
 shape and symlink limits, safe loading only), by ``schema_version``: a v1 file (one
 summary per metric and case) is migrated on read, each case becoming one run; a v2 file
-(every metric on its own line under ``value``) is read as it is; both are rewritten as v3
-only by an update. File-level problems raise ``BaselineError``; a case that fails
-validation is a ``CaseProblem`` that the judge reports as INVALID, naming file, case and field.
+(every metric on its own line under ``value``) is read as it is; a v3 file's runs read as
+one sitting; all are rewritten as v4 only by an update. File-level problems raise
+``BaselineError``; a case that fails validation is a ``CaseProblem`` that the judge
+reports as INVALID, naming file, case and field.
 """
 
 from __future__ import annotations
@@ -57,11 +65,13 @@ from typing import Any
 
 from pytest_specperf.judging.baseline_schema import (
     Invalid,
+    NotGated,
     RunRecord,
     brief,
     keeps_blocks,
     make_run,
     parse_case,
+    parse_not_gated,
     split_rows,
 )
 from pytest_specperf.judging.stats import Summary, stable
@@ -74,6 +84,7 @@ __all__ = [
     "CaseBaseline",
     "CaseProblem",
     "Identity",
+    "NotGated",
     "RunRecord",
     "device_mismatch",
     "fingerprint_hash",
@@ -81,9 +92,9 @@ __all__ = [
     "identity_of",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions this reader understands (older ones are migrated on read).
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: Runs kept per case by an update (the last K).
 DEFAULT_KEEP_RUNS = 5
 #: Fingerprint fields that must match for a baseline to be comparable.
@@ -232,6 +243,13 @@ class CaseBaseline:
     fingerprint_hash: str
     steps: int
     runs: tuple[RunRecord, ...]
+    #: the gates no setting can decide (a bimodal case), found when it was recorded
+    not_gated: NotGated | None = None
+
+    @property
+    def sittings(self) -> int:
+        """The distinct sittings of the stored runs (runs without one: one sitting)."""
+        return len({r.sitting_label for r in self.runs})
 
     @classmethod
     def from_run(
@@ -244,6 +262,8 @@ class CaseBaseline:
         metrics: Mapping[str, Summary],
         at: str,
         pid: int | None = None,
+        sitting: str | None = None,
+        host: str | None = None,
     ) -> CaseBaseline:
         """A just-measured case (one run, recorded ``at``: an ISO timestamp the caller reads
         from its clock), numbers rounded as they are stored."""
@@ -256,6 +276,8 @@ class CaseBaseline:
                 for m, s in metrics.items()
                 if keeps_blocks(m) and s.blocks
             },
+            sitting,
+            host,
         )
         fp = MappingProxyType(dict(fingerprint))
         return cls(test, key, identity_of(fp), fp, fingerprint_hash(fp), steps, (run,))
@@ -300,12 +322,13 @@ class CaseBaseline:
         try:
             fp = MappingProxyType(dict(d["fingerprint"]))
             ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
+            mark = parse_not_gated(d["case"].get("not_gated"))
             test, key = str(d["test"]), str(d["key"])
-        except (Invalid, KeyError, TypeError, ValueError) as e:
+        except (Invalid, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
         if ref != fingerprint_hash(fp):
             raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
-        return cls(test, key, identity_of(fp), fp, ref, steps, runs)
+        return cls(test, key, identity_of(fp), fp, ref, steps, runs, mark)
 
 
 @dataclass(frozen=True)
@@ -395,15 +418,27 @@ class BaselineFile:
 
 
 def case_dict(c: CaseBaseline) -> dict[str, Any]:
-    """The stored form of a case (v3 layout) in plain JSON types."""
+    """The stored form of a case (v4 layout) in plain JSON types."""
     rows, value = split_rows({m: [stable(r.values[m]) for r in c.runs] for m in c.latest.values})
     return {
         "fingerprint": c.fingerprint_hash,
         "steps": c.steps,
-        "runs": [{"at": r.at, "pid": r.pid} for r in c.runs],
+        "runs": [run_meta(r) for r in c.runs],
         "phases": {part: dict(row) for part, row in rows.items()},
         "value": value,
         "blocks": {
             m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
         },
+        **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
     }
+
+
+def run_meta(r: RunRecord) -> dict[str, Any]:
+    """A stored run's when and where: ``at``, ``pid``, and its ``sitting`` and ``host``
+    when known."""
+    meta: dict[str, Any] = {"at": r.at, "pid": r.pid}
+    if r.sitting is not None:
+        meta["sitting"] = r.sitting
+    if r.host is not None:
+        meta["host"] = r.host
+    return meta

@@ -566,7 +566,7 @@ def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str 
         return (
             f"{head} outside every phase: device activity not sampled, so a host stall "
             "cannot be told from GPU work outside the mapped phases (sample kernels with "
-            "--specperf-kernel-every N)"
+            "--specperf-profile kernels=N)"
         )
     share = active / unacc if unacc > 0 else 0.0
     if figures.active_source == "cpu":

@@ -106,7 +106,7 @@ def _active_missing(run: DecodeRun) -> str:
     if run.has_device_times:
         return (
             "the device's active share was not measured (no kernel samples: run with "
-            "--specperf-kernel-every N, N > 0)"
+            "--specperf-profile kernels=N, N > 0)"
         )
     return "the active share was not measured (step records without CPU times)"
 

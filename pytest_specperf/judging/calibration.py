@@ -260,7 +260,7 @@ def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
         noise = [
             (n, m.within)
             for m in ms
-            if m.within is not None and math.isfinite(n := m.noise_at(m.tolerance))
+            if m.within is not None and math.isfinite(n := m.noise)
         ]
         rows.append({
             "case": name, "metric": metric, "unstable": len(ms), "runs": len(cond.runs),
@@ -268,6 +268,7 @@ def unstable_parts(cond: Condition) -> list[dict[str, Any]]:
             "noise": _median([n for n, _ in noise]),
             "within": _median([w for _, w in noise]),
             "between": _median([math.sqrt(max(n**2 - w**2, 0.0)) for n, w in noise]),
+            "critical": _median([m.critical for m in ms if math.isfinite(m.critical)]),
         })  # fmt: skip
     return sorted(rows, key=lambda r: (-r["unstable"], r["case"], r["metric"]))
 

@@ -149,7 +149,7 @@ def _unaccounted_cause(run: DecodeRun) -> str:
     if run.has_device_times:
         return (
             "a host-side stall or GPU work outside the mapped phases (device activity not "
-            "sampled: --specperf-kernel-every)"
+            "sampled: --specperf-profile kernels=N)"
         )
     return "a host-side stall between phases"
 

@@ -8,12 +8,18 @@ become baselines (``recording_refusal``) and what is stored (``as_baseline``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, fingerprint_mismatch
+from pytest_specperf.judging.baselines import (
+    CaseBaseline,
+    CaseProblem,
+    NotGated,
+    fingerprint_mismatch,
+)
 from pytest_specperf.judging.bottleneck import Bottleneck
 from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
 from pytest_specperf.judging.diagnosis import diagnose, time_went
@@ -23,10 +29,31 @@ from pytest_specperf.judging.metrics import (
     DEFAULT_POINT_GATES,
     MIN_PHASE_SHARE,
     STEP,
+    TOKENS_PER_S,
+    MetricKind,
+    device_form,
     is_stored,
+    rest_form,
+    spec,
+)
+from pytest_specperf.judging.noise import (
+    MAX_PROCESSES,
+    PROVISIONAL_PRIOR,
+    DevicePrior,
+    anova_between,
+    anova_f,
+    log_rows,
 )
 from pytest_specperf.judging.samples import DecodeRun
-from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.significance import (
+    LONE,
+    MIRROR_SHARE,
+    Family,
+    critical,
+    holm_levels,
+    p_worse,
+)
+from pytest_specperf.judging.stats import Summary, f_sf
 from pytest_specperf.judging.verdict import (
     QUIET_SCATTER,
     CaseVerdict,
@@ -37,6 +64,7 @@ from pytest_specperf.judging.verdict import (
     combine,
     downgrade_disturbed,
     judge_runs,
+    judged_form,
     noisiest_phase,
     runs_disturbance,
 )
@@ -52,6 +80,8 @@ class HistoryRun:
     fingerprint_hash: str
     source: str
     metrics: Mapping[str, Summary]
+    #: the sitting it was measured in (None: each report is a sitting of its own)
+    sitting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +109,13 @@ class Case:
     history: tuple[HistoryRun, ...] = ()
     #: absolute limits checked whatever the baseline says (None: none)
     budgets: Budgets | None = None
+    #: the share of the run's false-alarm budget the case may spend (``significance``)
+    family: Family = LONE
+    #: the device's level priors (process and sitting variances) from the file beside the
+    #: baselines, or the provisional ones
+    prior: DevicePrior = PROVISIONAL_PRIOR
+    #: this session's sitting id (recorded with a baseline run; None: a fresh sitting)
+    sitting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +186,89 @@ def default_gates(base: Mapping[str, Summary], run: DecodeRun, speculative: bool
     return gates
 
 
+def fixed_accept(base: Mapping[str, Summary], run: DecodeRun) -> bool:
+    """Whether the accept length is the same, block by block, in the latest baseline run
+    and every current run (greedy tokens): ``tokens_per_s`` is then the step's test again."""
+    b = base.get(ACCEPT_LEN)
+    if b is None or not b.blocks:
+        return False
+    for r in run.processes:
+        n = r.summaries.get(ACCEPT_LEN)
+        if n is None or len(n.blocks) % len(b.blocks):
+            return False
+        k = len(b.blocks)
+        if any(abs(x - b.blocks[i % k]) > 1e-9 * max(1.0, abs(x)) for i, x in enumerate(n.blocks)):
+            return False
+    return True
+
+
+def mirror_pairs(base: Mapping[str, Summary], phases: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs of gated phases whose judged forms mirror each other: each takes at least
+    ``MIRROR_SHARE`` of the other's rest of the step (the named phases' total minus it),
+    so ``a/rest`` is about ``1 / (b/rest)``: one quantity seen from both ends."""
+    named = {p: base[p].median for p in PHASES if p in base}
+    total = sum(named.values())
+    out = []
+    gated = [p for p in phases if p in named]
+    for i, a in enumerate(gated):
+        for b in gated[i + 1 :]:
+            rest_a, rest_b = total - named[a], total - named[b]
+            if (
+                rest_a > 0
+                and rest_b > 0
+                and min(named[b] / rest_a, named[a] / rest_b) >= (MIRROR_SHARE)
+            ):
+                out.append((a, b))
+    return out
+
+
+def _holm(judged: list[MetricVerdict], alpha: float) -> list[MetricVerdict]:
+    """Holm's step-down over the case's gates at the case's level ``alpha``: a gate whose
+    one-sided p-value clears its Holm level is judged at that level's critical value (a
+    SLOWER needs the change beyond the tolerance too). The first pass judged every gate
+    at Bonferroni's ``alpha / m``, the level of the first step; later steps only widen."""
+    ps = [
+        p_worse(m.change, m.noise, m.df if m.df is not None else math.inf,
+                higher_is_better=spec(m.metric).higher_is_better)
+        for m in judged
+    ]  # fmt: skip
+    levels = holm_levels(ps, alpha)
+    order = sorted(range(len(judged)), key=lambda i: ps[i])
+    out = list(judged)
+    for i in order:
+        if ps[i] > levels[i]:
+            break
+        m = judged[i]
+        df = m.df if m.df is not None else math.inf
+        z = critical(levels[i], df)
+        if m.verdict is Verdict.SLOWER or m.disturbed or z >= m.critical:
+            continue
+        v = m.rejudged(m.tolerance, z=z)
+        if v is Verdict.SLOWER:
+            out[i] = replace(m, verdict=v, critical=z, alpha=levels[i], steps_to_decide=None,
+                             processes_to_decide=None)  # fmt: skip
+    return out
+
+
+def _untie_mirrors(
+    judged: list[MetricVerdict], pairs: Sequence[tuple[str, str]]
+) -> list[MetricVerdict]:
+    """Name each mirror pair's partner; the FASTER of a phase whose partner is SLOWER is
+    the same evidence seen from the other end: SAME."""
+    by = {m.metric: i for i, m in enumerate(judged)}
+    out = list(judged)
+    for a, b in pairs:
+        if a not in by or b not in by:
+            continue
+        ia, ib = by[a], by[b]
+        out[ia] = replace(out[ia], mirror_of=b)
+        out[ib] = replace(out[ib], mirror_of=a)
+        for x, y in ((ia, ib), (ib, ia)):
+            if out[x].verdict is Verdict.SLOWER and out[y].verdict is Verdict.FASTER:
+                out[y] = replace(out[y], verdict=Verdict.SAME)
+    return out
+
+
 def compare(
     base: Mapping[str, Summary],
     run: DecodeRun,
@@ -157,32 +277,60 @@ def compare(
     *,
     base_runs: Sequence[Mapping[str, Summary]] = (),
     history: Sequence[Mapping[str, Summary]] = (),
+    family: Family = LONE,
+    prior: DevicePrior = PROVISIONAL_PRIOR,
+    base_sittings: Sequence[str | None] = (),
+    history_sittings: Sequence[str | None] = (),
+    sitting: str | None = None,
 ) -> CaseVerdict:
     """Judge every gate of a case; a disturbed case's time verdicts become UNSTABLE.
 
     ``base`` is the latest baseline run, ``base_runs`` all of them (oldest first; default:
-    ``base`` alone); ``run`` is judged with its siblings (one run per server process)."""
+    ``base`` alone); ``run`` is judged with its siblings (one run per server process), in
+    the sitting ``sitting``. The case spends ``family.case_alpha``: each of its ``m``
+    gates is judged at ``alpha / m``, then Holm's step-down (``significance``).
+    ``tokens_per_s`` beside ``step`` with a fixed accept length is the step's test again:
+    not judged twice."""
     runs = Runs(
         tuple(base_runs) or (base,),
         tuple(r.summaries for r in run.processes),
         tuple(history),
+        tuple(base_sittings) if base_runs else (),
+        (sitting,) * len(run.processes) if sitting is not None else (),
+        tuple(history_sittings),
     )
+    reasons: list[str] = []
+    gates = list(gates)
+    if TOKENS_PER_S in gates and STEP in gates and fixed_accept(base, run):
+        gates.remove(TOKENS_PER_S)
+        reasons.append(
+            "tokens_per_s not judged apart from step: the accept length is the same block by "
+            "block, so tokens/s is the step's test again"
+        )
+    alpha = family.gate_alpha(len(gates))
     judged: list[MetricVerdict] = []
     missing = []
     for m in gates:
-        mv = judge_runs(m, runs, tolerances, now_util=run.utilizations)
+        mv = judge_runs(m, runs, tolerances, now_util=run.utilizations, prior=prior, alpha=alpha)
         if mv is None:
             missing.append(m)
         else:
             judged.append(mv)
+    judged = _holm(judged, family.case_alpha)
     judged = downgrade_disturbed(judged, runs_disturbance(runs))
-    reasons = (f"gated metric(s) {', '.join(missing)} missing in the baseline",) if missing else ()
-    return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), reasons)
+    judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
+    if missing:
+        reasons.insert(0, f"gated metric(s) {', '.join(missing)} missing in the baseline")
+    return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), tuple(reasons))
 
 
 def matching_history(case: Case, base: CaseBaseline) -> tuple[Mapping[str, Summary], ...]:
     """The case's history runs of the baseline's engine (same fingerprint hash)."""
-    return tuple(h.metrics for h in case.history if h.fingerprint_hash == base.fingerprint_hash)
+    return tuple(h.metrics for h in _history_of(case, base))
+
+
+def _history_of(case: Case, base: CaseBaseline) -> list[HistoryRun]:
+    return [h for h in case.history if h.fingerprint_hash == base.fingerprint_hash]
 
 
 def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) -> CaseVerdict:
@@ -201,11 +349,28 @@ def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) 
             ),
         )
     gates = case.gates or default_gates(base.metrics, case.run, case.speculative)
+    skipped: tuple[str, ...] = ()
+    if base.not_gated is not None:
+        skipped = tuple(g for g in gates if g in base.not_gated.gates)
+        gates = [g for g in gates if g not in base.not_gated.gates]
     runs = tuple(base.run_metrics(i) for i in range(len(base.runs)))
-    return compare(
+    hist = _history_of(case, base)
+    judged = compare(
         base.metrics, case.run, gates, case.tolerances, base_runs=runs,
-        history=matching_history(case, base),
+        history=tuple(h.metrics for h in hist), family=case.family, prior=case.prior,
+        base_sittings=tuple(r.sitting_label for r in base.runs),
+        history_sittings=tuple(h.sitting or h.source for h in hist), sitting=case.sitting,
     )  # fmt: skip
+    if not skipped or base.not_gated is None:
+        return judged
+    return replace(judged, reasons=(*judged.reasons, not_gated_reason(base.not_gated, skipped)))
+
+
+def not_gated_reason(mark: NotGated, gates: Sequence[str]) -> str:
+    """The line that says a case's gates are not gated, once, with the measured spread."""
+    spread = ", ".join(f"{g} {mark.gates[g]:.1%}" for g in gates)
+    state = "accepted in the baseline file" if mark.accepted else "not accepted in the file"
+    return f"not gated: {spread} between server processes ({mark.reason}; {state})"
 
 
 def judge_case(
@@ -283,7 +448,10 @@ def recording_refusal(run: DecodeRun, key: str) -> str | None:
 
 def as_baseline(case: Case, *, at: str) -> CaseBaseline:
     """What an update stores for ``case``: one run per server process (its siblings
-    included), each with its utilization medians, recorded ``at`` (an ISO timestamp)."""
+    included), each with its utilization medians, recorded ``at`` (an ISO timestamp),
+    and the gates no setting can decide (``not_gated_mark``). The runs' sitting is stamped
+    by the writer (the update is the sitting: a pytest-xdist controller stamps its
+    workers' runs with its own)."""
     recorded: list[CaseBaseline] = []
     for run in case.run.processes:
         metrics: dict[str, Summary] = {k: v for k, v in run.summaries.items() if is_stored(k)}
@@ -300,7 +468,61 @@ def as_baseline(case: Case, *, at: str) -> CaseBaseline:
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
             )
         )
-    return replace(recorded[0], runs=tuple(r for c in recorded for r in c.runs))
+    return replace(
+        recorded[0],
+        runs=tuple(r for c in recorded for r in c.runs),
+        not_gated=not_gated_mark(case),
+    )
+
+
+#: A recording marks a gate not gated when its processes differ significantly (the runs x
+#: blocks F test at this level) and so much that ``BIMODAL_Z`` x the process noise stays
+#: above the tolerance even with ``MAX_PROCESSES`` processes against the recorded runs.
+BIMODAL_P = 0.001
+BIMODAL_Z = 3.0
+
+
+def _judged_rows(runs: Sequence[Mapping[str, Summary]], metric: str) -> list[list[float]] | None:
+    """The folded log block rows of ``metric``'s judged form in every run, or None."""
+    form, basis = judged_form(metric)
+    if basis is not None and spec(metric).kind is MetricKind.PHASE:
+        dev = rest_form(device_form(metric))
+        form = dev if all(dev in r for r in runs) else form
+    if not all(form in r for r in runs):
+        return None
+    period = len(runs[0][form].blocks)
+    rows = [log_rows(r[form].blocks, period) for r in runs]
+    return [x for x in rows if x is not None] if all(x is not None for x in rows) else None
+
+
+def not_gated_mark(case: Case) -> NotGated | None:
+    """What a recording of ``case`` (2 or more server processes) marks as not gated: the
+    step and phase gates whose processes disagree beyond any tolerance (``BIMODAL_P``,
+    ``BIMODAL_Z``), each with its measured spread ``tau_hat``; None when there is none."""
+    procs = [r.summaries for r in case.run.processes]
+    k = len(procs)
+    if k < 2:
+        return None
+    gates = case.gates or default_gates(procs[0], case.run, case.speculative)
+    found: dict[str, float] = {}
+    for g in gates:
+        if spec(g).kind not in (MetricKind.PHASE, MetricKind.TIME):
+            continue
+        rows = _judged_rows(procs, g)
+        f = anova_f(rows) if rows else None
+        if rows is None or f is None or f_sf(*f) >= BIMODAL_P:
+            continue
+        tau = math.sqrt(anova_between(rows) or 0.0)
+        if BIMODAL_Z * tau * math.sqrt(1 / MAX_PROCESSES + 1 / k) > case.tolerances.of(g):
+            found[g] = tau
+    if not found:
+        return None
+    return NotGated(
+        found,
+        f"bimodal between server processes: recorded in {k} processes, {BIMODAL_Z:g} x the "
+        f"process noise exceeds the tolerance even with {MAX_PROCESSES} processes a side "
+        "(docs/statistics.md)",
+    )
 
 
 def more_steps_would_decide(case: Case, found: CaseBaseline | CaseProblem | None) -> list[str]:

@@ -44,8 +44,8 @@ class MetricSpec:
     kind: MetricKind
     higher_is_better: bool = False
     center: Center = "median"
-    #: which of the run's two tolerances applies (``--specperf-tolerance`` or
-    #: ``--specperf-step-tolerance``)
+    #: which of the run's two tolerances applies (``--specperf-tolerance PHASE,step=STEP``:
+    #: its first part or its ``step=`` part)
     tolerance: ToleranceKind = "phase"
     #: for utilizations: factor from the stored value to percent (a share 0.42 -> 42%)
     to_percent: float = 1.0

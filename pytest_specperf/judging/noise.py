@@ -1,62 +1,155 @@
-"""The noise of a comparison: within a run (paired blocks) and between server processes.
+"""The noise of a comparison, level by level: blocks, server processes, sittings.
 
 Model, on the log scale, for one judged form (``verify/rest``, ``step/ref``, ...). Block
-``b`` of run ``i`` (one server process) is
+``b`` of run ``i`` (one server process) of sitting ``s`` (one pytest session's servers, at
+one time on one machine) is
 
-    x[i][b] = mu + beta[b] + u[i] + e[i][b]
+    x[s][i][b] = mu + beta[b] + v[s] + u[i] + e[i][b]
 
 ``beta[b]`` is the block's own effect (its prompt and layout seed, the same in every run:
-it cancels when blocks are paired), ``u[i] ~ N(0, tau^2)`` the process effect (where the
-pool's pages landed, clocks, the process's luck: the same for every block of a run), and
-``e[i][b] ~ N(0, sigma^2)`` the block-to-block noise inside a run.
+it cancels when blocks are paired), ``v[s] ~ N(0, sigma_s^2)`` the sitting's offset (the
+machine's state that hour: clocks, memory, neighbours; the same for every process of the
+sitting), ``u[i] ~ N(0, tau^2)`` the process effect (where the pool's pages landed: the
+same for every block of a run), and ``e[i][b] ~ N(0, sigma^2)`` the block-to-block noise.
 
-A baseline holds ``K`` runs of ``B`` blocks; the current measurement ``N`` runs of ``R``
-rounds of the same ``B`` blocks (block ``r*B + b`` repeats block ``b``'s prompt and seed).
-The change is judged on the geometric mean of the current runs' centers over the
-geometric mean of the baseline runs' centers, and its noise is
+A baseline holds ``K`` runs of ``B`` blocks from ``S`` sittings; the current measurement
+``N`` runs of ``R`` rounds of the same ``B`` blocks, in one new sitting. The change is the
+mean over blocks of the paired log differences ``d[b]`` (each side averaged over its runs
+and rounds): the statistic judged is the one whose noise is computed. Its noise is
 
-    noise^2 = w^2 + tau^2 * (1/N + 1/K)
+    noise^2 = w^2 + tau^2 * (1/N + 1/K) + sigma_s^2 * c_s
 
-* ``w``: the paired block noise, the standard error of the mean of
-  ``d[b] = mean over current runs and rounds of x[b] - mean over baseline runs of x[b]``
-  (``stdev(d) / sqrt(B)``): what the blocks themselves say; for ``K = N = R = 1`` this
-  is the paired noise of one run against one run.
-* ``tau^2``: the between-process variance, a method-of-moments (two-way ANOVA, runs x
-  blocks) estimate from the baseline's runs and any history runs ``K'`` in all:
-  ``tau_hat^2 = max(0, (MS_runs - MS_blocks) / B)``, shrunk towards a prior ``tau0``
-  worth ``PRIOR_RUNS`` runs: ``tau^2 = (PRIOR_RUNS * tau0^2 + (K' - 1) * tau_hat^2) /
-  (PRIOR_RUNS + K' - 1)``. With one run there is no evidence and ``tau = tau0``; runs
-  that agree pull it below ``tau0``, runs that disagree far above.
+* ``w = stdev(d) / sqrt(B)``: the paired block noise (``B - 1`` degrees of freedom).
+* ``tau^2``: the between-process variance, from the runs of each sitting (a two-way
+  ANOVA runs x blocks, pooled within sittings: sitting offsets do not count as process
+  noise), ``tau_hat^2 = max(0, (MS_runs - MS_blocks) / B)`` on ``sum(k_s - 1)`` degrees of
+  freedom, pooled with a device prior ``tau0`` worth ``nu_tau`` degrees of freedom:
+  ``tau^2 = (nu_tau tau0^2 + df tau_hat^2) / (nu_tau + df)``.
+* ``sigma_s^2``: the sitting variance, from the sittings' means (``S - 1`` degrees of
+  freedom, what the runs within them explain taken off), pooled the same way with the
+  device prior ``sigma_s0`` worth ``nu_s``. One sitting: the prior alone.
+* ``c_s = sum over sittings of (a_s - b_s)^2``, ``a_s`` and ``b_s`` the share of the current
+  and the baseline runs from sitting ``s``: ``1 + 1/S`` for a new sitting against ``S``
+  sittings of equal size, ``0`` when both sides share one sitting (an A/B run).
 
-More rounds shrink only the current runs' share of ``w``; the rest (the baseline's blocks
-and the between-process term) is the floor that only more processes lower. ``Noise``
-predicts both, for the automatic extension and for the advice of an UNSTABLE verdict.
+The priors never come from the tolerance: they are the device's, measured by ``specperf
+calibrate`` and stored beside the baselines, or the documented provisional values below.
+The verdict's critical value is Student's t on the Welch-Satterthwaite degrees of freedom
+of the three parts (``judging.significance``).
+
+More rounds shrink only the current runs' share of ``w``; the rest (the baseline's blocks,
+the process and sitting terms) is the floor that only more processes or sittings lower.
+``Noise`` predicts both, for the automatic extension and for an UNSTABLE verdict's advice.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-#: Weight of the prior between-process variance, in runs: with K' runs the estimate is
-#: ``(PRIOR_RUNS * tau0^2 + (K' - 1) * tau_hat^2) / (PRIOR_RUNS + K' - 1)``.
-PRIOR_RUNS = 2.0
+from pytest_specperf.judging.stats import satterthwaite
+
 #: Most server processes a measurement spans (``--specperf-processes``).
 MAX_PROCESSES = 16
 #: Fewest paired blocks for a paired noise (two degrees of freedom).
 MIN_PAIRED_BLOCKS = 3
+#: The sitting of runs stored without one (baselines before schema 4): all one sitting.
+LEGACY_SITTING = "legacy"
+#: The sitting of current runs that carry none: a sitting of its own.
+CURRENT_SITTING = "<current>"
+
+
+@dataclass(frozen=True)
+class LevelPrior:
+    """What a comparison assumes, for one kind of judged form, about the levels its own
+    runs cannot estimate: the between-process and the sitting standard deviations (log
+    units, about fractions), each worth some degrees of freedom, and where they came from."""
+
+    between: float
+    between_df: float
+    sitting: float
+    sitting_df: float
+
+    def __post_init__(self) -> None:
+        for name in ("between", "sitting"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"LevelPrior.{name} must be a finite number >= 0, got {v!r}")
+        for name in ("between_df", "sitting_df"):  # inf: a known variance
+            v = getattr(self, name)
+            if not v >= 0:
+                raise ValueError(f"LevelPrior.{name} must be a number >= 0, got {v!r}")
+
+
+#: The kinds of judged forms a device prior holds, in ``DevicePrior``'s field order (the
+#: tolerance kinds of ``metrics.MetricSpec``).
+PRIOR_KINDS = ("phase", "step")
+
+
+@dataclass(frozen=True)
+class DevicePrior:
+    """The level priors of one device: for the phases' forms (``verify/rest``, accept
+    length, shares) and for the step's (``step/ref``, tokens/s), with their source."""
+
+    phase: LevelPrior
+    step: LevelPrior
+    #: where the numbers come from (a calibration's work dir and date, or "provisional")
+    source: str
+    #: True until ``specperf calibrate`` has measured them on this device
+    provisional: bool
+
+    def of(self, kind: str) -> LevelPrior:
+        """The prior of a tolerance kind (``phase`` or ``step``, ``metrics.spec().tolerance``)."""
+        return self.step if kind == PRIOR_KINDS[1] else self.phase
+
+    def describe(self) -> str:
+        p, s = self.phase, self.step
+        state = "PROVISIONAL" if self.provisional else "measured"
+        return (
+            f"noise prior ({state}, {self.source}): between processes {p.between:.1%} "
+            f"(phases), {s.between:.1%} (step); between sittings {p.sitting:.1%} (phases), "
+            f"{s.sitting:.1%} (step)"
+        )
+
+
+#: The prior used until ``specperf calibrate`` measures one on the device. Derived from the
+#: README's measured figures (2-core AMD EPYC and Intel Xeon boxes, 2026-12-01/03;
+#: docs/statistics.md shows the arithmetic): between processes, the median ``tau_hat`` of
+#: the 5-run baselines over their non-bimodal cases (phases 0.8% AMD, 1.1% Intel; step/ref
+#: 2.5% and 2.8%) rounded up to 1.2% and 3.0%, worth 4 degrees of freedom; between
+#: sittings, the largest offset of a one-sitting baseline from the median of 20 later A/A
+#: runs over 6 cases (1.7% phases, 9.5% step/ref) divided by 1.6, the median of the
+#: largest of 6 half-normal draws, rounded up: 1.1% and 6.0%, worth 6 degrees of freedom
+#: (6 cases, one pair of sittings). Conservative: those offsets include the baseline's
+#: own process noise.
+PROVISIONAL_PRIOR = DevicePrior(
+    phase=LevelPrior(between=0.012, between_df=4.0, sitting=0.011, sitting_df=6.0),
+    step=LevelPrior(between=0.030, between_df=4.0, sitting=0.060, sitting_df=6.0),
+    source="derived from the README's 2026-12 figures, docs/statistics.md; measure this "
+    "device's with specperf calibrate",
+    provisional=True,
+)
+#: A prior that assumes no process or sitting noise (tests of the block noise alone).
+NO_PRIOR = DevicePrior(
+    phase=LevelPrior(0.0, math.inf, 0.0, math.inf),
+    step=LevelPrior(0.0, math.inf, 0.0, math.inf),
+    source="none (block noise only)",
+    provisional=False,
+)
 
 
 @dataclass(frozen=True)
 class RunBlocks:
-    """One run of a judged form: its center and its block centers (both > 0)."""
+    """One run of a judged form: its center and its block centers (both > 0), and the
+    sitting it was measured in (None: unknown)."""
 
     value: float
     blocks: tuple[float, ...]
     #: the center's relative standard error alone, for comparisons whose blocks do not pair
     rel_se: float = math.inf
+    sitting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +159,7 @@ class Noise:
     total: float
     #: paired block noise of this comparison (``w``)
     within: float
-    #: between-process standard deviation of one run's center (``tau``)
+    #: between-process standard deviation of one run's center (``tau``, after the prior)
     between: float
     #: the parts of ``within^2`` due to the current runs' blocks and the baseline's
     #: (``now_var + base_var = within^2``; NaN when the blocks do not pair)
@@ -78,25 +171,54 @@ class Noise:
     now_runs: int
     #: runs behind ``between`` besides the baseline's (history)
     history_runs: int = 0
-    #: the raw estimate ``tau_hat^2`` (None: fewer than 2 runs) and the runs ``K'`` behind it
+    #: the raw estimate ``tau_hat^2`` (None: no run of a sitting had a sibling) and the
+    #: runs ``K'`` behind it
     between_hat2: float | None = None
     between_runs: int = 1
+    #: sitting standard deviation (after the prior), its coefficient ``c_s``, the raw
+    #: estimate (None: one sitting) and the sittings behind it
+    sitting: float = 0.0
+    sitting_coef: float = 0.0
+    sitting_hat2: float | None = None
+    sittings: int = 1
+    #: degrees of freedom of each part and of the total (Welch-Satterthwaite)
+    within_df: float = math.inf
+    between_df: float = math.inf
+    sitting_df: float = math.inf
+    #: the statistic judged: mean paired log difference (NaN: unpaired, the centers' ratio)
+    log_change: float = math.nan
 
     @property
     def paired(self) -> bool:
         return math.isfinite(self.now_var)
 
     @property
-    def _process_part(self) -> float:
-        return self.between**2 * (1 / self.now_runs + 1 / self.base_runs)
+    def df(self) -> float:
+        """Welch-Satterthwaite degrees of freedom of ``total^2``."""
+        return satterthwaite(self._parts(self.within**2, self.now_runs, self.base_runs))
+
+    def _parts(self, w2: float, now_runs: int, base_runs: int) -> list[tuple[float, float]]:
+        return [
+            (w2, self.within_df),
+            (self.between**2 * (1 / now_runs + 1 / base_runs), self.between_df),
+            (self.sitting**2 * self.sitting_coef, self.sitting_df),
+        ]
+
+    @property
+    def _level_part(self) -> float:
+        """The process and sitting parts of ``total^2``."""
+        return (
+            self.between**2 * (1 / self.now_runs + 1 / self.base_runs)
+            + self.sitting**2 * self.sitting_coef
+        )
 
     @property
     def floor(self) -> float:
         """The noise with unlimited rounds: what more steps cannot lower (the baseline's
-        blocks and the between-process part); the noise itself when unpaired."""
+        blocks, the process and the sitting parts); the noise itself when unpaired."""
         if not self.paired:
             return self.total
-        return math.sqrt(self.base_var + self._process_part)
+        return math.sqrt(self.base_var + self._level_part)
 
     def predicted(self, rounds: float) -> float:
         """The noise with ``rounds`` rounds per current run, from the same estimates."""
@@ -113,12 +235,14 @@ class Noise:
 
     def with_processes(self, processes: int) -> float:
         """The noise with ``processes`` current runs of one round each, against a baseline
-        of as many runs (or its own, if it has more), from the same estimates."""
+        of as many runs (or its own, if it has more), from the same estimates (the
+        sitting part stays: more processes of one sitting cannot lower it)."""
         base = max(self.base_runs, processes)
         per_run_now = self.now_var * self.rounds * self.now_runs
         per_run_base = self.base_var * self.base_runs
         var = per_run_now / processes + per_run_base / base
-        return math.sqrt(var + self.between**2 * (1 / processes + 1 / base))
+        var += self.between**2 * (1 / processes + 1 / base) + self.sitting**2 * self.sitting_coef
+        return math.sqrt(var)
 
     def processes_for(self, target: float) -> int | None:
         """Processes (current runs; the baseline recorded in as many, if it has fewer) that
@@ -143,22 +267,85 @@ def log_rows(blocks: Sequence[float], period: int) -> list[float] | None:
 
 def anova_between(rows: Sequence[Sequence[float]]) -> float | None:
     """Method-of-moments between-run variance from log block rows (runs x blocks):
-    ``max(0, (MS_runs - MS_blocks) / B)``; None with fewer than 2 runs or 2 blocks."""
+    ``max(0, (MS_runs - MS_blocks) / B)``; None with fewer than 2 runs or 2 blocks.
+    (All rows one sitting: ``LevelEstimate`` with one label gives the same.)"""
+    est = level_estimate(rows, [""] * len(rows))
+    return est.between_hat2 if est is not None else None
+
+
+def anova_f(rows: Sequence[Sequence[float]]) -> tuple[float, int, int] | None:
+    """The runs x blocks F statistic ``MS_runs / MS_blocks`` of log block rows (one
+    sitting) and its degrees of freedom ``(K - 1, (K - 1)(B - 1))``; None with fewer than 2
+    runs or 2 blocks, or no residual."""
+    est = level_estimate(rows, [""] * len(rows))
+    if est is None or est.between_hat2 is None or est.ms_blocks <= 0:
+        return None
+    k, b = len(rows), est.blocks
+    means = [statistics.fmean(r) for r in rows]
+    ms_runs = b * statistics.variance(means)
+    return ms_runs / est.ms_blocks, k - 1, (k - 1) * (b - 1)
+
+
+@dataclass(frozen=True)
+class LevelEstimate:
+    """What runs of several sittings say about the levels (before any prior)."""
+
+    #: ``tau_hat^2`` on ``between_df`` degrees of freedom (None: no sitting had 2 runs)
+    between_hat2: float | None
+    between_df: int
+    #: block-to-block residual mean square (``MS_blocks``) and the blocks per run
+    ms_blocks: float
+    blocks: int
+    #: the sittings' means (log units) and runs per sitting, in label order
+    sitting_means: tuple[float, ...]
+    sitting_runs: tuple[int, ...]
+
+    @property
+    def sittings(self) -> int:
+        return len(self.sitting_means)
+
+    def sitting_hat2(self, tau2: float) -> float | None:
+        """``sigma_s_hat^2`` given the process variance ``tau2`` (after its prior):
+        ``max(0, var(sitting means) - mean(1/k_s) * (tau2 + MS_blocks / B))``; None with
+        one sitting."""
+        if self.sittings < 2:
+            return None
+        per_run = tau2 + self.ms_blocks / self.blocks
+        explained = statistics.fmean(1 / k for k in self.sitting_runs) * per_run
+        return max(0.0, statistics.variance(self.sitting_means) - explained)
+
+
+def level_estimate(rows: Sequence[Sequence[float]], labels: Sequence[str]) -> LevelEstimate | None:
+    """The nested ANOVA of log block rows (runs x blocks), each run labelled by its
+    sitting: ``MS_blocks`` from the two-way residual, ``MS_runs`` from the run means'
+    spread within each sitting (pooled), the sittings' means. None with fewer than 2 runs
+    or 2 blocks."""
     k = len(rows)
     b = len(rows[0]) if rows else 0
-    if k < 2 or b < 2 or any(len(r) != b for r in rows):
+    if k < 2 or b < 2 or any(len(r) != b for r in rows) or len(labels) != k:
         return None
     run_means = [statistics.fmean(r) for r in rows]
     block_means = [statistics.fmean(r[j] for r in rows) for j in range(b)]
     grand = statistics.fmean(run_means)
-    ms_runs = b * sum((m - grand) ** 2 for m in run_means) / (k - 1)
     resid = sum(
         (rows[i][j] - run_means[i] - block_means[j] + grand) ** 2
         for i in range(k)
         for j in range(b)
     )
     ms_blocks = resid / ((k - 1) * (b - 1))
-    return max(0.0, (ms_runs - ms_blocks) / b)
+    groups: dict[str, list[float]] = {}
+    for label, m in zip(labels, run_means):
+        groups.setdefault(label, []).append(m)
+    df = sum(len(g) - 1 for g in groups.values())
+    hat2 = None
+    if df > 0:
+        ss = sum((m - statistics.fmean(g)) ** 2 for g in groups.values() for m in g)
+        hat2 = max(0.0, (b * ss / df - ms_blocks) / b)
+    order = sorted(groups)
+    return LevelEstimate(
+        hat2, df, ms_blocks, b,
+        tuple(statistics.fmean(groups[s]) for s in order), tuple(len(groups[s]) for s in order),
+    )  # fmt: skip
 
 
 def value_between(values: Sequence[float]) -> float | None:
@@ -168,11 +355,16 @@ def value_between(values: Sequence[float]) -> float | None:
     return statistics.variance(logs) if len(logs) >= 2 else None
 
 
-def shrunk_between(tau_hat2: float | None, runs: int, prior: float) -> float:
-    """``tau^2`` pooled with the prior ``prior^2`` worth ``PRIOR_RUNS`` runs."""
-    if tau_hat2 is None or runs < 2:
-        return prior**2
-    return (PRIOR_RUNS * prior**2 + (runs - 1) * tau_hat2) / (PRIOR_RUNS + runs - 1)
+def pooled(hat2: float | None, df: float, prior: float, prior_df: float) -> tuple[float, float]:
+    """A variance estimate on ``df`` degrees of freedom pooled with the prior ``prior^2``
+    worth ``prior_df``: ``((prior_df prior^2 + df hat2) / (prior_df + df), prior_df + df)``.
+    Without an estimate (or ``df`` 0): the prior, on its own degrees of freedom."""
+    if hat2 is None or df <= 0:
+        return prior**2, prior_df
+    if math.isinf(prior_df):
+        return prior**2, prior_df
+    total = prior_df + df
+    return (prior_df * prior**2 + df * hat2) / total, total
 
 
 def geometric_center(runs: Sequence[RunBlocks]) -> float:
@@ -182,30 +374,58 @@ def geometric_center(runs: Sequence[RunBlocks]) -> float:
     return math.exp(statistics.fmean(math.log(r.value) for r in runs))
 
 
+def sitting_coefficient(base: Sequence[str], now: Sequence[str]) -> float:
+    """``c_s = sum_s (a_s - b_s)^2``: the sitting variance's weight in the variance of
+    the current runs' mean minus the baseline runs' mean (equal weight per run)."""
+    shares: dict[str, float] = {}
+    for s in now:
+        shares[s] = shares.get(s, 0.0) + 1 / len(now)
+    for s in base:
+        shares[s] = shares.get(s, 0.0) - 1 / len(base)
+    return sum(x * x for x in shares.values())
+
+
+def _sittings(runs: Sequence[RunBlocks], default: str) -> list[str]:
+    return [r.sitting if r.sitting is not None else default for r in runs]
+
+
 @dataclass(frozen=True)
-class _Between:
-    tau: float
+class _Levels:
+    tau2: float
+    tau_df: float
     hat2: float | None
     runs: int
     history: int
+    sit2: float
+    sit_df: float
+    sit_hat2: float | None
+    sittings: int
 
 
-def _between(
-    base: Sequence[RunBlocks], history: Sequence[RunBlocks], period: int, prior: float
-) -> _Between:
-    """``tau`` from the folded rows of the baseline's and the history's runs (or, when
-    fewer than two have blocks that fold, from all their centers: an upper bound)."""
-    base_rows = [r for r in (log_rows(b.blocks, period) for b in base) if r is not None]
-    hist_rows = [r for r in (log_rows(h.blocks, period) for h in history) if r is not None]
-    rows = base_rows + hist_rows
-    if len(rows) >= 2:
-        hat2 = anova_between(rows)
-        tau = math.sqrt(shrunk_between(hat2, len(rows), prior))
-        return _Between(tau, hat2, len(rows), len(hist_rows))
+def _levels(
+    base: Sequence[RunBlocks], history: Sequence[RunBlocks], period: int, prior: LevelPrior
+) -> _Levels:
+    """The process and sitting variances from the folded rows of the baseline's and the
+    history's runs (or, when fewer than two have blocks that fold, from all their
+    centers: an upper bound for the process part, the sitting part from the prior)."""
     runs = [*base, *history]
-    hat2 = value_between([r.value for r in runs])
-    return _Between(math.sqrt(shrunk_between(hat2, len(runs), prior)), hat2, len(runs),
-                    len(history))  # fmt: skip
+    labels = _sittings(base, LEGACY_SITTING) + [
+        h.sitting if h.sitting is not None else f"history {i}" for i, h in enumerate(history)
+    ]
+    rows = [(log_rows(r.blocks, period), s) for r, s in zip(runs, labels)]
+    folded = [(r, s) for r, s in rows if r is not None]
+    hist = sum(1 for r, _ in rows[len(base) :] if r is not None)
+    est = level_estimate([r for r, _ in folded], [s for _, s in folded])
+    if est is None:
+        hat2 = value_between([r.value for r in runs])
+        tau2, tau_df = pooled(hat2, len(runs) - 1, prior.between, prior.between_df)
+        sit2, sit_df = pooled(None, 0, prior.sitting, prior.sitting_df)
+        return _Levels(tau2, tau_df, hat2, len(runs), len(history), sit2, sit_df, None, 1)
+    tau2, tau_df = pooled(est.between_hat2, est.between_df, prior.between, prior.between_df)
+    sit_hat2 = est.sitting_hat2(tau2)
+    sit2, sit_df = pooled(sit_hat2, est.sittings - 1, prior.sitting, prior.sitting_df)
+    return _Levels(tau2, tau_df, est.between_hat2, len(folded), hist, sit2, sit_df, sit_hat2,
+                   est.sittings)  # fmt: skip
 
 
 def _unpaired_within(base: RunBlocks, now: RunBlocks) -> float:
@@ -218,15 +438,15 @@ def relative_noise(
     base: Sequence[RunBlocks],
     now: Sequence[RunBlocks],
     *,
-    prior: float,
+    prior: LevelPrior,
     history: Sequence[RunBlocks] = (),
 ) -> Noise:
     """The noise of ``now`` (N runs) against ``base`` (K runs), see the module docstring.
 
-    ``prior`` is ``tau0``, the between-process standard deviation assumed without evidence.
-    Blocks pair when every baseline run has the latest run's ``B`` blocks and every
-    current run a multiple of ``B``; otherwise the two latest runs' standard errors are
-    combined unpaired (``sigma`` NaN: no prediction).
+    ``prior`` holds ``tau0`` and ``sigma_s0``, assumed without evidence. Blocks pair when
+    every baseline run has the latest run's ``B`` blocks and every current run a multiple
+    of ``B``; otherwise the two latest runs' standard errors are combined unpaired (no
+    prediction, ``log_change`` NaN: the centers' ratio is judged).
     """
     if not base or not now:
         raise ValueError("a comparison needs at least one baseline run and one current run")
@@ -234,21 +454,62 @@ def relative_noise(
     base_rows = [r for r in (log_rows(b.blocks, period) for b in base) if r is not None]
     now_rows = [r for r in (log_rows(n.blocks, period) for n in now) if r is not None]
     k, n = len(base), len(now)
-    btw = _between(base, history, period, prior)
+    lv = _levels(base, history, period, prior)
+    coef = sitting_coefficient(_sittings(base, LEGACY_SITTING), _sittings(now, CURRENT_SITTING))
+    level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
+
+    def noise(within: float, now_var: float, base_var: float, rounds: int, within_df: float,
+              log_change: float) -> Noise:  # fmt: skip
+        return Noise(
+            math.sqrt(within**2 + level_var), within, math.sqrt(lv.tau2), now_var, base_var,
+            period, rounds, k, n, lv.history, lv.hat2, lv.runs, math.sqrt(lv.sit2), coef,
+            lv.sit_hat2, lv.sittings, within_df, lv.tau_df, lv.sit_df, log_change,
+        )  # fmt: skip
+
     paired = period >= MIN_PAIRED_BLOCKS and len(base_rows) == k and len(now_rows) == n
     if not paired:
         within = _unpaired_within(base[-1], now[0])
-        total = math.sqrt(within**2 + btw.tau**2 * (1 / n + 1 / k))
-        return Noise(total, within, btw.tau, math.nan, math.nan, period, 1, k, n, btw.history,
-                     btw.hat2, btw.runs)  # fmt: skip
+        df = len(now[0].blocks) - 1 if len(now[0].blocks) >= 2 else math.inf
+        return noise(within, math.nan, math.nan, 1, df, math.nan)
     rounds = min(len(r.blocks) for r in now) // period
     q = [statistics.fmean(r[j] for r in now_rows) for j in range(period)]
     p = [statistics.fmean(r[j] for r in base_rows) for j in range(period)]
-    var_d = statistics.variance([a - b for a, b in zip(q, p)])
+    d = [a - b for a, b in zip(q, p)]
+    var_d = statistics.variance(d)
     # var(q) = var(beta) + now part, var(p) = var(beta) + base part, var(d) = both parts:
     # the block effects cancel in var(q) - var(p)
     now_part = min(max((var_d + statistics.variance(q) - statistics.variance(p)) / 2, 0.0), var_d)
     within = math.sqrt(var_d / period)
-    total = math.sqrt(within**2 + btw.tau**2 * (1 / n + 1 / k))
-    return Noise(total, within, btw.tau, now_part / period, (var_d - now_part) / period, period,
-                 rounds, k, n, btw.history, btw.hat2, btw.runs)  # fmt: skip
+    return noise(within, now_part / period, (var_d - now_part) / period, rounds, period - 1,
+                 statistics.fmean(d))  # fmt: skip
+
+
+def measured_prior(
+    estimates: Mapping[str, Sequence[LevelEstimate]], source: str, *, fallback: DevicePrior
+) -> DevicePrior:
+    """The device prior a calibration measured: per kind (``PRIOR_KINDS``), the level
+    estimates of its cases (``level_estimate`` of each case's judged form over runs from
+    several sittings) pooled by degrees of freedom: ``tau^2 = sum(df_i tau_hat_i^2) /
+    sum(df_i)`` on ``sum(df_i)``, then ``sigma_s^2`` likewise from each case's sittings
+    (what the pooled ``tau^2`` explains taken off). A kind, or a level, with no degrees of
+    freedom keeps ``fallback``'s value (and the result stays provisional)."""
+    levels: list[LevelPrior] = []
+    provisional = fallback.provisional and not estimates
+    for kind in PRIOR_KINDS:
+        ests = list(estimates.get(kind, ()))
+        old = fallback.of(kind)
+        tau_df = sum(e.between_df for e in ests if e.between_hat2 is not None)
+        if tau_df > 0:
+            tau2 = sum(e.between_df * (e.between_hat2 or 0.0) for e in ests) / tau_df
+        else:
+            tau2, provisional = old.between**2, True
+        sits = [(e.sittings - 1, e.sitting_hat2(tau2)) for e in ests if e.sittings >= 2]
+        sit_df = sum(df for df, _ in sits)
+        if sit_df > 0:
+            sit2 = sum(df * (h or 0.0) for df, h in sits) / sit_df
+        else:
+            sit2, provisional = old.sitting**2, True
+        tau_w = float(tau_df) if tau_df else old.between_df
+        sit_w = float(sit_df) if sit_df else old.sitting_df
+        levels.append(LevelPrior(math.sqrt(tau2), tau_w, math.sqrt(sit2), sit_w))
+    return DevicePrior(levels[0], levels[1], source, provisional)

@@ -1,7 +1,9 @@
 """Strict runs (``--specperf-strict``): why a judged case does not count as judged.
 
 A case counts as judged when its verdict was decided against a baseline (``SAME``,
-``FASTER`` or ``SLOWER``) and the measurement behind it is whole: every phase the backend
+``FASTER`` or ``SLOWER``), every default gate was judged (a case its baseline marks
+``not_gated``, bimodal, counts only once the team accepts the mark in the file), and the
+measurement behind it is whole: every phase the backend
 maps recorded time, and a GPU run has its telemetry. ``unjudged`` lists what is missing;
 the plugin fails such a case under ``--specperf-strict`` and counts it out of the
 summary's "judged N of M cases".
@@ -70,6 +72,16 @@ def unjudged(
         problem = _verdict_problem(outcome)
         if problem is not None:
             out.append(problem)
+        mark = outcome.baseline.not_gated if outcome.baseline is not None else None
+        if mark is not None and not mark.accepted:
+            gates = ", ".join(sorted(mark.gates))
+            out.append(
+                Unjudged(
+                    f"not gated: {gates}",
+                    f"{gates} not gated: {mark.reason}; set not_gated.accepted: true for "
+                    f"this case in {outcome.baseline_path} to accept it (docs/statistics.md)",
+                )
+            )
     silent = silent_phases(outcome, mapped) if mapped is not None else []
     if silent:
         out.append(

@@ -1,7 +1,9 @@
 """Verdicts: compare a measured case with its baseline, metric by metric.
 
 A metric is ``SLOWER`` (or ``FASTER``) only when its relative change exceeds both the
-tolerance and ``Z`` times the noise of the comparison. Both runs measure the same blocks
+tolerance and a critical multiple of the noise of the comparison: Student's t on the
+noise's degrees of freedom, at the level the run's false-alarm budget leaves the gate
+(``judging.significance``). Both runs measure the same blocks
 (the same prompts and layouts, in the same order), so the noise is that of the paired
 block ratios: the standard error of the mean log ratio of block ``b`` now to block ``b``
 in the baseline. Differences between blocks (a prompt that accepts more tokens, a layout
@@ -12,9 +14,10 @@ utilizations are judged in percentage points (``judging.metrics``).
 
 A baseline may hold several runs of a case (one per server process) and a measurement
 may span several processes and several rounds of the same blocks: the noise then adds
-the between-process component estimated from the runs (``judging.noise``: a random-effects
-estimate shrunk towards a prior of ``tolerance * PRIOR_SHARE``), so a case whose runs
-agree gets a narrow band and one whose runs disagree a wide one.
+the between-process and between-sitting components estimated from the runs
+(``judging.noise``: random-effects estimates pooled with the device's prior, never with
+the tolerance), so a case whose runs agree gets a narrow band and one whose runs disagree
+a wide one.
 
 A judged metric is a frozen ``MetricVerdict``; it serializes itself (``to_json`` /
 ``from_json``) and can be re-decided at another tolerance by the same rule
@@ -46,17 +49,23 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.noise import (
+    NO_PRIOR,
+    PROVISIONAL_PRIOR,
+    DevicePrior,
     Noise,
     RunBlocks,
     geometric_center,
     relative_noise,
-    shrunk_between,
 )
+from pytest_specperf.judging.significance import LONE, critical
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES
 
-#: Noise multiplier: a change must exceed Z combined standard errors.
+#: The noise multiplier of reports written before the critical value was Student's t at
+#: the gate's level (``MetricVerdict.critical`` reads as this when a report lacks it).
 Z = 3.0
+#: A lone comparison's gate level (one gate, one case, one look): see ``significance``.
+LONE_ALPHA = LONE.gate_alpha(1)
 
 
 class Verdict(str, enum.Enum):
@@ -128,6 +137,13 @@ class MetricVerdictJSON(TypedDict):
     history_runs: int
     rounds: int
     processes_to_decide: int | None
+    critical: float | None
+    df: float | None
+    alpha: float | None
+    sitting: float | None
+    sitting_coef: float | None
+    sittings: int
+    mirror_of: str | None
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -177,6 +193,17 @@ class MetricVerdict:
     #: UNSTABLE that more steps cannot decide: the processes that would (the run's, and the
     #: baseline's too when it has fewer runs)
     processes_to_decide: int | None = None
+    #: the multiple of the noise a change must exceed (Student's t at ``alpha`` on ``df``
+    #: degrees of freedom; ``Z`` for reports written before it was recorded)
+    critical: float = Z
+    df: float | None = None
+    alpha: float | None = None
+    #: the sitting part of the noise: its standard deviation, coefficient and sittings
+    sitting: float | None = None
+    sitting_coef: float | None = None
+    sittings: int = 1
+    #: the phase whose judged form mirrors this one's (one quantity, both tails gated)
+    mirror_of: str | None = None
 
     @property
     def disturbed(self) -> bool:
@@ -191,15 +218,6 @@ class MetricVerdict:
             and not self.disturbed
             and self.steps_to_decide is not None
         )
-
-    def noise_at(self, tolerance: float) -> float:
-        """The noise with the between-process prior of ``tolerance`` (the prior scales
-        with the tolerance, see ``between_prior``); the stored noise when its parts are
-        not known."""
-        if self.within is None or self.between is None:
-            return self.noise
-        tau2 = shrunk_between(self.between_hat2, self.between_runs, between_prior(tolerance))
-        return math.sqrt(self.within**2 + tau2 * (1 / self.now_runs + 1 / self.base_runs))
 
     @property
     def in_points(self) -> bool:
@@ -239,12 +257,16 @@ class MetricVerdict:
             parts.append(f"{self.rounds} rounds")
         return f" over {', '.join(parts)}" if parts else ""
 
-    def rejudged(self, tolerance: float, *, case_disturbed: bool = False, z: float = Z) -> Verdict:
+    def rejudged(
+        self, tolerance: float, *, case_disturbed: bool = False, z: float | None = None
+    ) -> Verdict:
         """The verdict this comparison gets at ``tolerance``: the rule of ``judge_gate``
-        and ``downgrade_disturbed`` applied to the stored change, noise and scatter."""
+        and ``downgrade_disturbed`` applied to the stored change, noise, critical value
+        and scatter (the noise does not depend on the tolerance: its priors are the
+        device's). ``z`` replaces the stored critical value."""
         higher = spec(self.metric).higher_is_better
-        noise = self.noise if self.in_points else self.noise_at(tolerance)
-        v = decide(self.change, noise, tolerance, higher_is_better=higher, z=z)
+        crit = self.critical if z is None else z
+        v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=crit)
         disturbed = self.disturbed or (case_disturbed and self.metric in DISTURBABLE_METRICS)
         return _undecided_if_disturbed(v, disturbed)
 
@@ -274,6 +296,13 @@ class MetricVerdict:
             "history_runs": self.history_runs,
             "rounds": self.rounds,
             "processes_to_decide": self.processes_to_decide,
+            "critical": _finite_or_none(self.critical),
+            "df": _finite_or_none(self.df),
+            "alpha": self.alpha,
+            "sitting": _finite_or_none(self.sitting),
+            "sitting_coef": _finite_or_none(self.sitting_coef),
+            "sittings": self.sittings,
+            "mirror_of": self.mirror_of,
         }
 
     @classmethod
@@ -330,6 +359,13 @@ def _noise_parts(d: Mapping[str, Any]) -> dict[str, Any]:
         "history_runs": _count(d.get("history_runs"), 0),
         "rounds": max(1, _count(d.get("rounds"), 1)),
         "processes_to_decide": ptd if isinstance(ptd, int) and not isinstance(ptd, bool) else None,
+        "critical": _number(d.get("critical"), Z) if d.get("critical") is not None else Z,
+        "df": _optional(d.get("df")),
+        "alpha": _optional(d.get("alpha")),
+        "sitting": _optional(d.get("sitting")),
+        "sitting_coef": _optional(d.get("sitting_coef")),
+        "sittings": max(1, _count(d.get("sittings"), 1)),
+        "mirror_of": d.get("mirror_of") if isinstance(d.get("mirror_of"), str) else None,
     }
 
 
@@ -358,27 +394,15 @@ def paired_noise(base: Summary, now: Summary) -> float:
 
     Falls back to the two runs' independent standard errors when the blocks do not pair.
     """
-    return relative_noise([_blocks_of(base)], [_blocks_of(now)], prior=0.0).within
+    return relative_noise([_blocks_of(base)], [_blocks_of(now)], prior=NO_PRIOR.phase).within
 
 
-def _blocks_of(s: Summary) -> RunBlocks:
-    return RunBlocks(s.value, s.blocks, s.rel_se())
+def _blocks_of(s: Summary, sitting: str | None = None) -> RunBlocks:
+    return RunBlocks(s.value, s.blocks, s.rel_se(), sitting)
 
 
 def _seq(x: Summary | Sequence[Summary]) -> tuple[Summary, ...]:
     return (x,) if isinstance(x, Summary) else tuple(x)
-
-
-#: The between-process standard deviation a case is given without evidence (one baseline
-#: run, no history), as a share of its tolerance: ``1 / (2 Z)``. One run against one run
-#: then spans ``Z * sqrt(2) * tol / (2 Z) = 0.71 tol`` from process noise alone: the
-#: tolerance is what the calibration chose to absorb this machine's process noise.
-PRIOR_SHARE = 1 / (2 * Z)
-
-
-def between_prior(tolerance: float) -> float:
-    """``tau0`` of a metric judged at ``tolerance`` (see ``PRIOR_SHARE``)."""
-    return tolerance * PRIOR_SHARE
 
 
 #: A run whose blocks scatter this many times more than its baseline's was disturbed.
@@ -555,6 +579,7 @@ def steps_to_decide(
 def _verdict(
     metric: str, change: float, noise: float, tolerance: float, n: int, z: float
 ) -> tuple[Verdict, int | None]:
+    """A verdict on ``z`` (the critical value) and, for UNSTABLE, the steps to decide."""
     v = decide(change, noise, tolerance, higher_is_better=spec(metric).higher_is_better, z=z)
     steps = steps_to_decide(n, change, noise, tolerance, z) if v is Verdict.UNSTABLE else None
     return v, steps
@@ -595,6 +620,10 @@ def center_of_runs(runs: Sequence[Summary]) -> float:
     return geometric_center([_blocks_of(r) for r in runs])
 
 
+def _labels(labels: Sequence[str | None], n: int) -> list[str | None]:
+    return list(labels) if len(labels) == n else [None] * n
+
+
 def judge_metric(
     metric: str,
     base: Summary | Sequence[Summary],
@@ -602,22 +631,35 @@ def judge_metric(
     tolerance: float,
     *,
     history: Sequence[Summary] = (),
-    z: float = Z,
+    prior: DevicePrior = PROVISIONAL_PRIOR,
+    alpha: float = LONE_ALPHA,
+    sittings: tuple[Sequence[str | None], Sequence[str | None], Sequence[str | None]] = (
+        (),
+        (),
+        (),
+    ),
 ) -> MetricVerdict:
-    """Relative-change verdict for one metric or derived form (times: lower is better):
-    the current runs' center over the baseline runs' center, with the noise of
-    ``judging.noise`` (``history`` runs inform the between-process part only)."""
-    bs, ns = _like_latest(_seq(base)), _seq(now)
+    """Relative-change verdict for one metric or derived form (times: lower is better),
+    with the noise of ``judging.noise`` (``history`` runs inform the process and sitting
+    parts only). The change judged is the mean paired log difference of the blocks (the
+    statistic whose noise is computed); unpaired, the runs' centers' ratio. ``alpha`` is
+    the gate's one-sided level; ``sittings`` label the baseline's, the current and the
+    history runs (None: unknown; a stored run without one is of the legacy sitting)."""
+    all_base = _seq(base)
+    bs, ns = _like_latest(all_base), _seq(now)
+    keep = [i for i, r in enumerate(all_base) if len(r.blocks) == len(all_base[-1].blocks)]
+    base_lab = _labels(sittings[0], len(all_base))
     b, n = center_of_runs(bs), center_of_runs(ns)
-    change = _change(b, n)
     noise = relative_noise(
-        [_blocks_of(x) for x in bs],
-        [_blocks_of(x) for x in ns],
-        prior=between_prior(tolerance),
-        history=[_blocks_of(x) for x in history],
+        [_blocks_of(bs[j], base_lab[i]) for j, i in enumerate(keep)],
+        [_blocks_of(x, s) for x, s in zip(ns, _labels(sittings[1], len(ns)))],
+        prior=prior.of(spec(metric).tolerance),
+        history=[_blocks_of(x, s) for x, s in zip(history, _labels(sittings[2], len(history)))],
     )
+    change = math.expm1(noise.log_change) if math.isfinite(noise.log_change) else _change(b, n)
     ratio = disturbance(bs, ns)
     higher = spec(metric).higher_is_better
+    z = critical(alpha, noise.df)
     verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z)
     # the machine, not the code, moved a disturbed run
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio))
@@ -630,18 +672,25 @@ def judge_metric(
         between_hat2=noise.between_hat2, between_runs=noise.between_runs,
         floor=noise.floor, base_runs=noise.base_runs, now_runs=noise.now_runs,
         history_runs=noise.history_runs, rounds=noise.rounds, processes_to_decide=procs,
+        critical=z, df=noise.df, alpha=alpha, sitting=noise.sitting,
+        sitting_coef=noise.sitting_coef, sittings=noise.sittings,
     )  # fmt: skip
 
 
-def _paired_point_noise(base: Sequence[float], now: Sequence[float]) -> float | None:
-    """Standard error of the mean paired difference of per-block values, or None. A run
-    of several rounds of the baseline's blocks is folded first (each block's mean)."""
+def _paired_point_diffs(base: Sequence[float], now: Sequence[float]) -> list[float] | None:
+    """The paired per-block differences (a run of several rounds of the baseline's blocks
+    folded first, each block's mean), or None when they do not pair (fewer than 3)."""
     k = len(base)
     if k < 3 or not now or len(now) % k:
         return None
     rounds = len(now) // k
     folded = [statistics.fmean(now[r * k + j] for r in range(rounds)) for j in range(k)]
-    return statistics.stdev([n - b for b, n in zip(base, folded)]) / math.sqrt(k)
+    return [n - b for b, n in zip(base, folded)]
+
+
+def _mean_and_se(d: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of paired differences, its standard error and degrees of freedom."""
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)), len(d) - 1.0
 
 
 def _block_shares(part: Summary, whole: Summary) -> list[float] | None:
@@ -658,28 +707,38 @@ def judge_share(
     now_step: Summary,
     tolerance: float,
     *,
-    z: float = Z,
+    alpha: float = LONE_ALPHA,
 ) -> MetricVerdict:
     """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted.
 
-    The noise is that of the paired per-block shares when both runs have the same blocks.
+    The noise is that of the paired per-block shares when both runs have the same blocks
+    (``B - 1`` degrees of freedom; else the centers' standard errors, taken as known).
     """
     b = base.median / base_step.median if base_step.median else 0.0
     n = now.median / now_step.median if now_step.median else 0.0
-    change = n - b
     bs, ns = _block_shares(base, base_step), _block_shares(now, now_step)
-    noise = _paired_point_noise(bs, ns) if bs is not None and ns is not None else None
-    if noise is None:
+    d = _paired_point_diffs(bs, ns) if bs is not None and ns is not None else None
+    if d is not None:  # the judged statistic is the one whose noise is computed
+        change, noise, df = _mean_and_se(d)
+    else:
+        change, df = n - b, math.inf
         noise = math.hypot(base.rel_se() * b, now.rel_se() * n) if b or n else 0.0
+    z = critical(alpha, df)
     verdict, steps = _verdict(metric, change, noise, tolerance, now.n, z)
     return MetricVerdict(
         metric, verdict, base.median, now.median, change, noise, tolerance, "ms", steps,
-        share_based=True,
+        share_based=True, critical=z, df=df, alpha=alpha,
     )  # fmt: skip
 
 
 def judge_points(
-    metric: str, base: Centered, now: Centered, tolerance: float, n: int, *, z: float = Z
+    metric: str,
+    base: Centered,
+    now: Centered,
+    tolerance: float,
+    n: int,
+    *,
+    alpha: float = LONE_ALPHA,
 ) -> MetricVerdict:
     """A utilization (higher is better) judged on its change in percentage points.
 
@@ -690,15 +749,19 @@ def judge_points(
     """
     scale = spec(metric).to_percent
     b, now_pct = base.value * scale, now.value * scale
-    change = (now_pct - b) / 100.0  # in fractions of 100 points: -0.12 is a 12-point drop
-    paired = _paired_point_noise(
+    d = _paired_point_diffs(
         [x * scale / 100 for x in base.blocks], [x * scale / 100 for x in now.blocks]
     )
-    noise = paired if paired is not None else 0.0
+    if d is not None:  # fractions of 100 points: -0.12 is a 12-point drop
+        change, noise, df = _mean_and_se(d)
+    else:
+        change, noise, df = (now_pct - b) / 100.0, 0.0, math.inf
+    z = critical(alpha, df)
     verdict, steps = _verdict(metric, change, noise, tolerance, n, z)
     return MetricVerdict(
-        metric, verdict, b, now_pct, change, noise, tolerance, "%", steps, points_based=True
-    )
+        metric, verdict, b, now_pct, change, noise, tolerance, "%", steps, points_based=True,
+        critical=z, df=df, alpha=alpha,
+    )  # fmt: skip
 
 
 #: Chosen from ``specperf calibrate`` on the 2-core development box (README, "Why these
@@ -768,15 +831,26 @@ def judged_form(metric: str) -> tuple[str, str | None]:
 class Runs:
     """What a case's verdicts compare, each run a mapping of metric -> summary: the
     baseline's runs (oldest first), this measurement's runs (one per server process, the
-    first shown), and history runs (nightly reports: the between-process part only)."""
+    first shown), and history runs (nightly reports: the process and sitting parts only),
+    each optionally labelled with its sitting (empty: unknown)."""
 
     base: tuple[Mapping[str, Summary], ...]
     now: tuple[Mapping[str, Summary], ...]
     history: tuple[Mapping[str, Summary], ...] = ()
+    base_sittings: tuple[str | None, ...] = ()
+    now_sittings: tuple[str | None, ...] = ()
+    history_sittings: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.base or not self.now:
             raise ValueError("a comparison needs at least one baseline run and one current run")
+        for runs, labels in (
+            (self.base, self.base_sittings),
+            (self.now, self.now_sittings),
+            (self.history, self.history_sittings),
+        ):
+            if labels and len(labels) != len(runs):
+                raise ValueError("sitting labels must be given for every run or none")
 
     @property
     def latest(self) -> Mapping[str, Summary]:
@@ -798,6 +872,21 @@ class Runs:
             [r[name] for r in self.base[:-1] if name in r] + [self.latest[name]],
             [self.primary[name]] + [r[name] for r in self.now[1:] if name in r],
             [r[name] for r in self.history if name in r],
+        )
+
+    def sittings_of(self, name: str) -> tuple[list[str | None], list[str | None], list[str | None]]:
+        """The sitting labels of the runs ``of(name)`` returns, in the same order."""
+
+        def pick(
+            runs: tuple[Mapping[str, Summary], ...], labels: tuple[str | None, ...]
+        ) -> list[str | None]:
+            full = labels or (None,) * len(runs)
+            return [s for r, s in zip(runs, full) if name in r]
+
+        return (
+            pick(self.base, self.base_sittings),
+            pick(self.now, self.now_sittings),
+            pick(self.history, self.history_sittings),
         )
 
 
@@ -830,10 +919,14 @@ def _with_derived(runs: Runs, form: str) -> Runs:
             out.append(r if derived is None else {**r, form: derived})
         return tuple(out)
 
-    return Runs(add(runs.base), add(runs.now), add(runs.history))
+    return dataclasses.replace(
+        runs, base=add(runs.base), now=add(runs.now), history=add(runs.history)
+    )
 
 
-def _judge_form(metric: str, runs: Runs, tolerance: float) -> MetricVerdict | None:
+def _judge_form(
+    metric: str, runs: Runs, tolerance: float, prior: DevicePrior, alpha: float
+) -> MetricVerdict | None:
     """Judge a time on its drift-free form when both sides have it, else as it is."""
     form, basis = judged_form(metric)
     runs = _with_derived(runs, form)
@@ -848,8 +941,10 @@ def _judge_form(metric: str, runs: Runs, tolerance: float) -> MetricVerdict | No
         return None
     judged = runs.of(form) if basis is not None else None
     if judged is None:
-        return judge_metric(metric, raw_runs[0], raw_runs[1], tolerance, history=raw_runs[2])
-    mv = judge_metric(form, judged[0], judged[1], tolerance, history=judged[2])
+        return judge_metric(metric, raw_runs[0], raw_runs[1], tolerance, history=raw_runs[2],
+                            prior=prior, alpha=alpha, sittings=runs.sittings_of(raw))  # fmt: skip
+    mv = judge_metric(form, judged[0], judged[1], tolerance, history=judged[2], prior=prior,
+                      alpha=alpha, sittings=runs.sittings_of(form))  # fmt: skip
     b, n = center_of_runs(raw_runs[0]), center_of_runs(raw_runs[1])
     return replace(mv, metric=metric, basis=basis, base=b, now=n, raw_change=_change(b, n))
 
@@ -862,10 +957,13 @@ def judge_gate(
     *,
     base_util: Mapping[str, Centered] | None = None,
     now_util: Mapping[str, Centered] | None = None,
+    prior: DevicePrior = PROVISIONAL_PRIOR,
+    alpha: float = LONE_ALPHA,
 ) -> MetricVerdict | None:
     """``judge_runs`` of one baseline run and one current run."""
     runs = Runs((base,), (now,))
-    return judge_runs(metric, runs, tolerances, base_util=base_util, now_util=now_util)
+    return judge_runs(metric, runs, tolerances, base_util=base_util, now_util=now_util,
+                      prior=prior, alpha=alpha)  # fmt: skip
 
 
 def judge_runs(
@@ -875,13 +973,17 @@ def judge_runs(
     *,
     base_util: Mapping[str, Centered] | None = None,
     now_util: Mapping[str, Centered] | None = None,
+    prior: DevicePrior = PROVISIONAL_PRIOR,
+    alpha: float = LONE_ALPHA,
 ) -> MetricVerdict | None:
-    """Judge one gated metric; ``None`` if either side lacks it.
+    """Judge one gated metric at the one-sided level ``alpha``; ``None`` if either side
+    lacks it.
 
     ``base_util`` / ``now_util``: the telemetry utilizations (one median per run) of the
     latest baseline run and of the first current run. Shares and utilizations are judged
     on those two runs (in points, where the between-process noise is small against the
-    tolerance); everything else on every run (``judge_metric``)."""
+    tolerance); everything else on every run (``judge_metric``), with the device's level
+    ``prior``."""
     tolerance = tolerances.of(metric)
     kind = spec(metric).kind
     base, now = runs.latest, runs.primary
@@ -891,9 +993,10 @@ def judge_runs(
         if b is None or n is None:
             return None
         steps = now[metric].n if metric in now else 1
-        return judge_points(metric, b, n, tolerance, steps)
+        return judge_points(metric, b, n, tolerance, steps, alpha=alpha)
     if metric not in base or metric not in now:
         return None
     if kind is MetricKind.SHARE:
-        return judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance)
-    return _judge_form(metric, runs, tolerance)
+        return judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance,
+                           alpha=alpha)  # fmt: skip
+    return _judge_form(metric, runs, tolerance, prior, alpha)

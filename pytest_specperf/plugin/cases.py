@@ -28,7 +28,9 @@ from pytest_specperf.judging.judge import (
     recording_refusal,
 )
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
+from pytest_specperf.judging.noise import DevicePrior
 from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
@@ -95,7 +97,21 @@ def _case(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle, run:
         history=_history(sess, test_id(item), key),
         kv_traffic=_mapping(srv.server_info.get("kv_read")),
         budgets=s.budgets().over(opts.budgets),
+        family=Family(
+            tests=sess.judged_tests,
+            cases=max(1, len(handle.runs)),
+            looks=MAX_LOOKS if s.max_time_s > 0 and not s.update_baselines else 1,
+        ),
+        prior=_prior(sess),
+        sitting=sess.sitting,
     )
+
+
+def _prior(sess: SpecperfSession) -> DevicePrior:
+    try:
+        return sess.prior()
+    except BaselineError as e:
+        raise pytest.fail(str(e), pytrace=False) from None
 
 
 def _mapping(value: object) -> Mapping[str, Any] | None:

@@ -16,7 +16,7 @@ import pytest
 
 from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.plugin.benchmark import commit_info
-from pytest_specperf.plugin.session import SpecperfSession
+from pytest_specperf.plugin.session import SpecperfSession, host_name
 from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
 from pytest_specperf.reporting.markdown import append_markdown, markdown_summary, write_markdown
 from pytest_specperf.reporting.plot import write_svg
@@ -58,6 +58,8 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
                     cases,
                     keep_runs=sess.settings.keep_runs,
                     max_bytes=sess.settings.baseline_max_bytes,
+                    sitting=sess.sitting,
+                    host=host_name(),
                 )
             )
         except (BaselineError, OSError) as e:

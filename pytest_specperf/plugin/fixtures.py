@@ -13,6 +13,7 @@ import pytest
 
 from pytest_specperf.engines import BackendUnavailable, get_backend
 from pytest_specperf.judging.samples import DecodeRun, KVLayout
+from pytest_specperf.judging.significance import MAX_LOOKS
 from pytest_specperf.plugin.markers import CaseOptions, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
@@ -198,6 +199,8 @@ class SpecperfHandle:
                 return
             if prog.elapsed() + round_s > s.max_time_s:
                 return  # the budget is spent: the verdict says so
+            if runs[0].rounds >= MAX_LOOKS:
+                return  # the false-alarm budget was split over MAX_LOOKS looks
             t0 = time.monotonic()
             note = f"round {runs[0].rounds + 1} ({', '.join(metrics)} undecided)"
             for d in decoders:

@@ -36,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_worker(config)  # an xdist worker: its own GPU, before anything initializes CUDA
     workers = check_controller(config, settings)
     sess = SpecperfSession(config, settings, Progress(config))
+    sess.notes += settings.notes
     if workers:
         sess.gathered = Gathered(workers=workers)
     config.stash[SESSION_KEY] = sess
@@ -58,6 +59,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.long_context)
     if errors:
         raise pytest.UsageError("\n".join(errors))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The number of specperf tests the run judges: the false-alarm budget's divisor."""
+    if SESSION_KEY not in session.config.stash:
+        return
+    n = sum(1 for item in session.items if "specperf" in getattr(item, "fixturenames", ()))
+    get_session(session.config).judged_tests = max(1, n)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

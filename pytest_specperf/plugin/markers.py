@@ -8,16 +8,17 @@ import pytest
 
 from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
 from pytest_specperf.judging.metrics import GATEABLE, unknown_gates
-from pytest_specperf.judging.verdict import parse_fraction
+from pytest_specperf.settings import TOLERANCE_FORM, ToleranceSpec, parse_tolerance
 
 MARKERS = (
-    "specperf(gate=None, tolerance=None, step_tolerance=None, steps=None, warmup=None, "
+    "specperf(gate=None, tolerance=None, steps=None, warmup=None, "
     "context_len=None, max_unaccounted_share=None, min_active_share=None, max_step_ms=None, "
     "min_accept_len=None, min_tokens_per_s=None): speculative-decoding performance case: "
     "gate=[metrics or phases] to "
     "judge (step, accept_len, tokens_per_s, unaccounted, a phase such as verify, or a "
     "utilization such as util.sm), "
-    "tolerance= / step_tolerance= (0.1 or '10%') to override the run's tolerances, "
+    f"tolerance='{TOLERANCE_FORM}' ('10%', '10%,step=30%', 'step=30%' or 0.1) to override "
+    "the run's tolerances, "
     "steps= / warmup= decode steps, context_len= to declare the context length of a "
     "non-parametrized case; budgets that fail the case whatever its baseline says: "
     "max_unaccounted_share= and min_active_share= (0.5 or '50%'), max_step_ms=, "
@@ -30,7 +31,6 @@ MARKERS = (
 _KEYWORDS = (
     "gate",
     "tolerance",
-    "step_tolerance",
     "steps",
     "warmup",
     "context_len",
@@ -43,12 +43,17 @@ class CaseOptions:
     """What the ``specperf`` marker of one test asks for."""
 
     gate: tuple[str, ...] | None = None
+    #: from ``tolerance='PHASE,step=STEP'`` (None: the part was not given)
     tolerance: float | None = None
     step_tolerance: float | None = None
     steps: int | None = None
     warmup: int | None = None
     context_len: int | None = None
     budgets: Budgets = field(default_factory=Budgets)
+
+
+#: Old keywords -> what replaced them.
+_REPLACED = {"step_tolerance": f"tolerance='{TOLERANCE_FORM}', e.g. tolerance='step=30%'"}
 
 
 def _err(item: pytest.Item, what: str) -> str:
@@ -62,6 +67,9 @@ def _merged(item: pytest.Item) -> dict[str, object]:
         if mark.args:
             raise ValueError(_err(item, f"takes keyword arguments only, got {mark.args!r}"))
         merged.update(mark.kwargs)
+    for old, new in _REPLACED.items():
+        if old in merged:
+            raise ValueError(_err(item, f"{old}= was replaced by {new}"))
     unknown = sorted(set(merged) - set(_KEYWORDS))
     if unknown:
         raise ValueError(
@@ -89,20 +97,13 @@ def _gates(item: pytest.Item, gate: object) -> tuple[str, ...] | None:
     return tuple(str(g) for g in gate)
 
 
-def _fraction(item: pytest.Item, name: str, tol: object) -> float | None:
+def _tolerance(item: pytest.Item, tol: object) -> ToleranceSpec:
     if tol is None:
-        return None
+        return ToleranceSpec()
     try:
-        if isinstance(tol, bool):
-            raise ValueError
-        return parse_fraction(str(tol))
-    except ValueError:
-        raise ValueError(
-            _err(
-                item,
-                f"{name} {tol!r} must be a fraction in (0, 1) like 0.1 or a percentage like '10%'",
-            )
-        ) from None
+        return parse_tolerance(tol)  # the one parser, as --specperf-tolerance's
+    except ValueError as e:
+        raise ValueError(_err(item, f"tolerance: {e}")) from None
 
 
 def _int(item: pytest.Item, name: str, v: object, lo: int) -> int | None:
@@ -131,10 +132,11 @@ def _budgets(item: pytest.Item, m: dict[str, object]) -> Budgets:
 def parse_marker(item: pytest.Item) -> CaseOptions:
     """Merge the test's ``specperf`` markers (closest wins); raise ``ValueError`` if bad."""
     m = _merged(item)
+    tolerance = _tolerance(item, m.get("tolerance"))
     return CaseOptions(
         gate=_gates(item, m.get("gate")),
-        tolerance=_fraction(item, "tolerance", m.get("tolerance")),
-        step_tolerance=_fraction(item, "step_tolerance", m.get("step_tolerance")),
+        tolerance=tolerance.phase,
+        step_tolerance=tolerance.step,
         steps=_int(item, "steps", m.get("steps"), 4),
         warmup=_int(item, "warmup", m.get("warmup"), 0),
         context_len=_int(item, "context_len", m.get("context_len"), 1),

@@ -1,12 +1,18 @@
 """Command-line options, their ini twins, and validation into one ``Settings`` object.
 
-Every option ``--specperf-X`` has an ini twin ``specperf_X``; the command line wins. Each
-option is parsed by its own small function, defined next to it, which raises
-``pytest.UsageError`` naming the flag (or ini name), the value and what is valid.
+Every option ``--specperf-X`` has an ini twin ``specperf_X`` (``specperf_server_args`` and
+``specperf_budgets`` for the repeatable two); the command line wins. For the values made
+of parts (``--specperf-tolerance 7%,step=25%``, ``--specperf-steps 32,warmup=8``,
+``--specperf-budget NAME=LIMIT``) it wins part by part: a part the command line leaves
+out comes from the ini file, then from the default. A few rarely changed knobs are
+ini-only. Each option is parsed by its own ``type=`` function, defined next to it (the
+shared ones in ``pytest_specperf.settings``), whose error names the flag (or the ini
+option), the value and the fix. Old spellings are refused with the new one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Callable
@@ -16,18 +22,37 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.engines.env import MAX_KERNEL_EVERY
+from pytest_specperf.cli.options import (
+    add_attach_option,
+    add_max_time_option,
+    add_processes_option,
+    add_replaced_options,
+    add_tolerance_option,
+    arg_type,
+)
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
-from pytest_specperf.judging.budgets import BUDGETS, Budgets, budget_expectation, parse_budget
-from pytest_specperf.judging.noise import MAX_PROCESSES
-from pytest_specperf.judging.verdict import (
-    DEFAULT_STEP_TOLERANCE,
-    DEFAULT_TOLERANCE,
-    parse_fraction,
-)
+from pytest_specperf.judging.budgets import BUDGETS, Budgets
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
 from pytest_specperf.server.protocol import BackendSettings
+from pytest_specperf.settings import (
+    BUDGET_FORM,
+    DEFAULT_TOLERANCES,
+    PROFILE_FORM,
+    STEPS_FORM,
+    Attach,
+    BadValue,
+    Profile,
+    StepsSpec,
+    ToleranceSpec,
+    parse_attach,
+    parse_budgets,
+    parse_max_time,
+    parse_processes,
+    parse_profile,
+    parse_steps,
+    parse_tolerance,
+)
 
 DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8
@@ -36,84 +61,92 @@ DEFAULT_READY_TIMEOUT_S = 600.0
 #: Seconds a case may take in all (every process, every round) before it is judged: the
 #: automatic extension's budget (0: no extension).
 DEFAULT_MAX_TIME_S = 30.0
+#: Largest accepted ``specperf_baseline_max_mb``, in MiB.
+MAX_BASELINE_MB = 65536.0
 
-#: ``parse(raw, source, config)``: ``raw`` is None when neither flag nor ini gave a value.
-Parse = Callable[[Any, str, pytest.Config], Any]
+#: One value's parser: text -> value; ``BadValue`` (its message names the value and fix).
+Parse = Callable[[str], Any]
 
 
 def _usage(source: str, value: Any, expected: str) -> pytest.UsageError:
     return pytest.UsageError(f"{source}: invalid value {value!r}; expected {expected}")
 
 
-def _int_in(lo: int, hi: int, default: int) -> Parse:
-    def parse(raw: Any, source: str, config: pytest.Config) -> int:
-        if raw is None:
-            return default
+def _bad(text: str, expected: str) -> BadValue:
+    return BadValue(f"invalid value {text!r}; expected {expected}")
+
+
+def _int_in(lo: int, hi: int) -> Parse:
+    def parse_int(text: str) -> int:
         try:
-            v = int(str(raw).strip())
+            v = int(text.strip())
         except ValueError:
-            raise _usage(source, raw, f"an integer in [{lo}, {hi}]") from None
+            raise _bad(text, f"an integer in [{lo}, {hi}]") from None
         if not lo <= v <= hi:
-            raise _usage(source, raw, f"an integer in [{lo}, {hi}]")
+            raise _bad(text, f"an integer in [{lo}, {hi}]")
         return v
 
-    return parse
+    return parse_int
 
 
-def _fraction(default: float) -> Parse:
-    def parse(raw: Any, source: str, config: pytest.Config) -> float:
-        if raw is None:
-            return default
-        try:
-            return parse_fraction(str(raw))
-        except ValueError:
-            raise _usage(
-                source, raw, "a fraction in (0, 1) like 0.08, or a percentage like 8%"
-            ) from None
-
-    return parse
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value <= 86400:  # NaN fails too
+        raise _bad(text, "seconds in [1, 86400]")
+    return value
 
 
-def _flag(raw: Any, source: str, config: pytest.Config) -> bool:
-    return bool(raw)
-
-
-def _text(raw: Any, source: str, config: pytest.Config) -> str | None:
-    return str(raw) if raw else None
-
-
-def _backend(raw: Any, source: str, config: pytest.Config) -> str:
+def _backend(text: str) -> str:
     from pytest_specperf.engines import backend_names
 
-    name = raw or "reference"
+    name = text.strip()
     if name not in backend_names():
-        raise _usage(source, name, f"one of: {', '.join(backend_names())}")
-    return str(name)
+        raise _bad(text, f"one of: {', '.join(backend_names())}")
+    return name
 
 
-def _baselines_dir(raw: Any, source: str, config: pytest.Config) -> Path:
-    path = Path(raw) if raw else Path("baselines")
-    if not path.is_absolute():
-        path = config.rootpath / path
-    if path.exists() and not path.is_dir():
-        raise _usage(source, str(raw), "a directory (this path is a file)")
-    return path
-
-
-def _device_slug(raw: Any, source: str, config: pytest.Config) -> str | None:
+def _device_slug(text: str) -> str:
     from pytest_specperf.telemetry.device import validate_slug
 
-    if raw is None:
-        return None
     try:
-        return validate_slug(str(raw))
+        return validate_slug(text)
     except ValueError:
-        raise _usage(
-            source,
-            raw,
+        raise _bad(
+            text,
             "a lowercase slug like nvidia-h200 or cpu-amd-epyc-7b13-2c "
             "([a-z0-9][a-z0-9._-]*, at most 80 characters)",
         ) from None
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _server_arg(text: str) -> str:
+    if not text.strip():
+        raise _bad(text, "a server argument such as --page-size=16 (not empty)")
+    return text
+
+
+def _inject(text: str) -> InjectSpec:
+    try:
+        return parse_inject(text)
+    except ValueError as e:
+        raise BadValue(f"invalid value {text!r}: {e}") from None
+
+
+def _baseline_max_bytes(text: str) -> int:
+    """MiB -> bytes."""
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not 0 < mb <= MAX_BASELINE_MB:  # NaN fails too
+        raise _bad(text, f"a size in MiB in (0, {MAX_BASELINE_MB:g}], e.g. 32")
+    return max(1, int(mb * 1024 * 1024))
 
 
 def destination_problem(path: Path) -> str | None:
@@ -142,345 +175,178 @@ def destination_problem(path: Path) -> str | None:
         return f"a file path this user may write ({e.strerror or e})"
 
 
-def _from_invocation_dir(raw: Any, config: pytest.Config) -> Path:
-    """``raw`` as a path, relative to the directory pytest was invoked in."""
-    path = Path(raw)
-    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
-
-
-def _report_path(raw: Any, source: str, config: pytest.Config) -> Path | None:
-    """A report file (JSON, Markdown), relative to the current directory."""
-    if not raw:
-        return None
-    path = _from_invocation_dir(raw, config)
-    problem = destination_problem(path)
-    if problem is not None:
-        raise _usage(source, raw, problem)
-    return path
-
-
-def _server_url(raw: Any, source: str, config: pytest.Config) -> str | None:
-    if not raw:
-        return None
-    from pytest_specperf.server.client import check_url
-
-    try:
-        return check_url(str(raw))
-    except ValueError as e:
-        raise pytest.UsageError(f"{source}: {e}") from None
-
-
-def _path(raw: Any, source: str, config: pytest.Config) -> Path | None:
-    return Path(raw) if raw else None
-
-
-def _server_args(raw: Any, source: str, config: pytest.Config) -> tuple[str, ...]:
-    args = tuple(str(a) for a in (raw or ()))
-    for a in args:
-        if not a.strip():
-            raise _usage(source, a, "a server argument such as --page-size=16 (not empty)")
-    return args
-
-
-def _inject(raw: Any, source: str, config: pytest.Config) -> InjectSpec | None:
-    if not raw:
-        return None
-    try:
-        return parse_inject(str(raw))
-    except ValueError as e:
-        raise pytest.UsageError(f"{source}: invalid value {raw!r}: {e}") from None
-
-
-def _seconds_in(default: float, low: float, expected: str) -> Parse:
-    """A parser of seconds in ``[low, 86400]``; ``expected`` is what the error says."""
-
-    def parse(raw: Any, source: str, config: pytest.Config) -> float:
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not low <= value <= 86400:  # NaN fails too
-            raise _usage(source, raw, expected)
-        return value
-
-    return parse
-
-
-_seconds = _seconds_in(DEFAULT_READY_TIMEOUT_S, 1, "seconds in [1, 86400]")
-_max_time = _seconds_in(
-    DEFAULT_MAX_TIME_S, 0, "seconds in [0, 86400] (0: no automatic extension)"
-)
-
-
-def _history(raw: Any, source: str, config: pytest.Config) -> Path | None:
-    if not raw:
-        return None
-    path = _from_invocation_dir(raw, config)
-    if not path.is_dir():
-        raise _usage(source, raw, "a directory of JSON reports (--specperf-json of earlier runs)")
-    return path
-def _kernel_every(raw: Any, source: str, config: pytest.Config) -> int | None:
-    if raw is None or (isinstance(raw, str) and not raw.strip()):
-        return None  # the server's default: every 16th decode step on a GPU, off on a CPU
-    try:
-        v = int(str(raw).strip())
-    except ValueError:
-        v = -1
-    if not 0 <= v <= MAX_KERNEL_EVERY:
-        raise _usage(source, raw, f"an integer in [0, {MAX_KERNEL_EVERY}] (0: no sampling)")
-    return v
-
-
-def _budget(name: str) -> Parse:
-    def parse(raw: Any, source: str, config: pytest.Config) -> float | None:
-        if raw is None or (isinstance(raw, str) and not raw.strip()):
-            return None
-        try:
-            return parse_budget(name, raw)
-        except ValueError:
-            raise _usage(source, raw, budget_expectation(name)) from None
-
-    return parse
-
-
-_BUDGET_HELP = {
-    "max_unaccounted_share": "largest share of the step outside every named phase",
-    "min_active_share": "smallest share of the step the device was active (GPU, kernel "
-    "samples) or the probe's thread used CPU (CPU)",
-    "max_step_ms": "largest median step time in milliseconds",
-    "min_accept_len": "smallest mean accepted tokens per step",
-    "min_tokens_per_s": "smallest mean tokens per second of step time",
-}
-#: Largest accepted --specperf-baseline-max-mb, in MiB.
-MAX_BASELINE_MB = 65536.0
-
-
-def _baseline_max_bytes(raw: Any, source: str, config: pytest.Config) -> int | None:
-    """MiB -> bytes; None leaves the limit to SPECPERF_BASELINE_MAX_MB or the default."""
-    if raw is None or not str(raw).strip():
-        return None
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 0 < mb <= MAX_BASELINE_MB:  # NaN fails too
-        raise _usage(source, raw, f"a size in MiB in (0, {MAX_BASELINE_MB:g}], e.g. 32")
-    return max(1, int(mb * 1024 * 1024))
-
-
 @dataclass(frozen=True)
 class _Opt:
-    flag: str
+    """One option: ``--specperf-{name}`` and its ini twin."""
+
+    name: str
     help: str
-    parse: Parse
-    kind: str = "string"  # string | bool | args | ini (ini-only)
+    parse: Parse = _text
+    #: value | flag | list (repeatable) | ini (ini-only) | shared (added by ``add``)
+    kind: str = "value"
     metavar: str | None = None
-    ini_default: str | None = None
+    #: the ini twin's name where it is not ``specperf_{name}``
+    ini_name: str | None = None
+    #: ``add(addoption, prefix, help)`` from ``pytest_specperf.settings`` (kind "shared")
+    add: Callable[..., None] | None = None
+
+    @property
+    def flag(self) -> str:
+        return f"--specperf-{self.name}"
 
     @property
     def dest(self) -> str:
-        return self.flag.removeprefix("--").replace("-", "_")
+        return "specperf_" + self.name.replace("-", "_")
 
     @property
     def ini(self) -> str:
-        return self.dest.removesuffix("_arg") + "_args" if self.kind == "args" else self.dest
+        return self.ini_name or self.dest
 
 
 OPTIONS: tuple[_Opt, ...] = (
+    _Opt("backend", "reference (embedded engine, default) or sglang", _backend, metavar="NAME"),
+    _Opt("model", "SGLang model path or id, or reference config tiny|medium", metavar="MODEL"),
+    _Opt("draft-model", "SGLang draft model path or id", metavar="MODEL"),
     _Opt(
-        "--specperf-backend",
-        "server backend: reference (embedded engine, default) or sglang",
-        _backend,
-        metavar="NAME",
+        "server-arg",
+        "server argument passed as is (repeatable)",
+        _server_arg,
+        kind="list",
+        metavar="ARG",
+        ini_name="specperf_server_args",
     ),
     _Opt(
-        "--specperf-baselines",
-        "baseline directory (default: baselines/ at the rootdir)",
-        _baselines_dir,
-        metavar="DIR",
+        "attach",
+        "measure this running server, launch none",
+        parse_attach,
+        kind="shared",
+        add=add_attach_option,
     ),
+    _Opt("baselines", "baseline directory (default: baselines/ at rootdir)", metavar="DIR"),
     _Opt(
-        "--specperf-baseline-max-mb",
-        "largest baseline file read or written, in MiB (default 8, or "
-        "SPECPERF_BASELINE_MAX_MB); a larger file is refused before it is parsed",
-        _baseline_max_bytes,
-        metavar="MIB",
-    ),
-    _Opt(
-        "--specperf-update-baselines",
-        "record the cases measured in this run as the new baselines (other cases are kept)",
-        _flag,
-        kind="bool",
-    ),
-    _Opt(
-        "--specperf-device",
-        "device slug naming the baseline file (default: detected, e.g. nvidia-h200)",
+        "device",
+        "baseline file name (default: detected, e.g. nvidia-h200)",
         _device_slug,
         metavar="SLUG",
     ),
+    _Opt("update-baselines", "record this run's cases as the new baselines", kind="flag"),
     _Opt(
-        "--specperf-tolerance",
-        "relative change a phase (judged against the rest of its step), the accept length "
-        f"or the unaccounted share may show before it counts (default {DEFAULT_TOLERANCE:.0%}); "
-        "0.05 or 5%",
-        _fraction(DEFAULT_TOLERANCE),
-        metavar="FRACTION",
+        "tolerance",
+        f"allowed change (default {ToleranceSpec.of(DEFAULT_TOLERANCES)})",
+        parse_tolerance,
+        kind="shared",
+        add=add_tolerance_option,
     ),
     _Opt(
-        "--specperf-step-tolerance",
-        "relative change the step time and tokens/s (both judged against the request's KV "
-        f"read time where the backend reports it) may show before they count (default "
-        f"{DEFAULT_STEP_TOLERANCE:.0%}; wider: they carry the noise between processes)",
-        _fraction(DEFAULT_STEP_TOLERANCE),
-        metavar="FRACTION",
+        "budget",
+        "hard limit, e.g. max_step_ms=200 (repeatable)",
+        parse_budgets,
+        kind="list",
+        metavar=BUDGET_FORM,
+        ini_name="specperf_budgets",
     ),
     _Opt(
-        "--specperf-steps",
-        f"measured decode steps per case (default {DEFAULT_STEPS})",
-        _int_in(4, 100000, DEFAULT_STEPS),
-        metavar="N",
+        "steps",
+        f"decode steps per case (default {DEFAULT_STEPS},warmup={DEFAULT_WARMUP_STEPS})",
+        parse_steps,
+        metavar=STEPS_FORM,
     ),
     _Opt(
-        "--specperf-warmup-steps",
-        f"warm-up decode steps per case, not measured (default {DEFAULT_WARMUP_STEPS})",
-        _int_in(0, 100000, DEFAULT_WARMUP_STEPS),
-        metavar="N",
+        "processes",
+        "server processes per case (default 1)",
+        parse_processes,
+        kind="shared",
+        add=add_processes_option,
     ),
     _Opt(
-        "--specperf-processes",
-        "server processes each case is measured in (default 1); with "
-        "--specperf-update-baselines, the runs recorded per case: the verdicts then know "
-        "the noise between processes",
-        _int_in(1, MAX_PROCESSES, 1),
-        metavar="N",
+        "max-time",
+        f"seconds a noisy case may run on (default {DEFAULT_MAX_TIME_S:g}; 0: never)",
+        parse_max_time,
+        kind="shared",
+        add=add_max_time_option,
     ),
+    _Opt("history", "earlier runs' JSON reports: evidence of noise", metavar="DIR"),
+    _Opt("json", "write every case as JSON to PATH (and PATH.svg)", metavar="PATH"),
+    _Opt("markdown", "write the summary as Markdown to PATH", metavar="PATH"),
+    _Opt("strict", "fail every case not judged (NO_BASELINE, UNSTABLE, ...)", kind="flag"),
     _Opt(
-        "--specperf-keep-runs",
-        f"runs kept per case by --specperf-update-baselines, the newest (default "
-        f"{DEFAULT_KEEP_RUNS})",
-        _int_in(1, MAX_RUNS, DEFAULT_KEEP_RUNS),
-        metavar="K",
-    ),
-    _Opt(
-        "--specperf-max-time",
-        "seconds a case may take in all before it is judged: a case too noisy to decide "
-        f"measures more rounds of its blocks until then (default {DEFAULT_MAX_TIME_S:.0f}; "
-        "0: never)",
-        _max_time,
-        metavar="SECONDS",
-    ),
-    _Opt(
-        "--specperf-history",
-        "directory of earlier runs' JSON reports (--specperf-json, e.g. nightly): their runs "
-        "of each case inform the noise between processes",
-        _history,
-        metavar="DIR",
-    ),
-    _Opt(
-        "--specperf-json",
-        "write a JSON report of every measured case to PATH (and a picture to PATH "
-        "with the suffix .svg)",
-        _report_path,
-        metavar="PATH",
-    ),
-    _Opt(
-        "--specperf-markdown",
-        "write the run's summary as Markdown to PATH (also appended to $GITHUB_STEP_SUMMARY "
-        "when that is set)",
-        _report_path,
-        metavar="PATH",
-    ),
-    _Opt(
-        "--specperf-strict",
-        "every case must be judged: NO_BASELINE, INVALID, UNSTABLE, a mapped phase that "
-        "recorded no time and missing GPU telemetry fail the case",
-        _flag,
-        kind="bool",
-    ),
-    _Opt(
-        "--specperf-server-url",
-        "attach to a running server at URL instead of launching one",
-        _server_url,
-        metavar="URL",
-    ),
-    _Opt(
-        "--specperf-run-dir",
-        "step-record directory of an attached server (default: from its /server_info)",
-        _path,
-        metavar="DIR",
-    ),
-    _Opt(
-        "--specperf-model",
-        "model: an SGLang model path or id, or a reference-engine config (tiny, medium)",
-        _text,
-        metavar="MODEL",
-    ),
-    _Opt("--specperf-draft-model", "SGLang draft model path or id", _text, metavar="MODEL"),
-    _Opt(
-        "--specperf-inject",
-        "canary: make phases slower, e.g. verify=1.10 or host_stall=5 (ms, lands in "
-        "unaccounted); injected runs are labelled and never recorded as baselines; an "
-        "attached server takes it through the control file in its run directory",
+        "inject",
+        "canary slowdown, e.g. verify=1.10 (never recorded)",
         _inject,
         metavar="PHASE=FACTOR[,...]",
     ),
     _Opt(
-        "--specperf-nvtx",
-        "emit an NVTX range per phase and per step in the server (for Nsight Systems: "
-        "nsys profile ... pytest perf_tests --specperf-nvtx)",
-        _flag,
-        kind="bool",
+        "profile",
+        "NVTX ranges, kernel samples (GPU: 16), regression trace",
+        parse_profile,
+        metavar=PROFILE_FORM,
     ),
+    # ini-only: rarely changed
     _Opt(
-        "--specperf-profile-on-regression",
-        "re-run a regressed case under the PyTorch profiler and save the trace beside the "
-        "reports (the failure message names the file)",
-        _flag,
-        kind="bool",
-    ),
-    _Opt(
-        "--specperf-server-arg",
-        "extra server argument, passed through as is (repeatable), e.g. "
-        "--specperf-server-arg=--speculative-num-draft-tokens=16",
-        _server_args,
-        kind="args",
-        metavar="ARG",
-    ),
-    _Opt(
-        "--specperf-long-context-min",
-        "cases with a context length at or above this get the long_context marker",
-        _int_in(1, 10**9, DEFAULT_LONG_CONTEXT_MIN),
+        "long-context-min",
+        "cases with a context length at or above this get the long_context marker "
+        f"(default {DEFAULT_LONG_CONTEXT_MIN})",
+        _int_in(1, 10**9),
         kind="ini",
-        ini_default=str(DEFAULT_LONG_CONTEXT_MIN),
     ),
     _Opt(
-        "--specperf-kernel-every",
-        "profile the kernels of every N-th decode step in the server (torch.profiler/kineto; "
-        "CUPTI on a GPU) for the device's active time per phase and the top kernels; 0: off "
-        "(default: 16 on a GPU, off on a CPU, where N > 0 samples torch CPU ops)",
-        _kernel_every,
-        metavar="N",
-    ),
-    *(
-        _Opt(
-            "--specperf-" + name.replace("_", "-"),
-            f"budget: {_BUDGET_HELP[name]} ({budget_expectation(name)}); a case beyond it "
-            "fails whatever its baseline says (the marker keyword of the same name wins)",
-            _budget(name),
-            metavar="LIMIT",
-        )
-        for name in BUDGETS
+        "keep-runs",
+        f"runs kept per case by --specperf-update-baselines, the newest (default "
+        f"{DEFAULT_KEEP_RUNS})",
+        _int_in(1, MAX_RUNS),
+        kind="ini",
+        metavar="K",
     ),
     _Opt(
-        "--specperf-ready-timeout",
+        "baseline-max-mb",
+        "largest baseline file read or written, in MiB (default 8, or "
+        "SPECPERF_BASELINE_MAX_MB); a larger file is refused before it is parsed",
+        _baseline_max_bytes,
+        kind="ini",
+        metavar="MIB",
+    ),
+    _Opt(
+        "ready-timeout",
         "seconds a launched server may take to answer /health_generate (default "
         f"{DEFAULT_READY_TIMEOUT_S:.0f})",
         _seconds,
+        kind="ini",
         metavar="SECONDS",
     ),
 )
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+#: Options that were flags too once.
+_NOW_INI_ONLY = ("keep-runs", "baseline-max-mb", "ready-timeout")
+#: Old flags -> (what replaced them, whether they took a value).
+REPLACED_FLAGS: dict[str, tuple[str, bool]] = {
+    "--specperf-step-tolerance": (
+        "--specperf-tolerance PHASE,step=STEP, e.g. --specperf-tolerance 7%,step=25% "
+        "(or step=25% alone)",
+        True,
+    ),
+    "--specperf-server-url": ("--specperf-attach URL", True),
+    "--specperf-run-dir": ("--specperf-attach URL,run-dir=DIR", True),
+    "--specperf-nvtx": ("--specperf-profile nvtx", False),
+    "--specperf-kernel-every": ("--specperf-profile kernels=N", True),
+    "--specperf-profile-on-regression": ("--specperf-profile on-regression", False),
+    "--specperf-warmup-steps": ("--specperf-steps N,warmup=W (or warmup=W alone)", True),
+    **{
+        "--specperf-" + name.replace("_", "-"): (f"--specperf-budget {name}=LIMIT", True)
+        for name in BUDGETS
+    },
+}
+#: Old ini-option spellings -> what replaced them.
+REPLACED_INI: dict[str, str] = {
+    "specperf_step_tolerance": "specperf_tolerance = PHASE,step=STEP",
+    "specperf_server_url": "specperf_attach = URL",
+    "specperf_run_dir": "specperf_attach = URL,run-dir=DIR",
+    "specperf_nvtx": "specperf_profile = nvtx",
+    "specperf_kernel_every": "specperf_profile = kernels=N",
+    "specperf_profile_on_regression": "specperf_profile = on-regression",
+    "specperf_warmup_steps": "specperf_steps = N,warmup=W",
+    **{f"specperf_{name}": f"specperf_budgets = {name}=LIMIT (one per line)" for name in BUDGETS},
+}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -488,29 +354,92 @@ def add_options(parser: pytest.Parser) -> None:
     for o in OPTIONS:
         cli_help = o.help.replace("%", "%%")  # argparse formats help with %
         if o.kind == "ini":
-            parser.addini(o.ini, o.help, default=o.ini_default)
-        elif o.kind == "bool":
+            parser.addini(o.ini, o.help, default=None)
+            continue
+        if o.kind == "flag":
             group.addoption(o.flag, action="store_true", default=None, dest=o.dest, help=cli_help)
             parser.addini(o.ini, o.help, type="bool", default=False)
-        elif o.kind == "args":
-            group.addoption(
-                o.flag, action="append", default=None, dest=o.dest, metavar=o.metavar, help=cli_help
-            )
-            parser.addini(o.ini, o.help + " (ini: one per line)", type="linelist", default=[])
+            continue
+        if o.kind == "shared" and o.add is not None:
+            o.add(group.addoption, "specperf-", cli_help, default=None, dest=o.dest)
         else:
             group.addoption(
-                o.flag, action="store", default=None, dest=o.dest, metavar=o.metavar, help=cli_help
+                o.flag,
+                action="append" if o.kind == "list" else "store",
+                type=arg_type(o.parse),
+                default=None,
+                dest=o.dest,
+                metavar=o.metavar,
+                help=cli_help,
             )
+        if o.kind == "list":
+            parser.addini(o.ini, o.help + ", one per line", type="linelist", default=[])
+        else:
             parser.addini(o.ini, o.help, default=None)
+    old = {flag: (f"was replaced by {new}", value) for flag, (new, value) in REPLACED_FLAGS.items()}
+    for name in _NOW_INI_ONLY:
+        o = _BY_NAME[name]
+        old[o.flag] = (f"is ini-only now: -o {o.ini}={o.metavar}, or {o.ini} in the ini file", True)
+    add_replaced_options(group.addoption, old)
+    for name, new in REPLACED_INI.items():
+        parser.addini(name, f"refused: now {new.split(' = ')[0]}", default=None)
 
 
-def _raw(config: pytest.Config, o: _Opt) -> tuple[Any, str]:
-    """The option's value and where it came from (the flag or the ini name)."""
-    if o.kind != "ini":
-        cli = config.getoption(o.dest)
-        if cli is not None:
-            return cli, o.flag
-    return config.getini(o.ini), f"ini option {o.ini}"
+@dataclass(frozen=True)
+class _Given:
+    """One option's value from the command line and from the ini file (None: not given)."""
+
+    option: _Opt
+    cli: Any
+    ini: Any
+
+    @property
+    def value(self) -> Any:
+        return self.cli if self.cli is not None else self.ini
+
+    @property
+    def source(self) -> str:
+        return self.option.flag if self.cli is not None else f"ini option {self.option.ini}"
+
+    @property
+    def from_ini(self) -> bool:
+        return self.cli is None and self.ini is not None
+
+
+def _ini_value(config: pytest.Config, o: _Opt) -> Any:
+    """The ini twin's value, parsed (None: not set)."""
+    raw = config.getini(o.ini)
+    if o.kind == "flag":
+        return True if raw else None
+    if o.kind == "list":
+        texts = [str(line) for line in raw]
+    else:
+        texts = [str(raw)] if raw and str(raw).strip() else []
+    if not texts:
+        return None
+    try:
+        values = [o.parse(t) for t in texts]
+    except ValueError as e:  # BadValue
+        raise pytest.UsageError(f"ini option {o.ini}: {e}") from None
+    return values if o.kind == "list" else values[0]
+
+
+def _cli_value(config: pytest.Config, o: _Opt) -> Any:
+    """The command line's value (parsed by argparse through ``type=``; None: not given)."""
+    if o.kind == "ini":
+        return None
+    value = config.getoption(o.dest)
+    return value  # "" (--specperf-json=) is given: it clears the ini file's value
+
+
+def _given(config: pytest.Config) -> dict[str, _Given]:
+    return {o.name: _Given(o, _cli_value(config, o), _ini_value(config, o)) for o in OPTIONS}
+
+
+def _refuse_replaced_ini(config: pytest.Config) -> None:
+    for name, new in REPLACED_INI.items():
+        if config.getini(name):
+            raise pytest.UsageError(f"ini option {name} was replaced by {new}")
 
 
 @dataclass(frozen=True)
@@ -547,6 +476,8 @@ class Settings:
     max_step_ms: float | None = None
     min_accept_len: float | None = None
     min_tokens_per_s: float | None = None
+    #: one-line notes for the run's summary (e.g. ini launch settings ignored on attach)
+    notes: tuple[str, ...] = ()
 
     def backend_settings(self, parallel: int = 1) -> BackendSettings:
         """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
@@ -565,47 +496,102 @@ class Settings:
         return Budgets(**{name: getattr(self, name) for name in BUDGETS})
 
 
-#: Option dest -> ``Settings`` field, where the two names differ.
-_FIELD = {
-    "specperf_baselines": "baselines_dir",
-    "specperf_baseline_max_mb": "baseline_max_bytes",
-    "specperf_device": "device_slug",
-    "specperf_json": "json_path",
-    "specperf_markdown": "markdown_path",
-    "specperf_server_arg": "server_args",
-    "specperf_ready_timeout": "ready_timeout_s",
-    "specperf_max_time": "max_time_s",
-    "specperf_history": "history_dir",
-}
+def _from_invocation_dir(raw: str, config: pytest.Config) -> Path:
+    """``raw`` as a path, relative to the directory pytest was invoked in."""
+    path = Path(raw)
+    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
 
 
-def _check_combinations(s: Settings, sources: dict[str, str]) -> None:
+def _baselines_dir(g: _Given, config: pytest.Config) -> Path:
+    path = Path(g.value) if g.value else Path("baselines")
+    if not path.is_absolute():
+        path = config.rootpath / path
+    if path.exists() and not path.is_dir():
+        raise _usage(g.source, str(g.value), "a directory (this path is a file)")
+    return path
+
+
+def _report_path(g: _Given, config: pytest.Config) -> Path | None:
+    """A report file (JSON, Markdown), relative to the current directory."""
+    if not g.value:
+        return None
+    path = _from_invocation_dir(g.value, config)
+    problem = destination_problem(path)
+    if problem is not None:
+        raise _usage(g.source, g.value, problem)
+    return path
+
+
+def _history(g: _Given, config: pytest.Config) -> Path | None:
+    if not g.value:
+        return None
+    path = _from_invocation_dir(g.value, config)
+    if not path.is_dir():
+        raise _usage(
+            g.source, g.value, "a directory of JSON reports (--specperf-json of earlier runs)"
+        )
+    return path
+
+
+def _merged_budgets(g: _Given) -> dict[str, float]:
+    """The ini file's budgets, then the command line's: a later limit of a name wins."""
+    out: dict[str, float] = {}
+    for limits in [*(g.ini or ()), *(g.cli or ())]:
+        out.update(limits)
+    return out
+
+
+def _launch_settings(given: dict[str, _Given]) -> dict[str, _Given]:
+    """The settings given that only apply when the plugin launches the server."""
+    out = {n: given[n] for n in ("model", "draft-model", "server-arg") if given[n].value}
+    procs = given["processes"]
+    if procs.value is not None and procs.value > 1:
+        out["processes"] = procs
+    profile: Profile | None = given["profile"].value
+    if profile is not None and profile.launch_only:
+        out["profile"] = given["profile"]
+    return out
+
+
+def _attach_launch(given: dict[str, _Given]) -> tuple[dict[str, _Given], tuple[str, ...]]:
+    """Attaching and launch settings together: settings from the ini file are dropped with
+    a note when the command line attaches; anything else is a contradiction, refused."""
+    attach = given["attach"]
+    launch = _launch_settings(given)
+    if attach.value is None or not launch:
+        return given, ()
+    if attach.cli is not None:
+        ignored = {n: g for n, g in launch.items() if g.from_ini}
+        launch = {n: g for n, g in launch.items() if not g.from_ini}
+    else:
+        ignored = {}
+    if launch:
+        names = ", ".join(g.source for g in launch.values())
+        verb = "configures" if len(launch) == 1 else "configure"
+        raise pytest.UsageError(
+            f"{attach.source} measures a running server, and {names} only {verb} a server "
+            f"the plugin launches: drop {'it' if len(launch) == 1 else 'them'} or drop "
+            f"{attach.source} (NVTX ranges or kernel samples in your own server: "
+            "SPECPERF_NVTX=1 or SPECPERF_KERNEL_EVERY=N in its environment)"
+        )
+    out = dict(given)
+    for name, g in ignored.items():
+        cleared: Any = None
+        if name == "profile":  # keep what applies to an attached server too
+            cleared = dataclasses.replace(g.ini, nvtx=False, kernel_every=None)
+        out[name] = dataclasses.replace(g, ini=cleared)
+    inis = ", ".join(g.option.ini for g in ignored.values())
+    inis = inis.replace("specperf_profile", "specperf_profile's nvtx and kernels")
+    note = f"attached with {attach.source}: ignored the ini file's launch settings ({inis})"
+    return out, (note,)
+
+
+def _check_combinations(s: Settings, given: dict[str, _Given]) -> None:
     """Options that are valid alone but not together."""
-    if s.run_dir is not None and not s.server_url:
-        raise pytest.UsageError(
-            f"{sources['run_dir']} applies only with --specperf-server-url (attach mode)"
-        )
-    if s.server_url and (s.server_args or s.model or s.draft_model or s.nvtx):
-        raise pytest.UsageError(
-            "--specperf-server-url attaches to a running server; --specperf-model, "
-            "--specperf-draft-model, --specperf-server-arg and --specperf-nvtx only apply "
-            "when the plugin launches the server: drop them or drop --specperf-server-url "
-            "(for NVTX ranges in your own server, set SPECPERF_NVTX=1 in its environment)"
-        )
     if s.inject is not None and s.update_baselines:
         raise pytest.UsageError(
-            f"{sources['inject']} cannot be combined with --specperf-update-baselines: an "
+            f"{given['inject'].source} cannot be combined with --specperf-update-baselines: an "
             "injected slowdown must never become a baseline; drop one of the two"
-        )
-    if s.processes > 1 and s.server_url:
-        raise pytest.UsageError(
-            f"{sources['processes']} {s.processes} needs servers launched by the plugin; "
-            "with --specperf-server-url there is one server: drop one of the two"
-        )
-    if s.kernel_every is not None and s.server_url:
-        raise pytest.UsageError(
-            f"{sources['kernel_every']} applies when the plugin launches the server; with "
-            "--specperf-server-url, set SPECPERF_KERNEL_EVERY in the server's environment"
         )
 
 
@@ -623,16 +609,54 @@ def _check_junitxml(config: pytest.Config) -> None:
         raise _usage("--junitxml", raw, problem)
 
 
+def _ini_only(given: dict[str, _Given], name: str, default: Any) -> Any:
+    value = given[name].ini
+    return default if value is None else value
+
+
 def load_settings(config: pytest.Config) -> Settings:
     """Validate every option; raise ``pytest.UsageError`` on the first bad one."""
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for o in OPTIONS:
-        raw, source = _raw(config, o)
-        name = _FIELD.get(o.dest, o.dest.removeprefix("specperf_"))
-        values[name] = o.parse(raw, source, config)
-        sources[name] = source
-    settings = Settings(**values)
-    _check_combinations(settings, sources)
+    _refuse_replaced_ini(config)
+    given, notes = _attach_launch(_given(config))
+    v = {name: g.value for name, g in given.items()}
+    tol_given, steps_given = given["tolerance"], given["steps"]  # the command line by part
+    tol = (tol_given.cli or ToleranceSpec()).over_spec(tol_given.ini or ToleranceSpec())
+    tolerances = tol.over(DEFAULT_TOLERANCES)
+    steps = (steps_given.cli or StepsSpec()).over_spec(steps_given.ini or StepsSpec())
+    attach: Attach | None = v["attach"]
+    profile: Profile = v["profile"] or Profile()
+    budgets = _merged_budgets(given["budget"])
+    settings = Settings(
+        backend=v["backend"] or "reference",
+        baselines_dir=_baselines_dir(given["baselines"], config),
+        baseline_max_bytes=given["baseline-max-mb"].ini,
+        update_baselines=bool(v["update-baselines"]),
+        device_slug=v["device"] or None,
+        tolerance=tolerances.phase,
+        step_tolerance=tolerances.step,
+        steps=DEFAULT_STEPS if steps.steps is None else steps.steps,
+        warmup_steps=DEFAULT_WARMUP_STEPS if steps.warmup is None else steps.warmup,
+        json_path=_report_path(given["json"], config),
+        markdown_path=_report_path(given["markdown"], config),
+        strict=bool(v["strict"]),
+        server_url=attach.url if attach else None,
+        run_dir=attach.run_dir if attach else None,
+        model=v["model"] or None,
+        draft_model=v["draft-model"] or None,
+        server_args=tuple(v["server-arg"] or ()),
+        inject=v["inject"] or None,
+        nvtx=profile.nvtx,
+        profile_on_regression=profile.on_regression,
+        long_context_min=_ini_only(given, "long-context-min", DEFAULT_LONG_CONTEXT_MIN),
+        ready_timeout_s=_ini_only(given, "ready-timeout", DEFAULT_READY_TIMEOUT_S),
+        processes=v["processes"] or 1,
+        keep_runs=_ini_only(given, "keep-runs", DEFAULT_KEEP_RUNS),
+        max_time_s=DEFAULT_MAX_TIME_S if v["max-time"] is None else v["max-time"],
+        history_dir=_history(given["history"], config),
+        kernel_every=profile.kernel_every,
+        notes=notes,
+        **budgets,
+    )
+    _check_combinations(settings, given)
     _check_junitxml(config)
     return settings

@@ -7,6 +7,9 @@ written by ``reporting.terminal`` (called from ``plugin.finish``).
 
 from __future__ import annotations
 
+import datetime
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +18,7 @@ import pytest
 
 from pytest_specperf.judging.baselines import BaselineFile, CaseBaseline, device_mismatch
 from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
@@ -30,6 +34,19 @@ if TYPE_CHECKING:
 
 class SpecperfWarning(pytest.PytestWarning):
     """A case that could not be judged (INVALID) or another condition worth a look."""
+
+
+def host_name() -> str:
+    """This machine's name as a baseline run records it (printable, at most 64 chars)."""
+    name = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
+    return name[:64] or "unknown-host"
+
+
+def new_sitting() -> str:
+    """A sitting id: when (UTC, to the second), where (host) and which process started it,
+    e.g. ``20261203T141502Z-box-4711``."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return f"{now:%Y%m%dT%H%M%SZ}-{host_name()[:40]}-{os.getpid()}"
 
 
 @dataclass
@@ -58,6 +75,12 @@ class SpecperfSession:
     _baselines_loaded: bool = False
     _baselines_error: BaselineError | None = None
     _history: History | None = None
+    _prior: DevicePrior | None = None
+    #: this session's sitting (one pytest session's servers, at one time on one host)
+    sitting: str = field(default_factory=new_sitting)
+    #: specperf tests the run judges (set when collection ends; the false-alarm budget's
+    #: share per test, ``judging.significance``)
+    judged_tests: int = 1
 
     def device(self) -> DeviceInfo:
         """The device the cases run on (detected once)."""
@@ -97,6 +120,20 @@ class SpecperfSession:
         """Whose the baseline file is when another device recorded it, else None."""
         bf = self.baselines()
         return device_mismatch(bf.device, self.device().to_dict()) if bf is not None else None
+
+    def prior(self) -> DevicePrior:
+        """The device's noise prior (the file beside the baselines, or the provisional
+        one: a note says which), read once; ``BaselineError`` if the file is unusable."""
+        if self._prior is None:
+            from pytest_specperf.store.prior import load_prior, prior_path
+
+            self._prior = load_prior(self.baseline_path)
+            where = self.display_path(prior_path(self.baseline_path))
+            if self._prior is PROVISIONAL_PRIOR:
+                self.notes.append(f"{self._prior.describe()}; no prior file {where}")
+            elif self._prior.provisional:
+                self.notes.append(f"{self._prior.describe()} ({where})")
+        return self._prior
 
     def history(self) -> History | None:
         """Earlier runs of the cases (``--specperf-history``), read once; None without it."""

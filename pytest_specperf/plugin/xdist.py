@@ -68,7 +68,7 @@ def check_controller(config: pytest.Config, settings: Settings) -> int:
         return n
     if settings.server_url:
         raise pytest.UsageError(
-            f"-n {n} with --specperf-server-url: every worker would measure the one "
+            f"-n {n} with --specperf-attach: every worker would measure the one "
             "attached server at the same time; attach without -n, or let each worker "
             "launch its own server"
         )

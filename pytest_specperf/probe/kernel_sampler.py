@@ -18,7 +18,7 @@ measured cost): however slow the profiler is on a machine, it takes at most 1% o
 steps' time, and fewer steps are sampled. The first start initialises kineto (CUPTI on a
 GPU) and takes much longer; it falls on the first decode step, in the warm-up request, and
 is not charged. A profiler that someone else runs (``/specperf/profile``,
-``--specperf-profile-on-regression``) is never disturbed: steps are not sampled while it
+``--specperf-profile on-regression``) is never disturbed: steps are not sampled while it
 runs. Any failure turns sampling off for the process with one log line; the probe and the
 server carry on.
 """

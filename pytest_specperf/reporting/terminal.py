@@ -26,7 +26,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
@@ -257,8 +257,8 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str
             "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
         )
     text += (
-        f" within noise +-{m.noise * 100:.1f}{unit} (x{Z:g} = {Z * m.noise * 100:.1f}{unit} > "
-        f"tol {m.tolerance * 100:.0f}{unit})"
+        f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x = "
+        f"{m.critical * m.noise * 100:.1f}{unit} > tol {m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
@@ -276,13 +276,25 @@ def _processes_advice(m: MetricVerdict) -> str:
         f"; more steps cannot decide it: the noise between server processes is {between} "
         f"per run ({runs}), and the baseline's own blocks add theirs"
     )
+    sd = m.sitting if m.sitting is not None and m.sitting_coef else 0.0
+    sitting = sd > 0
+    if sitting:
+        text += (
+            f"; the offset between sittings is +-{sd * 100:.1f}% ({m.sittings} "
+            "sitting(s) in the baseline; docs/statistics.md)"
+        )
     p = m.processes_to_decide
+    if p is None and sitting:
+        return text + (
+            "; no number of processes would: update the baseline in more sittings (on other "
+            "days), or measure a calibrated prior with specperf calibrate"
+        )
     if p is None:
         return text + "; no practical number of processes would: re-record on a quiet machine"
     run = f"run with --specperf-processes {p}"
     if p <= m.base_runs:
         return text + f"; about {p} processes would decide: {run}"
-    keep = f" --specperf-keep-runs {p}" if p > DEFAULT_KEEP_RUNS else ""
+    keep = f" -o specperf_keep_runs={p}" if p > DEFAULT_KEEP_RUNS else ""
     return text + (
         f"; about {p} processes would decide: record the baseline with "
         f"--specperf-update-baselines --specperf-processes {p}{keep} and {run}"
@@ -336,12 +348,19 @@ class RunSummary:
     processes: int = 1
 
 
+#: How a case's reason that some of its gates are not gated begins (``judge.not_gated_reason``).
+NOT_GATED = "not gated: "
+
+
 def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> list[str]:
-    """``INVALID ...`` and ``UNSTABLE ...`` lines: why a case could not be compared."""
+    """``INVALID ...``, ``NOT GATED ...`` and ``UNSTABLE ...`` lines: why a case (or some
+    of its gates) could not be compared."""
     lines = []
     for c in cases:
         if c.verdict is Verdict.INVALID:
             lines.append(f"INVALID {c.test} {c.key}: {'; '.join(c.reasons)}")
+        # a bimodal case's gates, marked in the baseline file: said once per case
+        lines += [f"NOT GATED {c.test} {c.key}: {r}" for r in c.reasons if r.startswith(NOT_GATED)]
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
                 advice = unstable_advice(m, max_time_s=max_time_s)

@@ -51,7 +51,7 @@ def take_control(server: ModelServer, spec: InjectSpec | None) -> bool:
     except OSError as e:
         raise ControlError(
             f"cannot write {server.run_dir / CONTROL_FILE} ({e.strerror or e}): --specperf-inject "
-            "with --specperf-server-url needs write access to the server's run directory"
+            "with --specperf-attach needs write access to the server's run directory"
         ) from None
     try:
         _sync(server, str(spec))

@@ -155,7 +155,7 @@ def attach_server(backend: Backend, url: str, run_dir: Path | None) -> ModelServ
     if run_dir is None or not run_dir.is_dir():
         raise ServerStartError(
             f"cannot find the step records of the server at {url}: pass "
-            "--specperf-run-dir DIR, the directory the server's probe writes to "
+            "--specperf-attach URL,run-dir=DIR, the directory the server's probe writes to "
             "(reference server: --run-dir; SGLang: SPECPERF_RUN_DIR with "
             "SPECPERF_SGLANG_PLUGIN=1 in the server's environment)"
         )

@@ -37,7 +37,7 @@ DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 #: Environment variable that raises (or lowers) the size limit, in MiB.
 ENV_MAX_MB = "SPECPERF_BASELINE_MAX_MB"
 #: How a user raises the size limit (the pytest option wins over the variable).
-RAISE_LIMIT = f"--specperf-baseline-max-mb=<MiB> (or {ENV_MAX_MB}=<MiB>)"
+RAISE_LIMIT = f"-o specperf_baseline_max_mb=<MiB> (or {ENV_MAX_MB}=<MiB>)"
 #: Deepest nesting of mappings and lists (the schema needs 9).
 MAX_DEPTH = 32
 #: Most aliases (``*name``) a file may use; the writer never emits any.

@@ -23,6 +23,7 @@ from pytest_specperf.judging.baseline_schema import (
     check_run,
     field_name,
     parse_case,
+    parse_not_gated,
     parse_v1_case,
     split_rows,
 )
@@ -180,12 +181,13 @@ def _case_v2(
 ) -> CaseBaseline | CaseProblem:
     try:
         ref, steps, runs = parse_case(raw, version)
+        mark = parse_not_gated(raw.get("not_gated")) if version >= 4 else None
         fp = entry.fingerprints.get(ref)
         if fp is None:
             raise Invalid(f"fingerprint: {ref[:40]!r} is not among this engine's fingerprints")
     except Invalid as e:
         return CaseProblem(path, entry.name, test, key, str(e))
-    return CaseBaseline(test, key, entry.identity, MappingProxyType(fp), ref, steps, runs)
+    return CaseBaseline(test, key, entry.identity, MappingProxyType(fp), ref, steps, runs, mark)
 
 
 def _from_v1(path: Path, data: dict[str, Any]) -> BaselineFile:
@@ -262,7 +264,9 @@ def _combine(
     old: CaseBaseline | CaseProblem | None, new: CaseBaseline, keep: int
 ) -> tuple[CaseBaseline, str | None]:
     """The case after adding ``new``'s runs to ``old``'s (the last ``keep``), and why
-    old runs were dropped if they were."""
+    old runs were dropped if they were. The ``not_gated`` mark: the new recording's when
+    it measured 2 or more processes (it could tell; a team's acceptance of a mark that
+    holds again is kept), else the old one."""
     trimmed = dataclasses.replace(new, runs=new.runs[-keep:])
     if old is None:
         return trimmed, None
@@ -276,7 +280,10 @@ def _combine(
     o, n = old.latest, new.latest
     if set(o.values) != set(n.values) or set(o.blocks) != set(n.blocks):
         return trimmed, "the set of recorded metrics changed"
-    return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:]), None
+    mark = new.not_gated if len(new.runs) >= 2 else old.not_gated
+    if mark is not None and old.not_gated is not None and old.not_gated.accepted:
+        mark = dataclasses.replace(mark, accepted=True)
+    return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:], not_gated=mark), None
 
 
 def _moved(engine: str, old: Any, new: CaseBaseline, why: str | None) -> Moved:
@@ -468,6 +475,19 @@ def _count_cases(doc: dict[str, Any]) -> int:
     return n
 
 
+def _stamped(c: CaseBaseline, sitting: str | None, host: str | None) -> CaseBaseline:
+    """``c`` with ``sitting`` and ``host`` on its runs that carry none."""
+    runs = tuple(
+        dataclasses.replace(
+            r,
+            sitting=r.sitting if r.sitting is not None else sitting,
+            host=r.host if r.host is not None else host,
+        )
+        for r in c.runs
+    )
+    return dataclasses.replace(c, runs=runs)
+
+
 def _check_measured(path: Path, measured: Sequence[CaseBaseline]) -> None:
     for c in measured:
         for run in c.runs:
@@ -487,9 +507,13 @@ def write_baselines(
     keep_runs: int = DEFAULT_KEEP_RUNS,
     max_bytes: int | None = None,
     lock_timeout: float = LOCK_TIMEOUT_S,
+    sitting: str | None = None,
+    host: str | None = None,
 ) -> WriteResult:
     """Add ``measured`` to ``path`` (every other case and identity kept as it is) and
     write it atomically, under the file's lock, through a symbolic link to its target.
+    ``sitting`` and ``host`` (this update's) are stamped on the measured runs that carry
+    none: the update is their sitting.
 
     The existing file is validated first; if it is unusable, ``BaselineError`` is raised
     and nothing on disk changes. Temporary files of killed updates are removed.
@@ -497,6 +521,7 @@ def write_baselines(
     if not 1 <= keep_runs <= MAX_RUNS:
         raise ValueError(f"keep_runs must be from 1 to {MAX_RUNS}, got {keep_runs}")
     limit = resolve_max_bytes(path, max_bytes)
+    measured = [_stamped(c, sitting, host) for c in measured]
     _check_measured(path, measured)
     target = real_target(path) or path
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -532,7 +557,8 @@ def write_baselines(
 
 
 def dump_baselines(bf: BaselineFile) -> str:
-    """The v3 text of a read file (a v1 or v2 file migrated), as an update would write it."""
+    """The v4 text of a read file (a v1, v2 or v3 file migrated), as an update would write
+    it."""
     doc, _, _ = _merge(bf, bf.device, [], DEFAULT_KEEP_RUNS)
     return dump_yaml(doc)
 

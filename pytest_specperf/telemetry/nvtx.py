@@ -1,4 +1,4 @@
-"""NVTX ranges per phase for Nsight Systems (``--specperf-nvtx``).
+"""NVTX ranges per phase for Nsight Systems (``--specperf-profile nvtx``).
 
 :func:`nvtx_range` is a context manager that pushes/pops an NVTX range through
 ``torch.cuda.nvtx`` when torch is already imported in this process and CUDA is available,

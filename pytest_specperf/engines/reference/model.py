@@ -16,6 +16,10 @@ bidirectionally within the block. The shared LM head turns each offset into a to
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,21 +105,91 @@ class _Rope:
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-class _Weights:
-    """Seeded weight factory: draws on the CPU so every device gets the same weights."""
+#: A weight tensor larger than this many elements is drawn in chunks of this size, each from
+#: its own seeded generator, in parallel. Every tensor of the ``tiny`` model is smaller, so
+#: its weights (and the CPU baselines recorded with them) are those of the serial draw.
+WEIGHT_CHUNK = 1 << 20
 
-    def __init__(self, seed: int, device: Any, dtype: Any) -> None:
+
+def chunk_seed(seed: int, ordinal: int, chunk: int) -> int:
+    """The generator seed of chunk ``chunk`` of the ``ordinal``-th weight tensor drawn."""
+    digest = hashlib.sha256(f"specperf-weights/{seed}/{ordinal}/{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def weight_workers() -> int:
+    """Threads that draw weight chunks: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class _Weights:
+    """Seeded weight factory: draws on the host so every device gets the same weights.
+
+    A tensor of at most ``WEIGHT_CHUNK`` elements comes from the model's one serial
+    generator, in order. A larger one is drawn in ``WEIGHT_CHUNK``-element chunks, each
+    from its own CPU generator seeded by (seed, tensor ordinal, chunk): the chunks are
+    independent, so a thread pool draws them in parallel (torch releases the GIL) and
+    each lands in its slice of the device tensor as it is drawn (no host copy of the whole
+    model). The values depend on the seed and the shapes only: not on the device, the
+    dtype's rounding aside, nor on the number of threads. ``wait`` returns once every
+    chunk is in place; a tensor is not to be read before.
+    """
+
+    def __init__(self, seed: int, device: Any, dtype: Any, workers: int | None = None) -> None:
         import torch
 
+        self.seed = seed
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         self.device = device
         self.dtype = dtype
+        self.workers = workers if workers is not None else weight_workers()
+        self._ordinal = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
 
     def normal(self, *shape: int, std: float) -> torch.Tensor:
         import torch
 
-        t = torch.randn(*shape, generator=self.gen, dtype=torch.float32) * std
-        return t.to(device=self.device, dtype=self.dtype)
+        ordinal, self._ordinal = self._ordinal, self._ordinal + 1
+        numel = math.prod(shape)
+        if numel <= WEIGHT_CHUNK:
+            t = torch.randn(*shape, generator=self.gen, dtype=torch.float32) * std
+            return t.to(device=self.device, dtype=self.dtype)
+        out = torch.empty(*shape, device=self.device, dtype=self.dtype)
+        flat = out.view(-1)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="specperf-weights")
+        for c, start in enumerate(range(0, numel, WEIGHT_CHUNK)):
+            dst = flat[start : start + WEIGHT_CHUNK]
+            self._pending.append(
+                self._pool.submit(self._draw, dst, chunk_seed(self.seed, ordinal, c), std)
+            )
+        return out
+
+    @staticmethod
+    def _draw(dst: torch.Tensor, seed: int, std: float) -> None:
+        import torch
+
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        direct = dst.device.type == "cpu" and dst.dtype == torch.float32
+        buf = dst if direct else torch.empty(dst.shape, dtype=torch.float32)
+        buf.normal_(0.0, std, generator=gen)  # one pass: the same values as randn * std
+        if not direct:
+            dst.copy_(buf)
+
+    def wait(self) -> None:
+        """Every chunk drawn and in place (raises the first chunk's error, if any)."""
+        pending, self._pending = self._pending, []
+        try:
+            for f in pending:
+                f.result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
 
     def ones(self, n: int) -> torch.Tensor:
         import torch
@@ -232,6 +306,7 @@ class TargetModel:
         ]
         self.final_norm = wf.ones(cfg.hidden_size)
         self.lm_head = wf.normal(cfg.vocab_size, cfg.hidden_size, std=cfg.hidden_size**-0.5)
+        wf.wait()
         self._weights = wf
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -288,6 +363,7 @@ class Drafter:
             for _ in range(cfg.draft_num_layers)
         ]
         self.norm = wf.ones(cfg.hidden_size)
+        wf.wait()
         g = target.token_map()
         chain = [torch.arange(cfg.vocab_size, device=g.device)]
         for _ in range(max_block - 1):

@@ -5,7 +5,7 @@ with ``ast`` where needed, see :mod:`.source`). Inside the server, our code arri
 through SGLang's plugin entry point (:mod:`.sgl_plugin`), turned on by the environment
 this backend puts into the launch spec.
 
-Attach mode (``--specperf-server-url``): start the server yourself with the same
+Attach mode (``--specperf-attach URL``): start the server yourself with the same
 environment, for example::
 
     SPECPERF_SGLANG_PLUGIN=1 SPECPERF_RUN_DIR=/tmp/specperf-run \\

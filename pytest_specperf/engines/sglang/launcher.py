@@ -29,7 +29,7 @@ from pytest_specperf.server.protocol import BackendUnavailable
 
 #: Flags the plugin sets itself.
 RESERVED = {
-    "--host": "the server always listens on 127.0.0.1 (use --specperf-server-url to attach "
+    "--host": "the server always listens on 127.0.0.1 (use --specperf-attach URL to attach "
     "to a server elsewhere)",
     "--port": "the plugin picks a free port",
 }
