@@ -77,7 +77,7 @@ def test_long_and_non_ascii_ids_round_trip_through_record_and_judge(pytester, re
     (key,) = entry["cases"][test]
     assert test == f"{FILE}::{NAME}" and key.endswith(" label=" + "ü" * 600 + "長" * 300)
     _setup(pytester, recorded)
-    result = _run(pytester, "--specperf-tolerance=90%", "--specperf-step-tolerance=90%")
+    result = _run(pytester, "--specperf-tolerance=90%,step=90%")
     out = result.stdout.str()
     assert "NO_BASELINE" not in out and "INVALID" not in out, out
     result.assert_outcomes(passed=1)
