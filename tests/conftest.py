@@ -149,6 +149,7 @@ def make_case(make_run):
         fingerprint=None,
         pid=None,
         at=None,
+        sitting=None,
         **run_kw,
     ):
         run = make_run(**run_kw)
@@ -160,6 +161,7 @@ def make_case(make_run):
             metrics=run.summaries,
             pid=pid,
             at=at or utc_now(),
+            sitting=sitting,
         )
 
     return make

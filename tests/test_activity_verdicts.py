@@ -141,7 +141,8 @@ def test_cpu_busy_phase_and_host_stall():
 
 
 def test_a_busy_machine_is_not_taken_for_a_waiting_phase():
-    # verify worked, but half of its wall time the thread waited for a CPU
+    # under half of verify's wall time on the CPU, and the step's time off the CPU was all
+    # run-queue time: the thread may have worked or waited; the line says it cannot tell
     f = cpu(
         cpu_ms={"draft": 1.5, "verify": 17.5, "unaccounted": 1.0, "step": 20.0},
         active_ms={"draft": 1.5, "verify": 17.5, "unaccounted": 1.0, "step": 20.0},
@@ -150,9 +151,33 @@ def test_a_busy_machine_is_not_taken_for_a_waiting_phase():
     (line,) = activity_lines(f)
     assert line == (
         "verify: span 37.5 ms, CPU 17.5 ms (47%), about 20.0 ms waiting for a CPU (a busy "
-        "machine): busy on the CPU (work, not waits)"
+        "machine): cannot tell: the machine was busy (the thread was off the CPU 20.0 ms per "
+        "step, 20.0 ms of it waiting for a CPU)"
     )
     assert "waiting for a CPU 50% (a busy machine)" in classify(f).describe()
+
+
+def test_on_a_busy_machine_a_phase_always_on_the_cpu_still_worked():
+    # the step's time off the CPU (16 ms) was mostly run-queue time (14 ms): draft, off
+    # the CPU 15 ms, cannot tell; verify, off it 1 ms (under 5% of its span), worked
+    f = cpu(
+        step_ms=60.0,
+        host_ms={"draft": 20.0, "verify": 39.0},
+        cpu_ms={"draft": 5.0, "verify": 38.0, "unaccounted": 1.0, "step": 44.0},
+        active_ms={"draft": 5.0, "verify": 38.0, "unaccounted": 1.0, "step": 44.0},
+        runq_ms=14.0,
+    )
+    draft, verify = activity_lines(f)
+    assert draft.endswith("cannot tell: the machine was busy (the thread was off the CPU "
+                          "16.0 ms per step, 14.0 ms of it waiting for a CPU)")  # fmt: skip
+    assert verify.endswith(": busy on the CPU (work, not waits)")
+
+
+def test_a_sleep_on_a_quiet_machine_reads_as_waiting_whatever_the_little_run_queue_time():
+    # 33.5 ms off the CPU per step, 2 ms of it in the run queue: the rest was the sleep
+    f = cpu(runq_ms=2.0)
+    (line,) = activity_lines(f)
+    assert line.endswith(": the thread waited inside verify (waits, not work)")
 
 
 def test_small_phases_get_no_line():

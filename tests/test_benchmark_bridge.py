@@ -201,3 +201,14 @@ def test_pytest_benchmark_disabled_as_a_plugin(pytester):
     report = read_report(pytester.path / "r.json")
     assert report.commit == {} and report.datetime is not None  # no pytest-benchmark: no commit
     result.stdout.fnmatch_lines(["specperf: reference backend*"])
+
+
+def test_benchmark_compare_does_not_warn_about_the_same_machine(saved):
+    """``--benchmark-compare`` compares machine_info before any case ran: the device is
+    given then too, so a run on the saved run's machine gets no machine_info warning."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "test_case.py", *SHORT_RUN,
+                          "--benchmark-compare=0001"],
+                         cwd=saved, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Comparing against benchmarks from" in out.stdout + out.stderr
+    assert "machine_info is different" not in out.stdout + out.stderr

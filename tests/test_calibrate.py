@@ -397,3 +397,238 @@ def test_unstable_parts_say_which_case_and_what_more_steps_could_fix():
     # UNSTABLE from a disturbed run, whose band fits the tolerance: the table says so.
     calm = dict(rows[0], noise=0.01)
     assert "3.0% <= 7%" in "\n".join(_unstable_table({"unstable_parts": [calm]}))
+
+
+# -- a calibration over sittings (issue 28, item 5) -------------------------------------
+
+
+def test_kalibera_jones_counts_and_the_sittings_a_target_needs():
+    """The figures of docs/statistics.md section 7: verify/rest with block scatter 2%,
+    processes 0.8%, sittings 1.1%, at 2 s a block, 15 s a process, 72 s a sitting: 7 blocks
+    per process (sqrt(15/2 x 4/0.64) = 6.85), 2 processes per sitting (sqrt(72/15 x
+    0.64/1.21) = 1.59). One sitting of 2 x 7 blocks: V1 = 1.21 + 0.32 + 4/14 = 1.816
+    (x 1e-4), noise floor (z 3.38 + 1.645) x 1.35% = 6.8%: +5% is out of reach of any
+    stored baseline, +10% needs 2 baseline sittings (room 1.98: S >= 1/0.98)."""
+    from pytest_specperf.judging.levels import DEFAULT_COSTS, FormLevels, plan
+
+    lv = FormLevels("verify/rest", 6, 8, 0.02**2, 42, 0.008**2, 12, 0.011**2, 6)
+    p = plan(lv, DEFAULT_COSTS, 0.05)
+    assert (p.blocks_per_process, p.processes_per_sitting) == (7, 2)
+    assert p.floor == pytest.approx(0.0678, abs=0.0005)
+    assert p.sittings is None
+    assert plan(lv, DEFAULT_COSTS, 0.10).sittings == 2
+    assert p.run_cost_s == 2 * (15 + 7 * 2)
+    # No measurable process variance: as many blocks as the cap, never a division by zero.
+    flat = FormLevels("step/ref", 6, 8, 0.02**2, 42, 0.0, 12, None, 0)
+    assert plan(flat, DEFAULT_COSTS, 0.05).blocks_per_process == 64
+
+
+def test_levels_pool_over_cases_by_degrees_of_freedom():
+    """Two cases, two sittings of two runs of two blocks each. Case a: runs (0, 0.02) in
+    sitting s1 and (0.10, 0.12) in s2, every block alike (no residual): within each
+    sitting the run means are 0.01 +- 0.01, SS 2 x 2e-4 on 2 df: tau_hat^2 = 2e-4; case b:
+    the same without the sitting step (sitting means equal). Pooled tau^2 = 2e-4 on 4 df;
+    case a's sitting means 0.01 and 0.11: variance 0.005, minus mean(1/2) x (2e-4 + 0) =
+    1e-4: 0.0049; case b's: 0; pooled over 1 + 1 df: 0.00245."""
+    from pytest_specperf.judging.levels import case_estimate, pool
+
+    def runs(offset):
+        return [("s1", (math.exp(0.0),) * 2), ("s1", (math.exp(0.02),) * 2),
+                ("s2", (math.exp(offset),) * 2), ("s2", (math.exp(offset + 0.02),) * 2)]
+
+    a, b = case_estimate(runs(0.10), 2), case_estimate(runs(0.0), 2)
+    lv = pool("verify/rest", [a, b])
+    assert lv.cases == 2 and lv.between_df == 4 and lv.sitting_df == 2
+    assert lv.between_var == pytest.approx(2e-4)
+    assert lv.sitting_var == pytest.approx((0.005 - 1e-4) / 2)
+    assert lv.block_var == pytest.approx(0.0, abs=1e-15) and lv.block_df == 6
+    assert pool("verify/rest", []) is None
+
+
+def test_costs_parse_and_errors_name_the_fix(capsys):
+    from pytest_specperf.judging.levels import parse_costs
+
+    c = parse_costs("process=20, sitting=90")
+    assert (c.block, c.process, c.sitting) == (2.0, 20.0, 90.0)
+    for bad in ("blocks=2", "block=x", "block=0"):
+        with pytest.raises(ValueError, match=r"block|seconds"):
+            parse_costs(bad)
+    assert cli.main(["calibrate", "--work-dir", "/nonexistent", "--summarize", "--costs",
+                     "sitting=-1"]) == 2  # fmt: skip
+    assert "--costs" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--sitting", "2"]) == 2
+    assert "--sitting and --summarize need --work-dir" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--write-prior", "baselines"]) == 2
+    assert "--write-prior needs --sitting or --summarize" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--work-dir", "x", "--sitting", "1", "--target", "150%"]) == 2
+    assert "--target '150%'" in capsys.readouterr().err
+
+
+def test_a_compacted_report_keeps_what_the_calibration_reads(tmp_path):
+    import json
+
+    from pytest_specperf.cli.calibrate_sittings import compact_report
+
+    case = _case("ctx=46000", "SAME", [("verify", "SAME", 0.012, 0.003)])
+    case |= {"samples": {"step_ms": [40.0] * 5000}, "kernels": {"k": 1},
+             "runs": [{"blocks": {"verify/rest": [1.0, 1.1, 0.9]}}]}  # fmt: skip
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"schema_version": 1, "cases": [case]}, indent=1))
+    size = compact_report(raw, tmp_path / "rep00-A_A.json")
+    assert size < raw.stat().st_size / 10
+    back = read_report(tmp_path / "rep00-A_A.json")
+    assert [m.metric for m in back.cases[0].metrics] == ["verify"]
+    assert "samples" not in back.cases[0].data and back.cases[0].data["runs"]
+
+
+def test_a_sitting_starts_from_the_previous_sittings_baseline(tmp_path):
+    from pytest_specperf.cli.calibrate_sittings import prepare_sitting, sitting_dir
+
+    dest = sitting_dir(tmp_path, 2) / "baselines"
+    with pytest.raises(SystemExit, match=r"--sitting 2: sitting 1 has no recorded baseline"):
+        prepare_sitting(tmp_path, 2, dest)
+    s1 = sitting_dir(tmp_path, 1)
+    (s1 / "baselines").mkdir(parents=True)
+    (s1 / "baselines" / "box.yaml").write_text("runs: 1\n")
+    (s1 / "baselines" / "box.prior.yaml").write_text("x: 1\n")
+    (s1 / "baseline.json").write_text("{}")
+    dest.mkdir(parents=True)
+    (dest / "stale.yaml").write_text("")
+    prepare_sitting(tmp_path, 2, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["box.yaml"]
+    prepare_sitting(tmp_path, 1, sitting_dir(tmp_path, 1) / "baselines")  # the first: empty
+    assert not (s1 / "baselines").exists()
+
+
+def test_conditions_read_back_from_a_work_dir_and_merge_over_sittings():
+    from pytest_specperf.cli.calibrate import conditions_from_names
+    from pytest_specperf.cli.calibrate_sittings import merge_conditions
+
+    one = conditions_from_names(["A/A", "verify=1.05", "all=1.10", "host_stall=8.1ms"])
+    assert [(c.inject, c.expect) for c in one] == [
+        (None, None), ("verify=1.05", "verify"), ("all=1.10", "step"),
+        ("host_stall=8.1", "unaccounted")]  # fmt: skip
+    two = conditions_from_names(["A/A", "host_stall=9ms", "A/A + CPU hog"])
+    for c in (*one, *two):
+        c.runs.append(_run_outcome(AA, c.expect))
+    merged = merge_conditions([one, two])
+    assert [(c.name, len(c.runs)) for c in merged] == [
+        ("A/A", 2), ("verify=1.05", 1), ("all=1.10", 1), ("host_stall=8.1ms", 2),
+        ("A/A + CPU hog", 1)]  # fmt: skip
+
+
+def _sitting_files(root, k, make_case, sittings, offsets):
+    """Sitting ``k`` of a calibration as it is committed: its baseline file (runs of every
+    sitting so far), the recording's report, conditions and one A/A repetition whose
+    process ran at ``offsets[-1]``."""
+    import dataclasses
+    import json
+
+    from pytest_specperf.cli.calibrate_sittings import sitting_dir
+    from pytest_specperf.store.baselines import write_baselines
+
+    d = sitting_dir(root, k)
+    (d / "baselines").mkdir(parents=True)
+    for s, off in zip(sittings, offsets):
+        runs = [make_case(seed=i + 3 * len(s), factors={"verify": off * (1 + 0.01 * i)})
+                for i in range(2)]  # fmt: skip
+        case = dataclasses.replace(runs[0], runs=tuple(r.runs[0] for r in runs))
+        write_baselines(d / "baselines" / "box.yaml", {"name": "box"}, [case], keep_runs=6,
+                        sitting=s)  # fmt: skip
+    base = {"key": "ctx=8192 kv=contiguous bs=1", "test": "perf_tests/t.py::test_d",
+            "verdict": "SAME", "step_ms": {"median": 40.0}, "recorded": True}  # fmt: skip
+    (d / "baseline.json").write_text(json.dumps({"schema_version": 1, "cases": [base]}))
+    (d / "conditions.json").write_text(json.dumps(["A/A", "verify=1.05"]))
+    now = make_case(seed=11 + k, factors={"verify": offsets[-1]}).runs[0]
+    aa = _case(base["key"], "SAME", [("verify", "SAME", 0.01, 0.004)])
+    aa |= {"test": base["test"], "runs": [{"blocks": {m: list(b) for m, b in now.blocks.items()}}]}
+    (d / "rep00-A_A.json").write_text(json.dumps({"schema_version": 1, "cases": [aa]}))
+    (d / "rep00-A_A.rc").write_text("0 70.0\n")
+    inj = _case(base["key"], "SLOWER", [("verify", "SLOWER", 0.09, 0.004)], culprit="verify")
+    (d / "rep00-verify_1.05.json").write_text(json.dumps({"schema_version": 1, "cases": [inj]}))
+    (d / "rep00-verify_1.05.rc").write_text("1 71.0\n")
+
+
+def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path, make_case, capsys):
+    """Two sittings (the second's baseline holds both), one A/A and one verify=1.05 run
+    each: --summarize runs nothing, merges the runs, measures the levels and writes a
+    prior the plugin reads back, measured (not provisional)."""
+    import json
+
+    from pytest_specperf.store.prior import load_prior
+
+    _sitting_files(tmp_path, 1, make_case, ["s1"], [1.0])
+    _sitting_files(tmp_path, 2, make_case, ["s1", "s2"], [1.0, 1.03])
+    out_json, prior_dir = tmp_path / "summary.json", tmp_path / "baselines"
+    assert cli.main(["calibrate", "--work-dir", str(tmp_path), "--summarize", "--write-prior",
+                     str(prior_dir), "--json", str(out_json)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    summary = json.loads(out_json.read_text())
+    aa = next(c for c in summary["conditions"] if c["condition"] == "A/A")
+    inj = next(c for c in summary["conditions"] if c["condition"] == "verify=1.05")
+    assert (aa["runs"], aa["slower_runs"], inj["runs"], inj["detected"]) == (2, 0, 2, 2)
+    assert [(r["sitting"], r["baseline_sittings"]) for r in summary["sittings"]] == [
+        (1, 1), (2, 2)]  # fmt: skip
+    forms = {r["form"]: r for r in summary["levels"]}
+    assert forms["verify/rest"]["between_df"] == 2  # 2 sittings x (2 runs - 1)
+    assert forms["verify/rest"]["sitting_df"] == 3  # 2 baseline sittings + 2 A/A runs - 1
+    assert forms["verify/rest"]["sitting_sd"] > 0.005  # the 3% step between sittings
+    assert "Kalibera & Jones" in text and "per sitting" in text
+    prior = load_prior(prior_dir / "box.yaml")
+    assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
+    assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)
+    assert not list(tmp_path.glob("sitting-*/raw"))  # nothing was run
+
+
+def test_a_prior_given_is_put_beside_the_baseline_and_checked(tmp_path, capsys):
+    from pytest_specperf.cli.calibrate import Calibration
+    from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
+    from pytest_specperf.store.prior import write_prior
+
+    measured = tmp_path / "measured"
+    write_prior(measured / "box.yaml", PROVISIONAL_PRIOR)
+    cal = Calibration(_args(tmp_path / "w", prior=measured / "box.prior.yaml"))
+    cal.baselines.mkdir(parents=True)
+    (cal.baselines / "box.yaml").write_text("")
+    cal.use_prior()
+    assert (cal.baselines / "box.prior.yaml").read_text() == (
+        measured / "box.prior.yaml").read_text()  # fmt: skip
+    assert "noise prior (PROVISIONAL" in capsys.readouterr().out
+    (tmp_path / "bad.yaml").write_text("schema_version: 7\n")
+    cal = Calibration(_args(tmp_path / "w", prior=tmp_path / "bad.yaml"))
+    with pytest.raises(SystemExit, match=r"--prior .*bad.yaml: .*schema_version is 7"):
+        cal.use_prior()
+    assert not (cal.baselines / "box.prior.yaml").exists()
+
+
+def test_one_sitting_runs_for_real_and_resumes_from_its_committed_files(tmp_path):
+    """The orchestration on the reference engine (one case of 8 steps): sitting 1 records
+    its baseline, runs one A/A and one verify=1.5 repetition, and leaves what a commit
+    keeps (compacted reports, exit files, the baseline with its sitting) beside a
+    .gitignore'd raw/; run again with --resume it runs nothing and says the same."""
+    import subprocess
+    import sys
+
+    from e2e import SHORT_RUN, VERIFY_CASE
+
+    (tmp_path / "test_case.py").write_text(VERIFY_CASE)
+    cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--work-dir", "cal",
+           "--sitting", "1", "--repetitions", "1", "--inject", "verify=1.5",
+           "--host-stall-share", "0", "--", "test_case.py", *SHORT_RUN]  # fmt: skip
+    first = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    d = tmp_path / "cal" / "sitting-1"
+    kept = sorted(p.name for p in d.iterdir() if p.is_file())
+    assert kept == [".gitignore", "baseline.json", "baseline.rc", "conditions.json",
+                    "rep00-A_A.json", "rep00-A_A.rc", "rep00-verify_1.5.json",
+                    "rep00-verify_1.5.rc"]  # fmt: skip
+    assert (d / "raw" / "rep00-A_A.log").exists() and "raw/" in (d / ".gitignore").read_text()
+    assert "samples" not in (d / "rep00-A_A.json").read_text()
+    assert "sitting: " in next((d / "baselines").glob("*.yaml")).read_text()
+    assert "per sitting" in first.stdout and "Kalibera & Jones" in first.stdout
+    stamps = {p.name: p.stat().st_mtime_ns for p in d.glob("*.rc")}
+    again = subprocess.run([*cmd[:4], "--resume", *cmd[4:]], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming: baseline" in again.stdout and "2 runs resumed" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in d.glob("*.rc")} == stamps  # nothing re-ran

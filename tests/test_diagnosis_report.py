@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pytest_specperf.judging.budgets import Budgets
-from pytest_specperf.judging.diagnosis import time_went
+from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.judge import Case, judge_case
 from pytest_specperf.judging.samples import KVLayout, Window, build_run
 from pytest_specperf.judging.verdict import Tolerances
@@ -26,7 +28,10 @@ MS = 1_000_000
 
 def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: int = 16):
     host = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_ms * MS)}
-    cpu = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_cpu_ms * MS)}
+    cpu = {p: int(0.05 * MS) for p in PHASES} | {
+        "draft": 10 * MS,
+        "verify": int(verify_cpu_ms * MS),
+    }
     step = sum(host.values()) + 30_000
     out = []
     for i in range(n):
@@ -38,9 +43,19 @@ def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: in
                 kw["kernels"] = _sample(verify_ms)
         out.append(
             StepRecord(
-                step=i, wall_ns=i, mode="decode", rids=["r"], context_len=46000, batch_size=1,
-                accepted_tokens=3, step_ns=step, host_ns=dict(host), unaccounted_ns=30_000,
-                cpu_ns=dict(cpu), step_cpu_ns=sum(cpu.values()) + 30_000, **kw,
+                step=i,
+                wall_ns=i,
+                mode="decode",
+                rids=["r"],
+                context_len=46000,
+                batch_size=1,
+                accepted_tokens=3,
+                step_ns=step,
+                host_ns=dict(host),
+                unaccounted_ns=30_000,
+                cpu_ns=dict(cpu),
+                step_cpu_ns=sum(cpu.values()) + 30_000,
+                **kw,
             )
         )
     return out
@@ -100,16 +115,28 @@ def test_cpu_case_says_verify_waited_and_fails_its_budget_without_a_baseline():
 
 
 def test_time_went_says_whether_the_grown_phase_worked_or_waited():
-    base = _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries
-    waited = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
+    base = {
+        k: v.value for k, v in _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries.items()
+    }
+    waited = _run(_records(verify_ms=40.0, verify_cpu_ms=15.0))
     worked = _run(_records(verify_ms=40.0, verify_cpu_ms=39.5))
     assert time_went(waited, base).endswith(
-        "verify took 20.00 ms (100%) of the growth; its CPU time grew 0.50 ms: the thread "
-        "waited inside verify (waits, not work)"
+        "verify took 20.00 ms (100%) of the growth; verify now: the thread waited inside "
+        "verify (waits, not work)"
     )
-    assert time_went(worked, base).endswith(
-        "its CPU time grew 19.50 ms: busy inside verify (work, not waits)"
-    )
+    assert time_went(worked, base).endswith("verify now: busy on the CPU (work, not waits)")
+
+
+def test_time_went_and_the_activity_line_give_one_answer():
+    # 20.5 of 40 ms on the CPU: the activity line and the sentence agree, by one rule
+    base = {
+        k: v.value for k, v in _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries.items()
+    }
+    run = _run(_records(verify_ms=40.0, verify_cpu_ms=20.5))
+    (verify_line,) = [x for x in diagnose(run).lines if x.startswith("verify:")]
+    went = time_went(run, base)
+    assert went is not None
+    assert verify_line.rsplit(": ", 1)[1] == went.rsplit(" now: ", 1)[1]
 
 
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
@@ -136,3 +163,35 @@ def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
         "verify: span 12.0 ms, device active 2.8 ms (23%): the GPU idled inside verify "
         "(waits, not work)",
     ]
+
+
+def test_every_number_of_a_case_comes_from_one_place():
+    """A baseline of three runs that differ: the headline's raw base, the phase table's
+    base, the summary's base and the JSON's centers are one number (the verdict's center
+    over the runs), not the latest run's median in one place and the center in another."""
+    import dataclasses
+
+    from pytest_specperf.judging.judge import as_baseline
+    from pytest_specperf.reporting.terminal import phase_table
+    from pytest_specperf.reporting.view import CaseView
+
+    runs = [_run(_records(verify_ms=v, verify_cpu_ms=v)) for v in (18.0, 20.0, 24.0)]
+    stored = [as_baseline(_case(r), at="2026-12-03T14:00:00+00:00") for r in runs]
+    base = dataclasses.replace(stored[0], runs=tuple(b.runs[0] for b in stored))
+    now = _run(_records(verify_ms=40.0, verify_cpu_ms=39.0))
+    outcome = judge_case(_case(now), base, Path("b.yaml"))
+    (verify,) = [m for m in outcome.verdict.metrics if m.metric == "verify"]
+    centers = outcome.base_centers
+    assert centers is not None
+    # the center of 18, 20 and 24 ms is neither the latest run (24) nor their mean
+    assert centers["verify"] == pytest.approx((18.0 * 20.0 * 24.0) ** (1 / 3), rel=1e-3)
+    assert verify.base == pytest.approx(centers["verify"])
+    assert f"raw verify {verify.base:.2f} -> " in verify.describe()
+    row = next(line for line in phase_table(outcome) if line.startswith("verify "))
+    assert row.split()[1] == f"{centers['verify']:.3f}"
+    view = CaseView.of(outcome, baseline_file="b.yaml")
+    assert view.base_step_ms == pytest.approx(centers["step"])
+    assert view.base_phases is not None and view.base_phases["verify"] == centers["verify"]
+    assert case_json(outcome)["centers"]["base"]["verify"] == centers["verify"]
+    # the headline leads with the judged quantity, in its own units
+    assert verify.describe().startswith("verify / rest of step ")

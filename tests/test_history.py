@@ -236,7 +236,9 @@ def test_cli_errors(tmp_path, capsys):
 def test_a_missing_extra_is_named(store, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ruptures", None)  # as if not installed
     assert cli.run(_args(store, tmp_path), io.StringIO()) == 2
-    assert "pip install 'pytest-specperf[history]'" in capsys.readouterr().err
+    from pytest_specperf.install import install_hint
+
+    assert install_hint("history") in capsys.readouterr().err
 
 
 def test_last_nights_runs_are_those_within_the_window():
@@ -267,3 +269,31 @@ def test_help(command, capsys):
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])
     assert e.value.code == 0 and f"usage: specperf {command}" in capsys.readouterr().out
+
+
+def test_injected_runs_are_labelled_in_the_table(store, tmp_path):
+    """A canary's run (``labels.inject``) says so in the table: its SLOWER is no news."""
+    from pytest_specperf.reporting.history import history_rows
+
+    copy = tmp_path / ".benchmarks"
+    shutil.copytree(store, copy)
+    newest = sorted(copy.rglob("*.json"))[-1]
+    data = json.loads(newest.read_text())
+
+    def label(node):  # every case of the run carries the canary's label
+        if isinstance(node, dict):
+            if "labels" in node and "key" in node:
+                node["labels"] = {"inject": "verify=1.1"}
+            for v in node.values():
+                label(v)
+        elif isinstance(node, list):
+            for v in node:
+                label(v)
+
+    label(data)
+    newest.write_text(json.dumps(data))
+    h = load_history(copy)
+    s = _series(h, "test_decode ctx=8192 kv=contiguous bs=1")
+    rows = history_rows(h, s, 2)
+    assert rows[-1][-1].endswith("[injected: verify=1.1]")
+    assert "injected" not in rows[0][-1]

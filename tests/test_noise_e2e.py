@@ -185,7 +185,8 @@ def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
     result = _run(pytester, "--specperf-inject=all=2", "--specperf-max-time=20",
                   "--specperf-json=report.json")  # fmt: skip
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*step +*% (* -> * ms, tol 25%*[[]injected: all=2[]]"])
+    result.stdout.fnmatch_lines(["*step / KV read time * -> * (+*%, tol 25%*; raw step * -> * ms "
+                                 "(+*%)*[[]injected: all=2[]]"])  # fmt: skip
     case = _case(pytester)
     assert case["labels"]["inject"] == "all=2"
     step, verify = _metric(case, "step"), _metric(case, "verify")

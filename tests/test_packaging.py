@@ -44,3 +44,30 @@ def test_installed_metadata_names_sglang_only_under_its_extra() -> None:
         assert req.marker.evaluate({"extra": "sglang"})
         assert not req.marker.evaluate({"extra": ""})
         assert not req.marker.evaluate({"extra": "dev"})
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="reads pyproject.toml with tomllib")
+def test_a_perf_box_gets_only_what_running_perf_tests_needs() -> None:
+    """``perf`` (and ``gpu``) resolve, through the extras they name, to no linter, type
+    checker or plotting package; ``dev`` still holds everything ``.ci/run`` needs."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+
+    def resolve(extra: str) -> set[str]:
+        names: set[str] = set()
+        for req in extras[extra]:
+            r = Requirement(req)
+            if canonicalize_name(r.name) == "pytest-specperf":
+                for inner in r.extras:
+                    names |= resolve(inner)
+            else:
+                names.add(canonicalize_name(r.name))
+        return names
+
+    heavy = {"mypy", "ruff", "matplotlib", "ruptures", "scipy", "types-pyyaml", "pytest-timeout"}
+    assert not (resolve("perf") | resolve("gpu")) & heavy
+    assert {"pytest-xdist", "numpy"} <= resolve("perf")
+    assert {"mypy", "ruff", "matplotlib", "ruptures", "pytest-timeout", "pytest-xdist"} <= resolve("dev")

@@ -97,15 +97,15 @@ def test_forced_regression_fails_the_test_and_names_the_phase(pytester, recorded
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*verify +*% (* -> * ms, tol 7%, noise +-*%; judged against the rest of the "
-            "step, raw +*%) at ctx=2048 kv=contiguous [[]baselines/test-box.yaml[]]",
+            "*verify / rest of step * -> * (+*%, tol 7%, noise +-*%); raw verify * -> * ms "
+            "(+*%) at ctx=2048 kv=contiguous [[]baselines/test-box.yaml[]]",
             "*phase*base ms*now ms*change*share*",
             "*verify*",
             "*SLOWER*",
         ]
     )
     # the failure is the test's own (call phase), not a session-level error
-    result.stdout.fnmatch_lines(["FAILED test_case.py::test_decode[[]2048[]] - Failed: verify +*"])
+    result.stdout.fnmatch_lines(["FAILED test_case.py::test_decode[[]2048[]] - Failed: verify / rest*"])
 
 
 def test_faster_passes(pytester, recorded):
@@ -287,10 +287,14 @@ def test_host_stall_is_reported_as_unaccounted_time(pytester):
         "*unaccounted +* pp of step (* -> * ms, tol 7 pp) at ctx=2048 kv=contiguous "
         "[[]baselines/test-box.yaml[]] [[]injected: host_stall=15[]]",
         "where the time went: the step grew * ms; * ms (*% of the growth) is unaccounted, "
-        "outside every named phase: a host-side stall between phases (the thread was busy)",
+        # a busy spin: a stall by the one rule (or, on a machine too busy to tell, it says so)
+        "outside every named phase: *",
         "bottleneck: host only (no device timing): step * ms, CPU time *% of it*, "
         "unaccounted * ms (*%)*",
     ])
+    went = next(ln for ln in result.stdout.lines if ln.startswith("where the time went:"))
+    assert went.endswith(("a host-side stall between phases (the thread was busy)", "CPU)"))
+    assert "waited between phases" not in went
     result.stdout.fnmatch_lines(["telemetry unavailable: no CUDA device (CPU run); host-side view"])
 
 

@@ -25,6 +25,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+#: The nightly workflow a team copies into its own repository (README, "Nightly CI").
+TEMPLATE = ROOT / "examples" / "nightly-gpu.yml"
 #: Scripts of this repository a workflow step may call.
 SCRIPT = re.compile(r"(?<![\w/.-])((?:\.ci|scripts)/[\w.-]+)")
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@(v\d+(\.\d+){0,2}|[0-9a-f]{40})$")
@@ -128,7 +130,7 @@ def test_the_workflows_exist():
 
 
 def test_actionlint_passes_every_workflow():
-    findings = actionlint(WORKFLOWS)
+    findings = actionlint([*WORKFLOWS, TEMPLATE])
     assert findings == [], "\n".join(map(str, findings))
 
 
@@ -178,7 +180,7 @@ def test_only_the_listed_wasm_findings_are_dropped():
     assert [false_finding(f, labels) for f in (other_label, other_var, wrong_kind)] == [None] * 3
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [*WORKFLOWS, TEMPLATE], ids=lambda p: p.name)
 def test_actions_are_pinned_to_a_version(path):
     uses = [s["uses"] for s in _steps(_load(path)) if "uses" in s]
     assert uses and all(PINNED.match(u) for u in uses), uses
@@ -221,9 +223,63 @@ def test_nightly_gpu_runs_strict_and_keeps_its_results():
     assert any(s["with"]["path"] == "out/" and s.get("if") == "always()" for s in uploads)
     script = (ROOT / ".ci" / "nightly-gpu").read_text()
     for flag in ("--specperf-strict", "--specperf-json", "--specperf-markdown", "--junitxml",
-                 "long_context"):  # fmt: skip
+                 "long_context", "--specperf-processes=${SPECPERF_RECORD_PROCESSES:-3}"):  # fmt: skip
         assert flag in script, flag
     pr = data["jobs"]["baseline-pr"]
     assert pr["needs"] == "perf" and pr["if"] == "inputs.rerecord"
     assert any(s.get("uses", "").startswith("peter-evans/create-pull-request@v")
                for s in pr["steps"])  # fmt: skip
+
+
+def test_the_template_installs_from_the_repository_and_needs_nothing_of_this_one():
+    """Copied into another repository it must work there: pip installs the plugin from
+    its repository (a git URL at a tag or a wheel: the SPECPERF_SOURCE variable), never
+    from this checkout (-e .) or a package index, and it calls no script of this one."""
+    data = _load(TEMPLATE)
+    runs = "\n".join(s.get("run", "") for s in _steps(data))
+    installs = [line for line in runs.splitlines() if "pip install" in line and "specperf" in line]
+    assert installs and all('@ $SPECPERF_SOURCE"' in line for line in installs), installs
+    assert "-e ." not in runs and "pip install pytest-specperf" not in runs
+    assert not SCRIPT.findall(runs), SCRIPT.findall(runs)
+
+
+def test_the_template_walks_the_first_night_then_gates():
+    data = _load(TEMPLATE)
+    inputs = data["on"]["workflow_dispatch"]["inputs"]
+    assert inputs["record"]["type"] == "boolean" and inputs["record"]["default"] is False
+    perf = data["jobs"]["perf"]
+    runs = "\n".join(s.get("run", "") for s in perf["steps"])
+    # the first night records with three processes; later nights gate strictly
+    assert "--specperf-update-baselines --specperf-processes 3" in runs
+    assert "--specperf-strict" in runs
+    # a scheduled run without baselines says how to record them instead of failing each case
+    assert "record = true" in runs and "no baselines/*.yaml" in runs
+    pr = data["jobs"]["baseline-pr"]
+    assert pr["needs"] == "perf" and "inputs.record" in pr["if"]
+    assert any(s.get("uses", "").startswith("peter-evans/create-pull-request@v")
+               for s in pr["steps"])  # fmt: skip
+
+
+def test_the_template_keeps_history_and_models_on_the_runner():
+    data = _load(TEMPLATE)
+    perf = data["jobs"]["perf"]
+    runs = "\n".join(s.get("run", "") for s in perf["steps"])
+    history = '$STATE/history/$RUNNER_LABEL'
+    assert f'--specperf-history={history}' in runs  # fed to the gate
+    assert f'specperf history "{history}"' in runs  # and to the trend page
+    assert f'cp out/report.json "{history}/' in runs  # and kept for the next night
+    assert 'HF_HOME=$STATE/models' in runs  # a persistent model directory
+    uses = [s.get("uses", "") for job in data["jobs"].values() for s in job["steps"]]
+    assert not [u for u in uses if u.startswith("actions/cache@")]  # 10 GB < an 8B model
+    assert perf["runs-on"][0] == "self-hosted"
+
+
+def test_the_template_calibrates_on_dispatch():
+    data = _load(TEMPLATE)
+    assert data["on"]["workflow_dispatch"]["inputs"]["calibrate"]["type"] == "boolean"
+    job = data["jobs"]["calibrate"]
+    assert "inputs.calibrate" in job["if"] and job["runs-on"][0] == "self-hosted"
+    assert "specperf calibrate" in "\n".join(s.get("run", "") for s in job["steps"])
+    labels = {lab for j in data["jobs"].values() for lab in j.get("strategy", {}).get("matrix", {}).get("runner", [])}
+    config = yaml.safe_load(CONFIG.read_text())
+    assert labels and labels <= set(config["self-hosted-runner"]["labels"])

@@ -37,6 +37,25 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf import plain_text
+from pytest_specperf.cli.calibrate_sittings import (
+    AA,
+    RAW,
+    REP_FILE,
+    add_report_runs,
+    baseline_runs,
+    baseline_sittings,
+    compact_report,
+    device_prior,
+    ignore_raw,
+    levels_json,
+    levels_table,
+    merge_conditions,
+    prepare_sitting,
+    sitting_dir,
+    sitting_dirs,
+    sitting_rows,
+    sittings_table,
+)
 from pytest_specperf.cli.options import (
     add_attach_option,
     add_max_time_option,
@@ -44,6 +63,7 @@ from pytest_specperf.cli.options import (
     add_replaced_options,
     add_tolerance_option,
 )
+from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.calibration import (
     Condition,
     RunOutcome,
@@ -55,16 +75,20 @@ from pytest_specperf.judging.calibration import (
     sweep,
     unstable_parts,
 )
+from pytest_specperf.judging.levels import DEFAULT_COSTS, Costs, parse_costs
 from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.noise import PRIOR_KINDS
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
     Verdict,
     Z,
+    parse_fraction,
 )
 from pytest_specperf.probe.phases import UNACCOUNTED
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, Attach, ToleranceSpec
+from pytest_specperf.store.prior import write_prior
 from pytest_specperf.store.report import Report, ReportError, read_report, strict
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
@@ -104,6 +128,17 @@ class CalibrateOptions:
     #: every run's ``--specperf-max-time`` (None: the suite's)
     max_time: float | None = None
     attach: Attach | None = None
+    #: this run is sitting K of a calibration in ``work_dir`` (``cli.calibrate_sittings``)
+    sitting: int | None = None
+    #: no runs: the summary of what ``work_dir`` holds
+    summarize: bool = False
+    #: write the measured device prior beside this directory's baseline file
+    write_prior: Path | None = None
+    #: a device prior file the repetitions are judged under (copied beside the baseline)
+    prior: Path | None = None
+    costs: Costs = DEFAULT_COSTS
+    #: the effect the levels table sizes a stored baseline for (a fraction)
+    target: float = 0.05
 
     def run_args(self) -> list[str]:
         """pytest options every run of the calibration gets: the tolerances asked for, the
@@ -148,6 +183,34 @@ class CalibrateOptions:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
         processes = getattr(args, "processes", 1)  # --processes, --max-time, --attach and
         max_time = getattr(args, "max_time", None)  # --tolerance: parsed by their type=
+        sitting = getattr(args, "sitting", None)
+        summarize = bool(getattr(args, "summarize", False))
+        if (sitting is not None or summarize) and args.work_dir is None:
+            raise ValueError(
+                "--sitting and --summarize need --work-dir (the calibration's directory, "
+                "e.g. calibration/<slug>)"
+            )
+        if getattr(args, "write_prior", None) is not None and sitting is None and not summarize:
+            raise ValueError(
+                "--write-prior needs --sitting or --summarize (a calibration over sittings "
+                "measures the prior)"
+            )
+        prior = getattr(args, "prior", None)
+        if prior is not None and not Path(prior).is_file():
+            raise ValueError(f"--prior {prior}: no such file (a <slug>.prior.yaml)")
+        if sitting is not None and not 1 <= sitting <= 64:
+            raise ValueError(f"--sitting {sitting}: must be from 1 to 64")
+        try:
+            costs = parse_costs(getattr(args, "costs", None) or "block=2")
+        except ValueError as e:
+            raise ValueError(f"--costs {e}") from None
+        target = getattr(args, "target", None) or "5%"
+        try:
+            target_f = parse_fraction(target)
+        except ValueError:
+            raise ValueError(f"--target {target!r}: expected a fraction like 0.05 or 5%") from None
+        if not 0 < target_f < 1:
+            raise ValueError(f"--target {target!r}: must be between 0 and 100%")
         if args.attach is not None and processes > 1:
             raise ValueError(
                 f"--processes {processes} needs servers the plugin launches; with --attach "
@@ -165,6 +228,12 @@ class CalibrateOptions:
             work_dir=args.work_dir,
             resume=bool(args.resume),
             suite=tuple(args.pytest_args or DEFAULT_SUITE),
+            sitting=sitting,
+            summarize=summarize,
+            write_prior=getattr(args, "write_prior", None),
+            prior=getattr(args, "prior", None),
+            costs=costs,
+            target=target_f,
             attach=args.attach,
         )
 
@@ -180,30 +249,43 @@ def _tolerances(given: ToleranceSpec | None) -> tuple[float, float] | None:
 class Calibration:
     def __init__(self, opts: CalibrateOptions) -> None:
         self.opts = opts
-        self.work = Path(opts.work_dir or tempfile.mkdtemp(prefix="specperf-calibrate-"))
-        self.work.mkdir(parents=True, exist_ok=True)
+        self.root = Path(opts.work_dir or tempfile.mkdtemp(prefix="specperf-calibrate-"))
+        self.work = self.root if opts.sitting is None else sitting_dir(self.root, opts.sitting)
+        if not opts.summarize:
+            self.work.mkdir(parents=True, exist_ok=True)
+            ignore_raw(self.work)
         self.baselines = self.work / "baselines"
         self.t0 = time.monotonic()
         #: options every run gets (``CalibrateOptions.run_args``)
         self.common_args = opts.run_args()
 
     def _pytest(self, tag: str, extra: list[str]) -> tuple[int, Report | None, float]:
-        report_path = self.work / f"{tag}.json"
+        # The full report and the log go to raw/ (not committed); the compacted report
+        # beside it is what the calibration reads back and a repository keeps.
+        raw = self.work / RAW
+        raw.mkdir(exist_ok=True)
+        raw_report, report_path = raw / f"{tag}.json", self.work / f"{tag}.json"
+        raw_report.unlink(missing_ok=True)
         cmd = [
             sys.executable, "-m", "pytest", *self.opts.suite, "-q", "-p", "no:cacheprovider",
-            f"--specperf-baselines={self.baselines}", f"--specperf-json={report_path}",
+            f"--specperf-baselines={self.baselines}", f"--specperf-json={raw_report}",
             *self.common_args, *extra,
         ]  # fmt: skip
         from pytest_specperf.server.supervisor import set_pdeathsig
 
         t = time.monotonic()
-        with open(self.work / f"{tag}.log", "wb") as log:
+        with open(raw / f"{tag}.log", "wb") as log:
             # Ctrl-C reaches the run too (same process group); a calibrate killed or
             # terminated takes it down (SIGTERM), and the run's servers go with it.
             rc = subprocess.call(
                 cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig
             )
         dt = time.monotonic() - t
+        if raw_report.exists():
+            try:
+                compact_report(raw_report, report_path)
+            except (OSError, ValueError) as e:
+                print(f"skipping {raw_report}: {e}", file=sys.stderr)
         (self.work / f"{tag}.rc").write_text(f"{rc} {dt:.1f}\n")
         return rc, _read(report_path), dt
 
@@ -213,7 +295,7 @@ class Calibration:
         The report is written when its pytest session ends, so its presence means the run
         completed; its exit status and wall time come from the ``.rc`` file beside it
         (missing for runs of older versions: the status is then read off the verdicts)."""
-        if not self.opts.resume:
+        if not (self.opts.resume or self.opts.summarize):
             return None
         report = _read(self.work / f"{tag}.json")
         if report is None:
@@ -229,6 +311,10 @@ class Calibration:
         """Record the baseline; re-record (up to RECORD_ATTEMPTS) while it is noisy, since a
         baseline taken on a disturbed machine makes every comparison UNSTABLE."""
         saved = _read(self.work / "baseline.json")
+        if self.opts.summarize:
+            if saved is None:
+                raise SystemExit(f"{self.work}: no baseline.json, nothing to summarize")
+            return saved
         if self.opts.resume and saved is not None and self.baselines.exists():
             print(f"resuming: baseline from {saved.path}", flush=True)
             return saved
@@ -239,15 +325,18 @@ class Calibration:
                 "--specperf-update-baselines",
                 flush=True,
             )
-            if self.baselines.exists():
-                shutil.rmtree(self.baselines)
-            rc, report, dt = self._pytest(
-                "baseline",
-                ["--specperf-update-baselines", f"--specperf-processes={self.opts.processes}"],
-            )
+            extra = ["--specperf-update-baselines", f"--specperf-processes={self.opts.processes}"]
+            if self.opts.sitting is None:
+                if self.baselines.exists():
+                    shutil.rmtree(self.baselines)
+            else:  # this sitting's runs added to the previous sitting's, all kept
+                prepare_sitting(self.root, self.opts.sitting, self.baselines)
+                keep = min(MAX_RUNS, self.opts.sitting * self.opts.processes)
+                extra += ["-o", f"specperf_keep_runs={keep}"]  # an ini option
+            rc, report, dt = self._pytest("baseline", extra)
             if rc != 0 or report is None:
                 raise SystemExit(
-                    f"baseline run failed (exit {rc}); log: {self.work / 'baseline.log'}"
+                    f"baseline run failed (exit {rc}); log: {self.work / RAW / 'baseline.log'}"
                 )
             noisy = self._noisy_cases()
             print(
@@ -268,7 +357,9 @@ class Calibration:
         for path in self.baselines.glob("*.yaml"):
             bf = load_baselines(path)
             for case in bf.all_cases() if bf else ():
-                for i in range(len(case.runs)):
+                # a sitting's file holds the earlier sittings' runs too: this one's are last
+                first = 0 if self.opts.sitting is None else len(case.runs) - self.opts.processes
+                for i in range(max(first, 0), len(case.runs)):
                     worst = noisiest_phase(case.run_metrics(i))
                     if worst is not None and worst[1] > QUIET_SCATTER:
                         out.append(f"{case.key} run {i + 1} ({worst[0]} {worst[1]:.0%})")
@@ -322,6 +413,8 @@ class Calibration:
         done = self._resumed(tag)
         if done is not None:
             rc, report, dt = done
+        elif self.opts.summarize:  # never run here: only what the directory holds
+            return None, -1, None
         else:
             extra = [f"--specperf-inject={cond.inject}"] if cond.inject else []
             hog = _start_hog() if cond.hog else None
@@ -338,14 +431,40 @@ class Calibration:
                       wall_s=None if dt is None else round(dt, 1))  # fmt: skip
         return out, rc, dt
 
+    def use_prior(self) -> None:
+        """``--prior FILE``: the repetitions are judged under it (a held-out sitting after
+        a calibration wrote the device's prior): copied beside every baseline file."""
+        from pytest_specperf.store.baselines import BaselineError
+        from pytest_specperf.store.prior import load_prior, prior_path
+
+        if self.opts.prior is None or self.opts.summarize:
+            return
+        for path in sorted(self.baselines.glob("*.yaml")):
+            if path.name.endswith(".prior.yaml"):
+                continue
+            shutil.copyfile(self.opts.prior, prior_path(path))
+            try:
+                print(load_prior(path).describe(), flush=True)
+            except BaselineError as e:
+                prior_path(path).unlink()
+                raise SystemExit(f"--prior {self.opts.prior}: {e}") from None
+
     def run(self) -> dict[str, Any]:
+        self.conds: list[Condition] = []
         base = self.record()
+        self.use_prior()
         steps = sorted(c.step_median_ms for c in base.cases)
         ref_step = steps[len(steps) // 2]
         stall_ms = round(self.opts.host_stall_share * ref_step, 1)
         conds = self.conditions(stall_ms)
-        self._check_plan(conds)
+        if not self.opts.summarize:
+            self._check_plan(conds)
+        elif (self.work / "conditions.json").exists():  # the sitting's own conditions
+            conds = conditions_from_names(json.loads((self.work / "conditions.json").read_text()))
         k = self.opts.repetitions
+        if self.opts.summarize:  # every repetition the directory holds
+            reps = [REP_FILE.fullmatch(p.name) for p in self.work.glob("rep*.json")]
+            k = max((int(m.group(1)) + 1 for m in reps if m), default=0)
         total, n = len(conds) * k, 0
         walls: list[float] = []
         for rep in range(k):
@@ -355,13 +474,18 @@ class Calibration:
                 if dt is not None:
                     walls.append(dt)
                 left = _eta(walls, total - n)
+                if out is None and self.opts.summarize:
+                    continue
                 if out is None:
                     print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1}: no report "
                           f"(exit {rc}); see {self.work}{left}", flush=True)  # fmt: skip
                     continue
                 cond.runs.append(out)
+                if self.opts.summarize:
+                    continue
                 print(f"[{n:3d}/{total}] {cond.name:22s} rep {rep + 1:2d}/{k}  {_line(out)}"
                       f"{left}", flush=True)  # fmt: skip
+        self.conds = conds
         return self.summarize(conds, base, stall_ms, ref_step)
 
     def summarize(
@@ -395,6 +519,80 @@ class Calibration:
             "unstable_parts": unstable_parts(conds[0]),  # the quiet A/A runs
             "work_dir": str(self.work),
         }
+
+
+def conditions_from_names(names: Sequence[str]) -> list[Condition]:
+    """The conditions a work dir's ``conditions.json`` names (``Calibration.conditions``
+    makes them from the options; this reads them back without the options)."""
+    out = []
+    for name in names:
+        if name == "A/A":
+            out.append(Condition(name))
+        elif name == "A/A + CPU hog":
+            out.append(Condition(name, hog=True))
+        elif name.startswith("host_stall="):
+            out.append(Condition(name, inject=name.removesuffix("ms"), expect=UNACCOUNTED))
+        else:
+            out.append(Condition(name, inject=name, expect=expected_metric(name)))
+    return out
+
+
+def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
+    """The summary of every sitting under ``opts.work_dir``, from its files alone: the
+    conditions' runs merged over the sittings, a row per sitting, the variance at each
+    level (the last sitting's baseline, which holds every sitting's runs, and every quiet
+    A/A run as a sitting of its own) with the Kalibera & Jones table, and the device prior
+    they measure (written with ``--write-prior DIR``)."""
+    root = Path(opts.work_dir or ".")
+    per: list[tuple[int, Sequence[Condition], int]] = []
+    last: Calibration | None = None
+    for k, d in sitting_dirs(root):
+        if not (d / "baseline.json").is_file():
+            print(f"{d}: no baseline recorded, left out", file=sys.stderr)
+            continue
+        cal = Calibration(replace(opts, sitting=k, summarize=True, resume=True))
+        cal.run()
+        per.append((k, cal.conds, baseline_sittings(cal.baselines)))
+        last = cal
+    if last is None:
+        raise SystemExit(f"{root}: no sitting-K directory with a recorded baseline")
+    base = _read(last.work / "baseline.json")
+    assert base is not None
+    steps = sorted(c.step_median_ms for c in base.cases)
+    ref_step = steps[len(steps) // 2]
+    merged = merge_conditions([c for _, c, _ in per])
+    stalls = [c.inject for c in merged if c.inject and c.inject.startswith("host_stall=")]
+    stall_ms = float(stalls[0].split("=")[1]) if stalls else 0.0  # the first sitting's
+    summary = last.summarize(merged, base, stall_ms, ref_step)
+    summary["repetitions"] = max((len(c.runs) for c in merged), default=0)
+    summary["work_dir"] = str(root)
+    summary["sittings"] = sitting_rows(per)
+    cases = baseline_runs(last.baselines)
+    aa_runs = 0
+    for k, _, _ in per:
+        d = sitting_dir(root, k)
+        for path in sorted(d.glob(f"rep*-{_slug(AA)}.json")):
+            report = _read(path)
+            if report is not None:
+                add_report_runs(cases, report.data, f"{d.name}/{path.stem}")
+                aa_runs += 1
+    summary["levels"] = levels_json(cases, opts.costs, opts.target)
+    summary["costs"] = vars(opts.costs)
+    prior = device_prior(
+        cases,
+        f"specperf calibrate, {root.name}: {len(per)} sittings, {aa_runs} A/A runs, "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}",
+    )
+    summary["prior"] = {"source": prior.source, "provisional": prior.provisional,
+                        **{kind: vars(prior.of(kind)) for kind in PRIOR_KINDS}}  # fmt: skip
+    if opts.write_prior is not None:
+        written = [
+            str(write_prior(opts.write_prior / path.name, prior))
+            for path in sorted(last.baselines.glob("*.yaml"))
+            if not path.name.endswith(".prior.yaml")
+        ]
+        summary["prior"]["written"] = written
+    return summary
 
 
 #: Judged forms whose between-process noise the calibration shows (those that exist).
@@ -634,10 +832,32 @@ def _footer(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _prior_lines(summary: dict[str, Any]) -> list[str]:
+    prior = summary.get("prior")
+    if not prior:
+        return []
+    p, s = prior["phase"], prior["step"]
+    state = "PROVISIONAL (a level without data keeps the provisional value)" if prior[
+        "provisional"] else "measured"  # fmt: skip
+    lines = [
+        "",
+        f"device prior {state}: between processes {p['between']:.2%} ({p['between_df']:g} df, "
+        f"phases), {s['between']:.2%} ({s['between_df']:g} df, step); between sittings "
+        f"{p['sitting']:.2%} ({p['sitting_df']:g} df), {s['sitting']:.2%} ({s['sitting_df']:g} df)",
+    ]
+    for path in prior.get("written") or ():
+        lines.append(f"written: {path}")
+    return lines
+
+
 def format_table(summary: dict[str, Any]) -> list[str]:
     """The calibration's tables: verdicts per condition, the two tolerance sweeps."""
+    costs = summary.get("costs")
     return [
         *_verdict_table(summary),
+        *sittings_table(summary.get("sittings") or ()),
+        *levels_table(summary.get("levels") or (), Costs(**costs) if costs else None),
+        *_prior_lines(summary),
         *_sweep_table(summary, "phase"),
         *_sweep_table(summary, "step"),
         *_pair_table(summary),
@@ -703,6 +923,7 @@ def add_parser(sub: Any) -> None:
         "part not given: the default); the sweep tables show every other",
     )
     _add_run_options(c)
+    _add_sitting_options(c)
     c.add_argument("--json", type=Path, help="write the results to this file")
     c.add_argument("--work-dir", type=Path, help="keep baselines, logs and reports here")
     c.add_argument(
@@ -715,6 +936,47 @@ def add_parser(sub: Any) -> None:
         "pytest_args",
         nargs="*",
         help=f"suite to run, after -- (default: {' '.join(DEFAULT_SUITE)})",
+    )
+
+
+def _add_sitting_options(c: Any) -> None:
+    c.add_argument(
+        "--sitting",
+        type=int,
+        metavar="K",
+        help="sitting K of a calibration in --work-dir: records this sitting's baseline "
+        "runs on top of sitting K-1's (in --work-dir/sitting-K), runs the repetitions "
+        "against it, then prints the summary over every sitting so far",
+    )
+    c.add_argument(
+        "--summarize",
+        action="store_true",
+        help="run nothing: the summary of every sitting in --work-dir, from its files",
+    )
+    c.add_argument(
+        "--write-prior",
+        type=Path,
+        metavar="DIR",
+        help="with --sitting or --summarize: write the measured device prior to "
+        "DIR/<slug>.prior.yaml (DIR: the baselines directory the suite uses)",
+    )
+    c.add_argument(
+        "--prior",
+        type=Path,
+        metavar="FILE",
+        help="judge the repetitions under this device prior file (a measured "
+        "<slug>.prior.yaml: the held-out sitting after a calibration)",
+    )
+    c.add_argument(
+        "--costs",
+        metavar="block=S,process=S,sitting=S",
+        help="seconds per block, server process and sitting for the Kalibera & Jones "
+        "table (default block=2,process=15,sitting=72)",
+    )
+    c.add_argument(
+        "--target",
+        metavar="F",
+        help="the change the levels table sizes a stored baseline for (default 5%%)",
     )
 
 
@@ -758,14 +1020,16 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"error: --json {opts.json_path}: {e}", file=sys.stderr)
             return 2
-    cal = Calibration(opts)
-    summary = cal.run()
+    cal = None if opts.summarize else Calibration(opts)
+    summary = summarize_sittings(opts) if cal is None else cal.run()
+    if cal is not None and opts.sitting is not None:
+        summary = summarize_sittings(opts)
     print()
     for line in format_table(summary):
         print(line)
     if opts.json_path:
         opts.json_path.write_text(json.dumps(strict(summary), indent=1, allow_nan=False))
         print(f"JSON: {opts.json_path}")
-    if not opts.work_dir:
+    if not opts.work_dir and cal is not None:
         shutil.rmtree(cal.work, ignore_errors=True)
     return 0

@@ -57,7 +57,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -74,7 +74,7 @@ from pytest_specperf.judging.baseline_schema import (
     parse_not_gated,
     split_rows,
 )
-from pytest_specperf.judging.stats import Summary, stable
+from pytest_specperf.judging.stats import Summary, center_of_centers, stable
 
 __all__ = [
     "DEFAULT_KEEP_RUNS",
@@ -431,6 +431,15 @@ def case_dict(c: CaseBaseline) -> dict[str, Any]:
         },
         **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
     }
+
+
+def run_centers(runs: Sequence[RunRecord]) -> dict[str, float]:
+    """Per stored metric, the center over ``runs`` (``stats.center_of_centers``): what a
+    verdict against these runs takes as the baseline's value."""
+    if not runs:
+        return {}
+    names = runs[-1].values
+    return {m: center_of_centers([r.values[m] for r in runs if m in r.values]) for m in names}
 
 
 def run_meta(r: RunRecord) -> dict[str, Any]:

@@ -50,12 +50,13 @@ phase whether it worked or waited, in words with the numbers:
   stall`` or ``unaccounted 40.0 ms with the device active (38.0 ms, 95%): GPU work outside
   the mapped phases`` for the time outside every phase.
 
-On a CPU (``active_source="cpu"``) the thread's CPU time plays the device's part: a phase
-whose CPU time is under half its wall time waited ("the thread waited inside verify"), one
-near its wall time worked. On a busy machine a working thread also waits for a CPU: the
-step's run-queue time (``runq_ms``, Linux schedstat) is shared out over the parts of the
-step by the time each spent off the CPU (wall minus CPU time: the only place run-queue
-time can be) and counted as work that could not run; the line says how much it was.
+On a CPU (``active_source="cpu"``) the thread's CPU time plays the device's part, by one
+rule (:func:`cpu_activity`, used by every line that says it): a part whose CPU time is at
+least half its wall time worked; else, when the machine was busy (the step's run-queue
+time, Linux schedstat, is at least half the step's time off the CPU), "cannot tell: the
+machine was busy" with those milliseconds; else the thread waited inside it. The lines
+also show an estimate of the part's own run-queue time (the step's, shared out by time
+off the CPU).
 Phases under ``MIN_LINE_SHARE`` of the step get no line.
 """
 
@@ -112,6 +113,7 @@ class Thresholds:
 #: Phases (and the time outside them) under this share of the step get no activity line.
 MIN_LINE_SHARE = 0.05
 ActiveSource = Literal["device", "cpu"]
+
 
 @dataclass(frozen=True)
 class StepFigures:
@@ -511,9 +513,7 @@ def _verify_bandwidth_share(figures: StepFigures, verify_ms: float) -> float | N
     return bw / peak if bw is not None and peak else None
 
 
-def _phase_line(
-    figures: StepFigures, part: str, span: float, active: float, t: Thresholds
-) -> str:
+def _phase_line(figures: StepFigures, part: str, span: float, active: float, t: Thresholds) -> str:
     share = active / span if span > 0 else 0.0
     if figures.active_source == "cpu":
         return _cpu_phase_line(figures, part, span, active, t)
@@ -530,7 +530,6 @@ def _phase_line(
     )
 
 
-
 def _runq_part(figures: StepFigures, span: float, cpu: float) -> float:
     """The step's run-queue time that falls in a part (``span`` ms wall, ``cpu`` ms CPU):
     shared out by time off the CPU, where alone a thread can wait for one."""
@@ -544,6 +543,67 @@ def _runq_part(figures: StepFigures, span: float, cpu: float) -> float:
     return min(runq * off / step_off, off)
 
 
+def machine_busy(figures: StepFigures, t: Thresholds | None = None) -> tuple[float, float] | None:
+    """``(runq_ms, off_cpu_ms)`` of the step when the machine was busy: the thread's
+    run-queue time (runnable, no CPU) is at least ``idle_share`` of the time it spent off
+    the CPU and at least ``MIN_LINE_SHARE`` of the step, so its time off the CPU cannot be
+    read as waits of its own; None otherwise."""
+    t = t or Thresholds()
+    runq, step_cpu = _finite(figures.runq_ms), _finite(figures.cpu_ms.get(STEP_KEY))
+    if runq is None or step_cpu is None:
+        return None
+    off = max(figures.step_ms - step_cpu, 0.0)
+    if off <= 0 or runq < t.idle_share * off or runq < MIN_LINE_SHARE * figures.step_ms:
+        return None
+    return runq, off
+
+
+CpuActivity = Literal["work", "wait", "busy"]
+
+
+def cpu_activity_kind(
+    figures: StepFigures, span: float, active: float, t: Thresholds | None = None
+) -> CpuActivity:
+    """Whether a part of the step worked or waited on a CPU: the one rule every line that
+    says it uses (the activity lines, the unaccounted line, "where the time went").
+
+    ``busy``: the machine was busy (:func:`machine_busy`) and the part spent a material
+    share of its span (``MIN_LINE_SHARE``) off the CPU: that time may be waits for a CPU
+    as well as the thread's own, so it cannot tell. Else ``work`` when the thread was on
+    the CPU for at least ``idle_share`` of the span, ``wait`` when not (a sleep, a lock, a
+    poll inside the part)."""
+    t = t or Thresholds()
+    off = max(span - active, 0.0)
+    if off >= MIN_LINE_SHARE * span and machine_busy(figures, t) is not None:
+        return "busy"
+    return "work" if span > 0 and active / span >= t.idle_share else "wait"
+
+
+def busy_words(figures: StepFigures) -> str:
+    """``cannot tell: the machine was busy (...)`` with the step's milliseconds."""
+    runq, off = machine_busy(figures) or (math.nan, math.nan)
+    return (
+        f"cannot tell: the machine was busy (the thread was off the CPU {off:.1f} ms per "
+        f"step, {runq:.1f} ms of it waiting for a CPU)"
+    )
+
+
+def cpu_activity(
+    figures: StepFigures, part: str, span: float, active: float, t: Thresholds | None = None
+) -> str:
+    """:func:`cpu_activity_kind` in the words of the activity lines."""
+    kind = cpu_activity_kind(figures, span, active, t)
+    if kind == "busy":
+        return busy_words(figures)
+    if part == UNACCOUNTED:
+        if kind == "work":
+            return "host stall (work outside the mapped phases)"
+        return "the thread waited outside every phase"
+    if kind == "work":
+        return "busy on the CPU (work, not waits)"
+    return f"the thread waited inside {part} (waits, not work)"
+
+
 def _cpu_phase_line(
     figures: StepFigures, part: str, span: float, active: float, t: Thresholds
 ) -> str:
@@ -552,9 +612,9 @@ def _cpu_phase_line(
     head = f"{part}: span {span:.1f} ms, CPU {active:.1f} ms ({_pct(share)})"
     if runq >= MIN_LINE_SHARE * span:
         head += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
-    if span > 0 and (active + runq) / span < t.idle_share:
-        return head + f": the thread waited inside {part} (waits, not work)"
-    return head + ": busy on the CPU (work, not waits)" + _top(figures, part)
+    verdict = cpu_activity(figures, part, span, active, t)
+    top = _top(figures, part) if verdict.startswith("busy on the CPU") else ""
+    return f"{head}: {verdict}{top}"
 
 
 def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str | None:
@@ -574,10 +634,9 @@ def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str 
         text = f"{head} outside every phase, CPU {active:.1f} ms ({_pct(share)})"
         if runq >= MIN_LINE_SHARE * unacc:
             text += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
-        if unacc > 0 and (active + runq) / unacc >= t.idle_share:
-            stall = ": host stall (work outside the mapped phases)"
-            return text + stall + _top(figures, UNACCOUNTED)
-        return text + ": the thread waited outside every phase"
+        verdict = cpu_activity(figures, UNACCOUNTED, unacc, active, t)
+        top = _top(figures, UNACCOUNTED) if verdict.startswith("host stall") else ""
+        return f"{text}: {verdict}{top}"
     if share < t.idle_share:
         cpu = _finite(figures.cpu_ms.get(UNACCOUNTED))
         host = f"; host thread CPU {cpu:.1f} ms of it" if cpu is not None else ""

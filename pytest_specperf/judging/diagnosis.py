@@ -10,7 +10,10 @@ from pytest_specperf.judging.bottleneck import (
     Bottleneck,
     StepFigures,
     Thresholds,
+    busy_words,
     classify,
+    cpu_activity,
+    cpu_activity_kind,
 )
 from pytest_specperf.judging.metrics import (
     RUNQ_SHARE,
@@ -119,17 +122,17 @@ def diagnose(
     )
 
 
-def _why(run: DecodeRun, base: Mapping[str, Summary], phase: str, grew_ms: float) -> str:
-    """``; its CPU time grew 0.10 ms: the thread waited inside verify (waits, not work)``,
-    on a CPU run whose baseline has the phase's CPU time (empty otherwise)."""
-    name = cpu_form(phase)
-    if run.active_source != "cpu" or name not in run.summaries or name not in base:
+def _why(run: DecodeRun, phase: str) -> str:
+    """``; verify now: busy on the CPU (work, not waits)``: the phase's activity verdict of
+    this run by the one rule of the activity lines (``cpu_activity``), on a CPU run that
+    measured the phase's CPU time (empty otherwise)."""
+    if run.active_source != "cpu":
         return ""
-    cpu = run.summaries[name].value - base[name].value
-    head = f"; its CPU time grew {cpu:.2f} ms"
-    if cpu < Thresholds().idle_share * grew_ms:
-        return head + f": the thread waited inside {phase} (waits, not work)"
-    return head + f": busy inside {phase} (work, not waits)"
+    figures = figures_of(run)
+    span, active = figures.host_ms.get(phase), figures.active_ms.get(phase)
+    if span is None or active is None:
+        return ""
+    return f"; {phase} now: {cpu_activity(figures, phase, span, active)}"
 
 
 def _unaccounted_cause(run: DecodeRun) -> str:
@@ -143,9 +146,11 @@ def _unaccounted_cause(run: DecodeRun) -> str:
             return "GPU work outside the mapped phases (the device was active)"
         return "a host-side stall between phases, while the device idled"
     if run.active_source == "cpu" and active is not None and u > 0:
-        if active.median >= idle * u:
+        figures = figures_of(run)
+        kind = cpu_activity_kind(figures, u, active.median)
+        if kind == "work":
             return "a host-side stall between phases (the thread was busy)"
-        return "the thread waited between phases"
+        return busy_words(figures) if kind == "busy" else "the thread waited between phases"
     if run.has_device_times:
         return (
             "a host-side stall or GPU work outside the mapped phases (device activity not "
@@ -154,19 +159,24 @@ def _unaccounted_cause(run: DecodeRun) -> str:
     return "a host-side stall between phases"
 
 
-def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
+def time_went(
+    run: DecodeRun,
+    base: Mapping[str, float] | None,
+    now: Mapping[str, float] | None = None,
+) -> str | None:
     """One sentence: how much the step grew, which phase took the growth, and whether that
-    phase worked or waited (from its CPU or device active time, where measured)."""
+    phase worked or waited (from its CPU time, by the rule of the activity lines).
+
+    ``base`` and ``now``: per step part, the centers every report of the case shows
+    (``CaseOutcome.base_centers`` / ``now_centers``); ``now`` defaults to the run's own."""
     if base is None or STEP not in base:
         return None
-    grew = run.summaries[STEP].value - base[STEP].value
+    if now is None:
+        now = {p: s.value for p, s in run.summaries.items() if p in (*ALL_PHASES, STEP)}
+    grew = now[STEP] - base[STEP]
     if grew <= 0:
         return None
-    deltas = {
-        p: run.summaries[p].value - base[p].value
-        for p in ALL_PHASES
-        if p in base and p in run.summaries
-    }
+    deltas = {p: now[p] - base[p] for p in ALL_PHASES if p in base and p in now}
     if not deltas:
         return None
     top, d = max(deltas.items(), key=lambda kv: kv[1])
@@ -180,5 +190,5 @@ def time_went(run: DecodeRun, base: Mapping[str, Summary] | None) -> str | None:
         )
     return (
         f"where the time went: the step grew {grew:.2f} ms; {top} took {d:.2f} ms "
-        f"({share:.0%}) of the growth" + _why(run, base, top, d)
+        f"({share:.0%}) of the growth" + _why(run, top)
     )

@@ -8,10 +8,12 @@ become baselines (``recording_refusal``) and what is stored (``as_baseline``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pytest_specperf.judging.baselines import (
@@ -19,6 +21,7 @@ from pytest_specperf.judging.baselines import (
     CaseProblem,
     NotGated,
     fingerprint_mismatch,
+    run_centers,
 )
 from pytest_specperf.judging.bottleneck import Bottleneck
 from pytest_specperf.judging.budgets import BudgetCheck, Budgets, check_budgets
@@ -29,6 +32,7 @@ from pytest_specperf.judging.metrics import (
     DEFAULT_POINT_GATES,
     MIN_PHASE_SHARE,
     STEP,
+    TABLE_ROWS,
     TOKENS_PER_S,
     MetricKind,
     device_form,
@@ -61,6 +65,7 @@ from pytest_specperf.judging.verdict import (
     Runs,
     Tolerances,
     Verdict,
+    center_of_runs,
     combine,
     downgrade_disturbed,
     judge_runs,
@@ -159,6 +164,25 @@ class CaseOutcome:
     @property
     def base_metrics(self) -> Mapping[str, Summary] | None:
         return self.baseline.metrics if self.baseline is not None else None
+
+    @functools.cached_property
+    def now_centers(self) -> Mapping[str, float]:
+        """Per step part (``TABLE_ROWS``), this measurement's center over its server
+        processes: the one source of every "now" a report shows (the verdict's raw now
+        is the same center), and the value its recorded runs give a later verdict."""
+        runs = [r.summaries for r in self.run.processes]
+        return MappingProxyType(
+            {n: center_of_runs([r[n] for r in runs if n in r]) for n in TABLE_ROWS if n in runs[0]}
+        )
+
+    @functools.cached_property
+    def base_centers(self) -> Mapping[str, float] | None:
+        """Per step part, the baseline's center over its runs (what the verdict compared
+        against); None without a baseline."""
+        if self.baseline is None:
+            return None
+        centers = run_centers(self.baseline.runs)
+        return MappingProxyType({n: centers[n] for n in TABLE_ROWS if n in centers})
 
 
 def is_speculative(fingerprint: Mapping[str, Any]) -> bool:
@@ -395,7 +419,7 @@ def judge_case(
         bad = _telemetry_problems(run)
         if bad:
             verdict = CaseVerdict(Verdict.INVALID, verdict.metrics, (*verdict.reasons, *bad))
-    return CaseOutcome(
+    outcome = CaseOutcome(
         nodeid=case.nodeid,
         test=case.test,
         key=case.key,
@@ -412,11 +436,12 @@ def judge_case(
             kv_traffic=case.kv_traffic,
             peak_bandwidth_bytes_per_s=case.peak_bandwidth_bytes_per_s,
         ),
-        time_went=time_went(run, base.metrics if base is not None else None),
         gates=case.gates,
         tolerances=case.tolerances,
         budgets=check_budgets(run, case.budgets),
     )
+    went = time_went(run, outcome.base_centers, outcome.now_centers)
+    return replace(outcome, time_went=went) if went else outcome
 
 
 def _telemetry_problems(run: DecodeRun) -> list[str]:

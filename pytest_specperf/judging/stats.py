@@ -225,6 +225,17 @@ def summarize(
     )
 
 
+def center_of_centers(values: Sequence[float]) -> float:
+    """The center of several runs' centers: their geometric mean (the only one's value;
+    the last one's when one is not positive). Every report of a case and the verdict
+    take a center over runs this way, so their numbers agree."""
+    if not values:
+        return math.nan
+    if len(values) == 1 or any(not v > 0 for v in values):
+        return values[-1]
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
 # -- Student's t: the critical values of a verdict ---------------------------------------
 
 

@@ -99,8 +99,8 @@ def unjudged(
         out.append(
             Unjudged(
                 "telemetry unavailable",
-                f"telemetry unavailable on a GPU run: {reason} (NVML comes with "
-                'pip install "pytest-specperf[gpu]")',
+                f"telemetry unavailable on a GPU run: {reason} (NVML: pip install "
+                "nvidia-ml-py, the plugin's gpu extra)",
             )
         )
     return tuple(out)

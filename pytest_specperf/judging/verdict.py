@@ -54,11 +54,10 @@ from pytest_specperf.judging.noise import (
     DevicePrior,
     Noise,
     RunBlocks,
-    geometric_center,
     relative_noise,
 )
 from pytest_specperf.judging.significance import LONE, critical
-from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.stats import Summary, center_of_centers
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES
 
 #: The noise multiplier of reports written before the critical value was Student's t at
@@ -110,6 +109,11 @@ def fmt_value(x: float) -> str:
     return f"{x:.1f}"
 
 
+def _fmt_judged(x: float) -> str:
+    """A judged ratio (``verify/rest`` 3.20, ``tokens/ref`` 0.5175): four digits below 1."""
+    return f"{x:.4f}" if abs(x) < 1 else fmt_value(x)
+
+
 class MetricVerdictJSON(TypedDict):
     """A judged metric as the JSON report stores it (non-finite numbers as null)."""
 
@@ -137,6 +141,8 @@ class MetricVerdictJSON(TypedDict):
     history_runs: int
     rounds: int
     processes_to_decide: int | None
+    judged_base: float | None
+    judged_now: float | None
     critical: float | None
     df: float | None
     alpha: float | None
@@ -193,6 +199,10 @@ class MetricVerdict:
     #: UNSTABLE that more steps cannot decide: the processes that would (the run's, and the
     #: baseline's too when it has fewer runs)
     processes_to_decide: int | None = None
+    #: the judged form's centers (``verify/rest``: 3.20 -> 3.55) when ``basis`` is set;
+    #: ``base`` and ``now`` are then the raw ones (ms)
+    judged_base: float | None = None
+    judged_now: float | None = None
     #: the multiple of the noise a change must exceed (Student's t at ``alpha`` on ``df``
     #: degrees of freedom; ``Z`` for reports written before it was recorded)
     critical: float = Z
@@ -235,13 +245,27 @@ class MetricVerdict:
                 f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
                 f"tol {self.tolerance * 100:.0f} pp)"
             )
-        text = (
-            f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, "
+        noise = (
             f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%{self._runs_text()}"
         )
+        if self.basis and self.judged_base is not None and self.judged_now is not None:
+            # the judged quantity first, in its own units; the raw milliseconds second
+            jb, jn = _fmt_judged(self.judged_base), _fmt_judged(self.judged_now)
+            text = f"{self.judged_label} {jb} -> {jn} ({self.change * 100:+.1f}%, {noise})"
+            if self.raw_change is not None:
+                text += (
+                    f"; raw {self.metric} {b} -> {n} {self.unit} ({self.raw_change * 100:+.1f}%)"
+                )
+            return text
+        text = f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, {noise}"
         if self.basis and self.raw_change is not None:
             text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
         return text + ")"
+
+    @property
+    def judged_label(self) -> str:
+        """What the change was judged on, as a quantity: ``verify / rest of step``."""
+        return judged_label(self.metric, self.basis)
 
     def _runs_text(self) -> str:
         """`` over 3 baseline runs x 2 processes, 2 rounds``: what the noise was taken over,
@@ -296,6 +320,8 @@ class MetricVerdict:
             "history_runs": self.history_runs,
             "rounds": self.rounds,
             "processes_to_decide": self.processes_to_decide,
+            "judged_base": _finite_or_none(self.judged_base),
+            "judged_now": _finite_or_none(self.judged_now),
             "critical": _finite_or_none(self.critical),
             "df": _finite_or_none(self.df),
             "alpha": self.alpha,
@@ -334,6 +360,8 @@ class MetricVerdict:
             raw_change=None if raw is None else _number(raw, math.nan),
             points_based=bool(d.get("points_based")),
             scatter_ratio=None if sr is None else _number(sr, math.nan),
+            judged_base=_optional(d.get("judged_base")),
+            judged_now=_optional(d.get("judged_now")),
         )
 
 
@@ -615,9 +643,7 @@ def _like_latest(runs: tuple[Summary, ...]) -> tuple[Summary, ...]:
 def center_of_runs(runs: Sequence[Summary]) -> float:
     """The center of several runs of a metric: the geometric mean of their centers (the
     only run's center; the latest's when one is not positive)."""
-    if len(runs) == 1 or any(r.value <= 0 for r in runs):
-        return runs[-1].value
-    return geometric_center([_blocks_of(r) for r in runs])
+    return center_of_centers([r.value for r in runs])
 
 
 def _labels(labels: Sequence[str | None], n: int) -> list[str | None]:
@@ -809,6 +835,23 @@ class Tolerances:
         return cls(**{k: float(v) for k, v in values.items()})  # type: ignore[arg-type]
 
 
+#: basis (``judged_form``'s words) -> the judged quantity's name for a metric
+_JUDGED_LABELS: dict[str, str] = {
+    "against the rest of the step": "{metric} / rest of step",
+    "on device time, against the rest of the step": "{metric} device time / rest of step",
+    "against the request's KV read time": "step / KV read time",
+    "per the request's KV read time": "tokens per KV read time",
+}
+
+
+def judged_label(metric: str, basis: str | None) -> str:
+    """The judged quantity of ``metric``: ``verify / rest of step``, ``step / KV read
+    time``; the metric itself when judged raw."""
+    if basis is None:
+        return metric
+    return _JUDGED_LABELS.get(basis, f"{metric} ({basis})").format(metric=metric)
+
+
 def judged_form(metric: str) -> tuple[str, str | None]:
     """The drift-free form a gate is judged on, and how to say so.
 
@@ -946,7 +989,16 @@ def _judge_form(
     mv = judge_metric(form, judged[0], judged[1], tolerance, history=judged[2], prior=prior,
                       alpha=alpha, sittings=runs.sittings_of(form))  # fmt: skip
     b, n = center_of_runs(raw_runs[0]), center_of_runs(raw_runs[1])
-    return replace(mv, metric=metric, basis=basis, base=b, now=n, raw_change=_change(b, n))
+    return replace(
+        mv,
+        metric=metric,
+        basis=basis,
+        base=b,
+        now=n,
+        raw_change=_change(b, n),
+        judged_base=mv.base,
+        judged_now=mv.now,
+    )
 
 
 def judge_gate(

@@ -117,7 +117,10 @@ class BenchmarkBridge:
     def pytest_benchmark_update_machine_info(
         self, config: pytest.Config, machine_info: dict[str, Any]
     ) -> None:
-        if self._sess.outcomes:
+        # --benchmark-compare asks before any case ran, to compare with the saved run's
+        # machine_info (which carries the device): give it the device then too, or every
+        # comparison warns that the machine differs
+        if self._sess.outcomes or config.getoption("benchmark_compare", None):
             machine_info.update(machine_entries(self._sess.device().to_dict()))
 
     @pytest.hookimpl(optionalhook=True)

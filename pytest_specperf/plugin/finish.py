@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_specperf.judging.baselines import CaseBaseline
+from pytest_specperf.judging.canary import canary_missed
+from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.plugin.benchmark import commit_info
 from pytest_specperf.plugin.session import SpecperfSession, host_name
 from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
@@ -151,6 +153,21 @@ def _write_markdown(sess: SpecperfSession) -> bool:
     return ok
 
 
+def _check_canary(sess: SpecperfSession, interrupted: bool) -> bool:
+    """False (the run fails, its summary says why) when an injected slowdown was named
+    by no gate of any case, whatever the verdicts."""
+    spec = sess.settings.inject
+    if spec is None or interrupted or sess.settings.update_baselines:
+        return True
+    slower = [m.metric for c in sess.cases for m in c.metrics if m.verdict is Verdict.SLOWER]
+    none = sum(c.verdict is Verdict.NO_BASELINE for c in sess.cases)
+    missed = canary_missed(spec, slower, cases=len(sess.cases), no_baseline=none)
+    if missed is None:
+        return True
+    sess.errors.append(missed)
+    return False
+
+
 def finish(sess: SpecperfSession, session: pytest.Session, exitstatus: int) -> None:
     """Write baselines and reports (a failed write fails the run); in an xdist worker,
     hand the results to the controller instead."""
@@ -164,6 +181,7 @@ def finish(sess: SpecperfSession, session: pytest.Session, exitstatus: int) -> N
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
     ok = _write_baselines(sess, interrupted)
     ok = _write_json(sess) and ok
+    ok = _check_canary(sess, interrupted) and ok
     ok = _write_markdown(sess) and ok
     if not ok:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_specperf.install import install_hint
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
@@ -34,7 +35,7 @@ class MissingExtra(RuntimeError):
 
     def __init__(self, package: str, what: str, error: ImportError) -> None:
         super().__init__(
-            f"{what} needs {package} ({error}): pip install 'pytest-specperf[history]'"
+            f"{what} needs {package} ({error}): {install_hint('history')}"
         )
 
 
@@ -71,6 +72,8 @@ class Point:
     baseline_update: bool
     baseline_at: str | None
     recorded: bool = False
+    #: the canary the run carried (``verify=1.1``): labelled in the table
+    injected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class CaseFigures:
     verdict: str
     recorded: bool
     baseline_at: str | None
+    injected: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ def _figures(c: CaseReport) -> CaseFigures:
         verdict=c.verdict.value,
         recorded=c.recorded,
         baseline_at=c.baseline_at,
+        injected=c.injected,
     )
 
 
@@ -199,6 +204,7 @@ def _point(run: int, c: CaseFigures, previous: Point | None) -> Point:
         baseline_update=c.recorded or moved,
         baseline_at=at,
         recorded=c.recorded,
+        injected=c.injected,
     )
 
 
@@ -265,6 +271,7 @@ def history_rows(h: History, s: Series, last: int) -> list[list[str]]:
     for p in s.points[-last:]:
         run = h.runs[p.run]
         verdict = p.verdict + (" (baseline)" if p.baseline_update else "")
+        verdict += f" [injected: {p.injected}]" if p.injected else ""
         rows.append([
             run.date,
             run.short_commit,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
@@ -70,19 +70,18 @@ def _activity_headers(run: DecodeRun) -> list[str]:
     return []
 
 
-def _phase_row(run: DecodeRun, name: str, b: Summary | None, step: float) -> list[str]:
-    now = run.summaries[name].median
+def _phase_row(run: DecodeRun, name: str, b: float | None, now: float, step: float) -> list[str]:
     row = [
         name,
-        f"{b.median:.3f}" if b else "-",
+        f"{b:.3f}" if b is not None else "-",
         f"{now:.3f}",
-        _change_cell(b.median, now, step) if b else "-",
+        _change_cell(b, now, step) if b is not None else "-",
         f"{now / step * 100:.1f}%" if step else "-",
     ]
     if run.has_device_times:
         row.append(_ms(run.summaries.get(device_form(name))))
     if run.active_source is not None:
-        row += _activity_cells(run, name, now)
+        row += _activity_cells(run, name, run.summaries[name].median)
     return row
 
 
@@ -119,15 +118,21 @@ def _active_share_text(run: DecodeRun) -> str:
 
 
 def phase_table(outcome: CaseOutcome) -> list[str]:
-    """Per-phase medians now (and at baseline), with change and share of the step, and
-    where measured the device time, the active time and the idle time inside each phase."""
-    run, base = outcome.run, outcome.base_metrics
-    step = run.summaries[STEP].median
+    """Per-phase centers now (over the server processes) and at baseline (over its runs),
+    the same numbers the verdict compared, with change and share of the step, and where
+    measured the device time, the active time and the idle time inside each phase (of
+    the first process)."""
+    run, base, now = outcome.run, outcome.base_centers, outcome.now_centers
+    step = now[STEP]
     headers = ["phase", "base ms", "now ms", "change", "share"]
     if run.has_device_times:
         headers.append("device ms")
     headers += _activity_headers(run)
-    rows = [_phase_row(run, n, base.get(n) if base else None, step) for n in TABLE_ROWS]
+    rows = [
+        _phase_row(run, n, base.get(n) if base else None, now[n], step)
+        for n in TABLE_ROWS
+        if n in now
+    ]
     right = set(range(1, len(headers)))
     return [*render_table(headers, rows, right=right), _run_line(run)]
 
@@ -220,14 +225,31 @@ def _summary_row(c: CaseView) -> list[str]:
     return [
         c.name,
         f"{b:.2f} -> {c.step_ms:.2f}" if b else f"- -> {c.step_ms:.2f}",
-        _pct(c.step_ms / b - 1) if b else "-",
+        _judged_step_change(c),
         _change_text(mc) if mc else "-",
         f"{c.accept_len:.2f}",
         verdict,
     ]
 
 
-SUMMARY_HEADERS = ("case", "step ms (base -> now)", "delta", "most changed", "accept", "verdict")
+def _judged_step_change(c: CaseView) -> str:
+    """The step's change as its verdict judged it (against the KV read time where the
+    backend reports it, so a slower machine does not read as a change); the raw change
+    only where the step was not judged (no gate, no baseline: ``-``)."""
+    step = next((m for m in c.metrics if m.metric == STEP), None)
+    if step is not None and math.isfinite(step.change):
+        return _pct(step.change)
+    return "-"
+
+
+SUMMARY_HEADERS = (
+    "case",
+    "step ms (base -> now)",
+    "step (judged)",
+    "most changed",
+    "accept",
+    "verdict",
+)
 
 
 def summary_rows(cases: Sequence[CaseView]) -> list[list[str]]:
@@ -411,15 +433,42 @@ def machine_note(cases: Sequence[CaseView], *, recording: bool = False) -> str |
     r = statistics.median(ratios)
     if not math.isfinite(r) or r <= 0 or 1 / MACHINE_RATIO <= r <= MACHINE_RATIO:
         return None
-    how = f"{r:.2f}x as long as" if r > 1 else f"{1 / r:.2f}x less time than"
-    return (
-        f"machine: KV reads took {how} in the baselines (median of {len(ratios)} "
-        "case(s)): another machine, or this one changed. The verdicts hold (steps and "
-        "tokens/s are judged against the read time, phases against the rest of their "
-        "step); the raw times are not comparable. Record this machine's baselines under "
-        "its own name (--specperf-device NAME or --specperf-baselines DIR): an update of "
-        "this file would pool both machines' runs"
+    head = (
+        f"machine: KV reads took {r:.2f}x as long as in the baselines (median of "
+        f"{len(ratios)} case(s))"
     )
+    held = "The verdicts hold (steps and tokens/s are judged against the read time, phases "
+    held += "against the rest of their step); the raw times are not comparable"
+    runq = _runq_share(cases)
+    if runq is not None and runq >= LOADED_RUNQ_SHARE:
+        return (
+            f"{head}: this machine was loaded (the server's thread waited for a CPU "
+            f"{runq:.0%} of the step, median over the cases), not necessarily another "
+            f"machine. {held}. Rerun on a quiet machine before reading the raw times"
+        )
+    return (
+        f"{head}: another machine, or this one changed. {held}. Record this machine's "
+        "baselines under its own name (--specperf-device NAME or --specperf-baselines DIR): "
+        "an update of this file would pool both machines' runs"
+    )
+
+
+#: The server thread's run-queue share of the step (median over the cases) from which the
+#: machine line blames load rather than another machine.
+LOADED_RUNQ_SHARE = 0.10
+
+
+def _runq_share(cases: Sequence[CaseView]) -> float | None:
+    """The median over the cases of the step's run-queue share (Linux schedstat: the
+    server's thread runnable without a CPU), where measured."""
+    shares = []
+    for c in cases:
+        b = c.report.get("bottleneck")
+        figures = b.get("figures") if isinstance(b, Mapping) else None
+        x = figures.get("runq_share") if isinstance(figures, Mapping) else None
+        if isinstance(x, (int, float)) and math.isfinite(x):
+            shares.append(float(x))
+    return statistics.median(shares) if shares else None
 
 
 def no_baseline_hint(s: RunSummary, cases: Sequence[CaseView]) -> str | None:

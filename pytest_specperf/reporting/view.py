@@ -21,8 +21,8 @@ from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.store.report import case_json, strict
 
 
-def _phase_values(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {p: float(metrics[p].value) for p in ALL_PHASES if p in metrics}
+def _phase_values(centers: Mapping[str, float]) -> dict[str, float]:
+    return {p: float(centers[p]) for p in ALL_PHASES if p in centers}
 
 
 def _num(x: Any) -> float:
@@ -108,7 +108,7 @@ class CaseView:
         unjudged: tuple[str, ...] = (),
     ) -> CaseView:
         """The view of a case judged in this process."""
-        base = o.base_metrics
+        base, now = o.base_centers, o.now_centers
         return cls(
             nodeid=o.nodeid,
             test=o.test,
@@ -117,11 +117,11 @@ class CaseView:
             reasons=o.verdict.reasons,
             recorded=o.recorded,
             injected=o.run.injected,
-            step_ms=o.run.summaries[STEP].median,
-            base_step_ms=base[STEP].median if base is not None and STEP in base else None,
+            step_ms=now[STEP],
+            base_step_ms=base.get(STEP) if base is not None else None,
             accept_len=o.run.accept_len,
             metrics=o.verdict.metrics,
-            phases=MappingProxyType(_phase_values(o.run.summaries)),
+            phases=MappingProxyType(_phase_values(now)),
             base_phases=MappingProxyType(_phase_values(base)) if base is not None else None,
             baseline_file=baseline_file,
             failure=failure,

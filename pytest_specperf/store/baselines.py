@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_specperf.install import install_hint
 from pytest_specperf.judging.baseline_schema import (
     MAX_RUNS,
     Invalid,
@@ -40,6 +41,7 @@ from pytest_specperf.judging.baselines import (
     case_dict,
     fingerprint_hash,
     identity_of,
+    run_centers,
 )
 from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.verdict import fmt_value
@@ -113,8 +115,8 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
             path,
             f"schema_version is {brief(version)}: this pytest-specperf reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}. If a newer pytest-specperf wrote "
-            "the file, upgrade (pip install -U pytest-specperf); otherwise move the file away "
-            "and re-record with --specperf-update-baselines",
+            f"the file, upgrade ({install_hint()}, from a newer source); otherwise move the "
+            "file away and re-record with --specperf-update-baselines",
         )
     return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
 
@@ -286,9 +288,11 @@ def _combine(
     return dataclasses.replace(new, runs=(old.runs + new.runs)[-keep:], not_gated=mark), None
 
 
-def _moved(engine: str, old: Any, new: CaseBaseline, why: str | None) -> Moved:
-    before = old.latest.values if isinstance(old, CaseBaseline) else None
-    after = new.latest.values
+def _moved(engine: str, old: Any, new: CaseBaseline, added: int, why: str | None) -> Moved:
+    """What moved: the old case's center over its runs (what runs were judged against)
+    and the center over the runs this update added (what the summary showed as now)."""
+    before = run_centers(old.runs) if isinstance(old, CaseBaseline) else None
+    after = run_centers(new.runs[-added:])
     phase = None
     if before is not None:
         common = [p for p in ALL_PHASES if p in before and p in after]
@@ -445,17 +449,19 @@ def _merge(
     initial: dict[_Key, CaseBaseline | CaseProblem | None] = {}
     state: dict[_Key, CaseBaseline] = {}
     why: dict[_Key, str | None] = {}
+    added: dict[_Key, int] = {}
     for c in measured:
         k = (c.identity, c.test, c.key)
         if k not in initial:
             initial[k] = existing.lookup(*k) if existing else None
         state[k], reason = _combine(state.get(k, initial[k]), c, keep)
         why[k] = reason or why.get(k)
+        added[k] = min(added.get(k, 0) + len(c.runs), len(state[k].runs))
     moved = []
     for k, case in state.items():
         name = names.setdefault(k[0], names.get(k[0]) or _free_name(engines, k[0]))
         _put(engines, name, case)
-        moved.append(_moved(name, initial[k], case, why[k]))
+        moved.append(_moved(name, initial[k], case, added[k], why[k]))
     for name in {names[k[0]] for k in state}:
         engines[name] = _tidy(engines[name])
     doc = {

@@ -152,6 +152,7 @@ def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
         "file": str(o.baseline_path),
         "recorded_at": o.baseline.recorded_at,
         "step_ms": step.to_dict() if step is not None else None,
+        "runs": len(o.baseline.runs),
     }
 
 
@@ -207,6 +208,13 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "wall_s": round(run.wall_s, 3),
         "step_ms": run.summaries[STEP].to_dict(),
         "phases": {p: _summary_json(run.summaries[p]) for p in ALL_PHASES},
+        # the one source of the numbers people read: per step part, the center over this
+        # measurement's server processes and over the baseline's runs (the verdict's raw
+        # base and now; the headline, phase table, summary and Markdown show these)
+        "centers": {
+            "now": dict(o.now_centers),
+            "base": dict(o.base_centers) if o.base_centers is not None else None,
+        },
         ACCEPT_LEN: run.summaries[ACCEPT_LEN].to_dict(),
         TOKENS_PER_S: run.summaries[TOKENS_PER_S].to_dict(),
         "graphs": {k: dict(v) for k, v in run.graphs.items()},
@@ -265,6 +273,13 @@ class CaseReport:
     def accept_len(self) -> float | None:
         s = self.data.get(ACCEPT_LEN)
         return _number_or_none(s.get(s.get("center", "median"))) if isinstance(s, Mapping) else None
+
+    @property
+    def injected(self) -> str | None:
+        """The canary the run carried (``labels.inject``: ``verify=1.1``), None if none."""
+        labels = self.data.get("labels")
+        inject = labels.get("inject") if isinstance(labels, Mapping) else None
+        return inject if isinstance(inject, str) and inject else None
 
     @property
     def recorded(self) -> bool:

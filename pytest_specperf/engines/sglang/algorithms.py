@@ -92,7 +92,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 #: Families of the built-in map that some algorithm uses; others are always installed.
 KNOWN_FAMILIES: frozenset[str] = frozenset().union(*(a.families for a in ALGORITHMS.values()))
-README_SECTION = "README of the sglang backend, 'Extending the phase map for a fork'"
+README_SECTION = "docs/sglang.md, 'Extending the phase map for a fork'"
 
 
 def lookup(algorithm: str | None) -> Algorithm | None:

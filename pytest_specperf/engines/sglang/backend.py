@@ -41,8 +41,10 @@ from pytest_specperf.engines.sglang import (
     kv_size,
     launcher,
     metrics,
+    preflight,
     source,
 )
+from pytest_specperf.install import install_hint
 from pytest_specperf.probe.phases import PHASES
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient, ServerHTTPError, ServerUnreachable
@@ -56,7 +58,6 @@ from pytest_specperf.server.protocol import (
 #: The entry point SGLang's load_plugins() discovers (declared in pyproject.toml).
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_VALUE = "pytest_specperf.engines.sglang.sgl_plugin:load"
-INSTALL_HINT = 'pip install "pytest-specperf[sglang]"'
 #: Prompt token ids when the vocabulary size is unknown: ordinary tokens in every
 #: tokenizer with at least 32k entries (Llama 2/3, Mistral, Qwen 2/3, DeepSeek, GPT-NeoX).
 DEFAULT_ID_RANGE = (1000, 30000)
@@ -171,6 +172,8 @@ class SGLangBackend(RunDirBinding):
 
     name = "sglang"
     server_info_fields = ("model_path", "version")
+    #: How long a refused /flush_cache (server not idle yet) is retried.
+    flush_wait_s = 10.0
 
     def __init__(self) -> None:
         self._vocab_size: int | None = None
@@ -183,7 +186,8 @@ class SGLangBackend(RunDirBinding):
         if root is None:
             raise BackendUnavailable(
                 f"the sglang backend needs SGLang, which is not installed here; install it "
-                f"with: {INSTALL_HINT} (serving needs a CUDA GPU)"
+                f"with: {install_hint('sglang')} (serving needs a CUDA GPU; your own SGLang build "
+                "or fork instead: install it, then the plugin without the extra)"
             )
         self._version = source.installed_version()
         if not settings.model:
@@ -206,13 +210,18 @@ class SGLangBackend(RunDirBinding):
             raise BackendUnavailable(
                 f"SGLang loads our in-server probe through the entry point "
                 f"{ENTRY_POINT_GROUP}:specperf of the installed pytest-specperf distribution, "
-                "which is missing: install the plugin with pip (pip install -e . from a "
-                "checkout), not only on PYTHONPATH"
+                f"which is missing: install the plugin with pip ({install_hint()}), not only "
+                "on PYTHONPATH"
             )
         algo = launcher.flag_value(tokens, "--speculative-algorithm") or launcher.config_value(
             tokens, "speculative_algorithm"
         )
+        # as SGLang resolves it: EAGLE/NEXTN with a Gemma4 assistant draft is FROZEN_KV_MTP
+        draft_cfg = read_model_config(settings.draft_model) if settings.draft_model else None
+        algo = preflight.resolved_algorithm(algo, draft_cfg)
         self._check_algorithm(algo, self._version)  # None (set in a config file): at attach
+        if algo is None or algo.upper() != "NONE":
+            self._check_map(root, algo)
         sizes = [
             v
             for v in (
@@ -236,6 +245,19 @@ class SGLangBackend(RunDirBinding):
             if reason is not None:
                 raise BackendUnavailable(reason)
 
+    def _check_map(self, root: Path, algorithm: str | None) -> None:
+        """The map's required targets and signatures against the installed source."""
+        from pytest_specperf.engines.sglang.phase_map import PhaseMapError
+
+        try:
+            preflight.check_map(
+                root, self._version, algorithm, os.environ, os.environ.get(ENV_PHASE_MAP) or None
+            )
+        except preflight.MapMismatch as e:
+            raise BackendUnavailable(str(e)) from None
+        except PhaseMapError as e:
+            raise BackendUnavailable(f"{ENV_PHASE_MAP}: {e}") from None
+
     def check_attached(self, server_info: dict[str, Any]) -> None:
         """At attach (and once a launched server answers): its algorithm must be mapped."""
         algo = server_info.get("speculative_algorithm")
@@ -257,7 +279,7 @@ class SGLangBackend(RunDirBinding):
             server_args=tokens,
         )
         self.bind(run_dir)
-        env = launcher.build_env(self.run_dir, os.environ)
+        env = launcher.build_env(self.run_dir, os.environ, tokens)
         # the scheduler's probe: canary slowdowns, NVTX ranges, kernel sampling
         env.update(
             probe_env(
@@ -293,13 +315,22 @@ class SGLangBackend(RunDirBinding):
         except ValueError as e:
             raise kv_fragment.KVLayoutError(str(e)) from None
         self._layout_requested = True
-        try:
-            client.flush_cache()
-        except ServerHTTPError as e:
-            raise kv_fragment.KVLayoutError(
-                f"/flush_cache was refused ({e.message.strip()}): the server must be idle "
-                "to lay out its KV cache"
-            ) from None
+        # SGLang flushes only when fully idle: right after a request (or its own health
+        # check, which /health_generate runs through the scheduler) it may still be
+        # finishing that batch, so a refusal is retried for up to flush_wait_s
+        deadline = time.monotonic() + self.flush_wait_s
+        while True:
+            try:
+                client.flush_cache()
+                break
+            except ServerHTTPError as e:
+                if time.monotonic() >= deadline:
+                    raise kv_fragment.KVLayoutError(
+                        f"/flush_cache was refused ({e.message.strip()}) for "
+                        f"{self.flush_wait_s:g} s: the server must be idle to lay out its "
+                        "KV cache"
+                    ) from None
+                time.sleep(0.2)
         results = kv_fragment.wait_layout_results(rd, request_id, timeout_s=10.0)
         if not results:
             raise kv_fragment.KVLayoutError(

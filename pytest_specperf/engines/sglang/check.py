@@ -135,14 +135,30 @@ def locate_source(path: str | None) -> tuple[Path, str | None]:
 
 
 def _source_version(root: Path) -> str | None:
-    """``__version__`` of ``sglang/version.py`` when it is a plain string, else the
-    installed distribution's when ``root`` is the installed package."""
-    path = root / "version.py"
+    """The version of the SGLang source at ``root``, read without importing it.
+
+    A built or installed SGLang has ``sglang/_version.py`` (written by its build:
+    ``__version__ = version = '0.5.23'``); ``version.py`` imports it, and falls back to the
+    metadata, then to ``0.0.0.dev0`` inside ``except`` blocks, which are never the answer. So:
+    ``_version.py``, then a module-level string ``__version__`` of ``version.py``, then the
+    installed distribution's version when ``root`` is the installed package, else None.
+    """
+    for name in ("_version.py", "version.py"):
+        found = _module_level_version(root / name)
+        if found is not None:
+            return found
+    installed = source.sglang_root()
+    if installed is not None and installed.resolve() == root.resolve():
+        return source.installed_version()
+    return None
+
+
+def _module_level_version(path: Path) -> str | None:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError):
-        tree = ast.Module(body=[], type_ignores=[])
-    for node in ast.walk(tree):
+        return None
+    for node in tree.body:  # top level only: not the fallbacks inside try/except
         if (
             isinstance(node, ast.Assign)
             and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
@@ -150,9 +166,6 @@ def _source_version(root: Path) -> str | None:
             and isinstance(node.value.value, str)
         ):
             return node.value.value
-    installed = source.sglang_root()
-    if installed is not None and installed.resolve() == root.resolve():
-        return source.installed_version()
     return None
 
 

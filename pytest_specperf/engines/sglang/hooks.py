@@ -58,6 +58,9 @@ Hook = Callable[..., Any]
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
 _STEP_ATTR = "_specperf_step"
+#: SGLang's rid prefix of its own health-check requests (``sglang.srt.constants``): no
+#: fragmentation report is written for them (nobody asks for it).
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 
 
 class DeferredSink(RunDirSink):
@@ -328,7 +331,7 @@ class ProbeRuntime:
         if not callable(finished) or not finished():
             return
         rid = str(req.rid)
-        if self.kv_layout is not None:
+        if self.kv_layout is not None and not rid.startswith(HEALTH_CHECK_RID_PREFIX):
             try:
                 self.measure_kv(req, tree_cache)
             except Exception as e:

@@ -229,13 +229,38 @@ def build_command(
     return cmd
 
 
-def build_env(run_dir: Path, base_env: Mapping[str, str]) -> dict[str, str]:
-    """Variables the server needs on top of ``base_env`` (the caller's environment)."""
+#: SGLang's switch of its CPU engine (``is_cpu()``), read from the server's environment.
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+
+
+def server_device(tokens: Sequence[str], base_env: Mapping[str, str]) -> str | None:
+    """The device the server will run on as far as its command line and environment say:
+    ``cpu`` under SGLang's CPU engine, else ``--device`` (None: SGLang picks it)."""
+    if base_env.get(CPU_ENGINE_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return "cpu"
+    device = flag_value(tokens, "--device") or config_value(tokens, "device")
+    return device.strip().lower() if device else None
+
+
+def build_env(
+    run_dir: Path, base_env: Mapping[str, str], server_args: Sequence[str] = ()
+) -> dict[str, str]:
+    """Variables the server needs on top of ``base_env`` (the caller's environment).
+
+    ``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`` (SGLang's GPU-time metrics, the cross-check's
+    other side) only for a CUDA server (``--device`` cuda or unset) and when the caller did
+    not set it: SGLang's device timer uses ``Event(enable_timing=True)``, which
+    ``torch.cpu.Event`` does not take, and a CPU server dies at its first forward with it.
+    """
     env = {
         ENV_SGLANG_PLUGIN: "1",
         ENV_RUN_DIR: str(run_dir),
-        DEVICE_TIMER_ENV: "1",
     }
+    if DEVICE_TIMER_ENV not in base_env and server_device(server_args, base_env) in (
+        None,
+        "cuda",
+    ):
+        env[DEVICE_TIMER_ENV] = "1"
     whitelist = base_env.get(PLUGIN_WHITELIST_ENV, "")
     names = [x.strip() for x in whitelist.split(",") if x.strip()]
     if names and PLUGIN_NAME not in names:

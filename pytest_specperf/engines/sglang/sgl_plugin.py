@@ -2,9 +2,10 @@
 
 SGLang calls :func:`load` in every one of its processes (launcher, tokenizer, detokenizer,
 each scheduler) at start-up, then ``HookRegistry.apply_hooks()``. ``load`` does nothing
-(and imports nothing beyond ``os``/``sys``) unless ``SPECPERF_SGLANG_PLUGIN=1``, which our
-launcher sets, and nothing outside scheduler processes (it recognises one by being called
-from SGLang's ``run_scheduler_process``, whose ``tp_rank`` it reads). In a scheduler it:
+(and imports nothing beyond ``os``, ``sys`` and ``contextlib``) unless
+``SPECPERF_SGLANG_PLUGIN=1``, which our launcher sets, and nothing outside scheduler
+processes (it recognises one by being called from SGLang's ``run_scheduler_process``,
+whose ``tp_rank`` it reads). In a scheduler it:
 
 - builds the phase map for the installed SGLang version, extended by the file named in
   ``SPECPERF_PHASE_MAP`` if any; if that file does not validate, or the server's
@@ -25,6 +26,7 @@ the scheduler process, after CUDA is initialised. No exception leaves :func:`loa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -81,7 +83,8 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
     algo = _algorithm(ctx)
     # SPECPERF_INJECT and SPECPERF_NVTX: the one probe-from-environment setup; the run
     # dir's control file switches injections while the server runs (attach-mode canaries)
-    setup = probe_setup(device="cuda", labels=_labels(ctx, version, algo), run_dir=run_dir)
+    device = _device(ctx)
+    setup = probe_setup(device=device, labels=_labels(ctx, version, algo), run_dir=run_dir)
     rt = ProbeRuntime(
         run_dir,
         rank=_int(ctx.get("tp_rank")),
@@ -117,8 +120,27 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
     return rt
 
 
+def _device(ctx: dict[str, Any]) -> str:
+    """The scheduler's device (``--device``: cuda, cpu, npu, ...; SGLang's resolved value),
+    ``cuda`` when unknown."""
+    device = getattr(ctx.get("server_args"), "device", None)
+    return str(device) if isinstance(device, str) and device else "cuda"
+
+
 def _algorithm(ctx: dict[str, Any]) -> str | None:
-    algo = getattr(ctx.get("server_args"), "speculative_algorithm", None)
+    """The algorithm SGLang resolved and runs: ``server_args.speculative_algorithm`` is the
+    typed input, which SGLang's resolution may override (EAGLE/NEXTN with a Gemma4
+    assistant draft becomes FROZEN_KV_MTP); ``overrides.resolution_result`` reads the
+    resolved value."""
+    args = ctx.get("server_args")
+    algo = getattr(args, "speculative_algorithm", None)
+    # loaded in every scheduler by sglang.srt.server_args (ServerArgs's own module): read,
+    # never imported here (it pulls triton)
+    overrides = sys.modules.get("sglang.srt.arg_groups.overrides")
+    if args is not None and overrides is not None:
+        # an SGLang without the resolution record: the typed field
+        with contextlib.suppress(Exception):
+            algo = overrides.resolution_result(args, "speculative_algorithm", algo)
     return None if algo is None else str(getattr(algo, "name", algo))
 
 
@@ -139,16 +161,21 @@ def _effective_map(version: str | None, algo: str | None) -> tuple[PhaseMap, str
     the built-in map alone: a half-applied map would measure something else than asked);
     neither does an algorithm without a step entry in the map.
     """
-    from pytest_specperf.engines.sglang import algorithms
+    from pytest_specperf.engines.sglang import algorithms, preflight
     from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_builtin, load_file
 
-    pm = load_builtin(version)
+    try:
+        pm, no_fit = preflight.base_map(version, os.environ)
+    except preflight.MapMismatch as e:
+        return load_builtin(version), str(e)
     user_file = os.environ.get(ENV_PHASE_MAP)
     if user_file:
         try:
             pm = pm.extended(load_file(user_file))
         except PhaseMapError as e:
             return pm, str(e)
+    elif no_fit is not None:
+        return pm, no_fit  # the same refusal as before launch: no map for this release
     if algo is not None:
         return pm, algorithms.refusal(algo, pm, version)
     return pm, None
@@ -279,11 +306,17 @@ def _member(obj: Any, obj_path: str, attr: str) -> Any:
 
 
 def runtime_params(fn: Any) -> tuple[str, ...] | None:
-    """Parameter names of ``fn`` in the phase-map notation (see source.signature_params)."""
+    """Parameter names of ``fn`` in the phase-map notation (see source.signature_params).
+
+    A decorated method is read through ``__wrapped__`` (SGLang wraps scheduler methods with
+    ``functools.wraps``, e.g. ``@scheduler_stage_method``): such a wrapper passes its
+    arguments through in the same positions, which is what the hooks read, and the source
+    check (``ast``) sees the wrapped definition too.
+    """
     import inspect
 
     try:
-        sig = inspect.signature(fn, follow_wrapped=False)
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return None
     out: list[str] = []

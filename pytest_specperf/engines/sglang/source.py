@@ -128,7 +128,9 @@ def _find_callable(src: SourceTree, target: str) -> FoundCallable:
     if len(rest) == 1:
         fn = _function_in(tree.body, rest[0])
         if fn is None:
-            raise SourceLookupError(f"{target}: no function {rest[0]!r} in {path}")
+            raise SourceLookupError(
+                f"{target}: no function {rest[0]!r} in {path}{_near(tree.body, rest[0])}"
+            )
         return FoundCallable(target, path, fn.lineno, signature_params(fn), None)
     if len(rest) == 2:
         cls = _class_in(tree.body, rest[0])
@@ -138,9 +140,24 @@ def _find_callable(src: SourceTree, target: str) -> FoundCallable:
         if fn is None:
             raise SourceLookupError(
                 f"{target}: class {rest[0]} in {path} does not define {rest[1]!r}"
+                f"{_near(cls.body, rest[1])}"
             )
         return FoundCallable(target, path, fn.lineno, signature_params(fn), rest[0])
     raise SourceLookupError(f"{target}: expected module.function or module.Class.method")
+
+
+def _near(body: list[ast.stmt], name: str) -> str:
+    """``; did you mean 'x' (line N)?`` for functions of ``body`` named like ``name`` (a
+    renamed method), else empty."""
+    import difflib
+
+    lines = {
+        n.name: n.lineno for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    close = difflib.get_close_matches(name, list(lines), n=2, cutoff=0.75)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(f"{c!r} (line {lines[c]})" for c in close) + "?"
 
 
 def base_names(cls: ast.ClassDef) -> list[str]:

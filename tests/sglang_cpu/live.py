@@ -1,0 +1,247 @@
+"""Real SGLang servers on the CPU for the live tests: environment, flags, a lazy pool.
+
+A server here is ``python -m sglang.launch_server`` of SGLang 0.5.23 (installed by .ci/run
+without its CUDA dependencies, see ``requirements.txt``) with the stand-ins of
+``stand_in/`` on its ``PYTHONPATH`` and ``SGLANG_USE_CPU_ENGINE=1``: SGLang's own
+scheduler, model runner, speculative workers, plugin loader and HookRegistry, on tiny
+models with dummy weights (``models.py``). Bound to 127.0.0.1, in its own process group
+(:class:`pytest_specperf.server.ServerProcess`), always stopped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.supervisor import ServerProcess, free_port
+
+STAND_IN = Path(__file__).resolve().parent / "stand_in"
+#: Modules the server needs beyond the dev install (a sample of requirements.txt: when
+#: one is missing, the set was not installed).
+NEEDED = (
+    "sglang",
+    "transformers",
+    "fastapi",
+    "uvicorn",
+    "zmq",
+    "orjson",
+    "xgrammar",
+    "torchvision",
+    "msgspec",
+    "uvloop",
+    "compressed_tensors",
+)
+#: Flags of every live server: the CPU engine's, dummy weights, no tokenizer, one decode
+#: log line per decode batch (the tests read it), a KV pool sized for the tests (without it
+#: the CPU path sizes the pool from free RAM: tens of GB).
+CPU_FLAGS = (
+    "--device=cpu",
+    "--sampling-backend=pytorch",
+    "--disable-cuda-graph",
+    "--skip-server-warmup",
+    "--skip-tokenizer-init",
+    "--load-format=dummy",
+    "--max-total-tokens=65536",
+    "--decode-log-interval=1",
+    "--enable-metrics",
+)
+#: Chain drafts: 3 draft steps, topk 1, 4 tokens verified per step.
+CHAIN = (
+    "--speculative-num-steps=3",
+    "--speculative-eagle-topk=1",
+    "--speculative-num-draft-tokens=4",
+    "--speculative-draft-load-format=dummy",
+)
+#: Speculative decoding on the CPU needs the intel_amx attention backend for its draft (the
+#: stand-in provides its ops; sitecustomize sets the has_amx platform fact).
+SPEC_BACKEND = ("--attention-backend=intel_amx",)
+READY_S = 300.0
+#: SGLang's cache (torch.compile's inductor output among it), read at import: pytester
+#: points HOME at each test's own directory, which would recompile the draft's
+#: torch.compile'd helpers (about 30 s) in every server a test starts.
+CACHE_DIR = os.environ.get("SGLANG_CACHE_DIR") or os.path.expanduser("~/.cache/sglang")
+
+
+def missing() -> str | None:
+    """Why live SGLang cannot run here (None: it can)."""
+    absent = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if absent:
+        return (
+            f"live SGLang needs its CPU dependency set (missing: {', '.join(absent)}); "
+            "install it as .ci/run does: pip install --no-deps sglang==0.5.23 && "
+            "pip install --no-deps -r tests/sglang_cpu/requirements.txt"
+        )
+    return None
+
+
+def server_env(run_dir: Path | None, *, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a live server (or of a pytest that launches one): the stand-ins
+    first on PYTHONPATH, the CPU engine on, and our plugin on when ``run_dir`` is given."""
+    env = dict(os.environ if base is None else base)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(STAND_IN) + (os.pathsep + path if path else "")
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env["SGLANG_CACHE_DIR"] = CACHE_DIR
+    env.pop("SPECPERF_SGLANG_PLUGIN", None)
+    env.pop("SPECPERF_RUN_DIR", None)
+    if run_dir is not None:
+        env["SPECPERF_SGLANG_PLUGIN"] = "1"
+        env["SPECPERF_RUN_DIR"] = str(run_dir)
+    return env
+
+
+def algorithm_args(algorithm: str | None, models: dict[str, Path]) -> tuple[str, ...]:
+    """Server flags for ``algorithm`` (None: plain decoding) on the tiny models."""
+    target = f"--model-path={models['target4']}"
+    if algorithm is None:
+        return (target, "--attention-backend=torch_native")
+    draft = {"STANDALONE": "draft", "EAGLE": "eagle", "EAGLE3": "eagle3"}[algorithm]
+    return (
+        target,
+        f"--speculative-algorithm={algorithm}",
+        f"--speculative-draft-model-path={models[draft]}",
+        *CHAIN,
+        *SPEC_BACKEND,
+    )
+
+
+@dataclass
+class LiveServer:
+    name: str
+    proc: ServerProcess
+    client: ServerClient
+    run_dir: Path | None
+    log_path: Path
+    started_s: float
+    rids: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int, rid: str) -> dict[str, Any]:
+        body = {
+            "input_ids": list(input_ids),
+            "rid": rid,
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        }
+        out = self.client.generate(body, timeout=300.0)
+        assert isinstance(out, dict), out
+        return out
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def records(self) -> list[dict[str, Any]]:
+        import json
+
+        assert self.run_dir is not None
+        out = []
+        for path in sorted(self.run_dir.glob("steps-*.jsonl")):
+            out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return out
+
+    def hooks_report(self) -> dict[str, Any]:
+        import json
+
+        assert self.run_dir is not None
+        reports = sorted(self.run_dir.glob("hooks-*.json"))
+        assert len(reports) == 1, reports
+        data = json.loads(reports[0].read_text())
+        assert isinstance(data, dict)
+        return data
+
+
+def start(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) -> LiveServer:
+    run_dir = work / f"run-{name}" if plugin else None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = work / f"server-{name}.log"
+    cmd = [
+        os.environ.get("SPECPERF_LIVE_PYTHON", _python()),
+        "-m",
+        "sglang.launch_server",
+        "--host=127.0.0.1",
+        f"--port={port}",
+        *CPU_FLAGS,
+        *args,
+    ]
+    proc = ServerProcess(cmd, log_path=log, env=server_env(run_dir), name=f"sglang {name}")
+    t0 = time.monotonic()
+    proc.start()
+    client = ServerClient(f"http://127.0.0.1:{port}")
+    try:
+        proc.wait_ready(client, deadline_s=READY_S)
+    except BaseException:
+        proc.stop()
+        raise
+    return LiveServer(name, proc, client, run_dir, log, time.monotonic() - t0)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+class Pool:
+    """Servers started on first use and kept for later tests, at most ``keep`` at once
+    (the least recently used one is stopped first: two cores do not carry many)."""
+
+    def __init__(self, work: Path, models: dict[str, Path], keep: int = 2) -> None:
+        self.work = work
+        self.models = models
+        self.keep = keep
+        self._live: dict[str, LiveServer] = {}
+        self.startups: dict[str, float] = {}
+
+    def get(self, algorithm: str | None) -> LiveServer:
+        name = algorithm or "plain"
+        server = self._live.pop(name, None)
+        if server is None:
+            while len(self._live) >= self.keep:
+                self._live.pop(next(iter(self._live))).proc.stop()
+            server = start(
+                name,
+                algorithm_args(algorithm, self.models),
+                self.work,
+                plugin=algorithm is not None,
+            )
+            self.startups[name] = server.started_s
+        self._live[name] = server  # most recently used last
+        return server
+
+    def close(self) -> None:
+        while self._live:
+            self._live.pop(next(iter(self._live))).proc.stop()
+
+
+_DECODE = re.compile(r"Decode batch.*?#running-req: (\d+).*?accept len: ([0-9.]+)")
+
+
+def decode_log(text: str) -> list[tuple[int, float]]:
+    """(running requests, accept length) of every ``Decode batch`` line of a server log."""
+    return [(int(m.group(1)), float(m.group(2))) for m in _DECODE.finditer(text)]
+
+
+def prompt(n: int, seed: int = 1) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1000, 3800) for _ in range(n)]
+
+
+def iter_files(run_dir: Path, pattern: str) -> Iterator[Path]:
+    yield from sorted(run_dir.glob(pattern))
