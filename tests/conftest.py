@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -11,11 +12,30 @@ pytest_plugins = ["pytester"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
+        "--fault-table",
+        metavar="PAGE",
+        default=None,
+        help="write the rows the fault tests measured into PAGE's fault table (docs/faults.md; "
+        "see tests/fault_table.py)",
+    )
+    parser.addoption(
         "--full-faults",
         action="store_true",
         help="run every try of the server fault tests (tests/test_server_faults.py: "
-        "SIGINT 5, killed 3, frozen 3); without it, one try of each",
+        "SIGINT 5, killed 3, frozen mid-case 3, frozen in a first request 3, throttled 1); "
+        "without it, one try of each",
     )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    page = session.config.getoption("--fault-table")
+    if page is not None and not hasattr(session.config, "workerinput"):
+        import fault_table
+
+        if fault_table.ROWS:
+            tests = Path(__file__).resolve().parent
+            fault_table.write(Path(page), keep=fault_table.fault_tests(tests))
+
 
 # pytester's in-process runs restore sys.modules afterwards, and torch cannot be imported
 # twice in one process: import it once, up front, so that inline runs find it loaded.

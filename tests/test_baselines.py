@@ -268,7 +268,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch, make_ca
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(BaselineError, match=r"disk full.*the file is unchanged"):
         write_baselines(path, {}, [make_case(key="B")])
     assert path.read_bytes() == original
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))

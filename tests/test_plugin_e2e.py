@@ -224,8 +224,9 @@ def test_bad_baseline_file_is_refused_untouched(pytester, text, update):
     path = _setup(pytester, text)
     before = path.read_bytes()
     result = _run(pytester, *(["--specperf-update-baselines"] if update else []))
-    assert result.ret == 1
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # refused before any server started
     out = result.stdout.str()
+    assert "refused before measuring anything" in out
     assert "baselines/test-box.yaml" in out or str(path) in out
     assert not (pytester.path / "PWNED").exists()
     assert path.read_bytes() == before

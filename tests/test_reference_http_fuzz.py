@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import fault_table
 import pytest
 from http_fuzz_corpus import MAX_BODY, TIMEOUT_S, Case, corpus
 from rawhttp import Exchange, address, exchange, launch_reference
@@ -100,6 +101,14 @@ def test_http_fuzz_corpus(server: ServerClient, capsys: pytest.CaptureFixture[st
             f"{elapsed:.1f} s; outcomes {dict(sorted(outcomes.items()))}; "
             f"{len(results) - len(failures)} as expected, {len(failures)} not"
         )
+    shown = ", ".join(f"{n} x {k}" if n > 1 else k for k, n in sorted(outcomes.items()))
+    fault_table.row(
+        "HTTP fuzz corpus against a reference server (loopback)",
+        len(results),
+        f"{len(categories)} categories in {elapsed:.1f} s: {shown}; "
+        f"{len(results) - len(failures)} as expected, `/health` ok after each",
+        not failures,
+    )
     assert not failures, "\n".join(failures)
     assert elapsed < BUDGET_S
     info = server.server_info()

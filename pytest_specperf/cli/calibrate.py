@@ -183,34 +183,7 @@ class CalibrateOptions:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
         processes = getattr(args, "processes", 1)  # --processes, --max-time, --attach and
         max_time = getattr(args, "max_time", None)  # --tolerance: parsed by their type=
-        sitting = getattr(args, "sitting", None)
-        summarize = bool(getattr(args, "summarize", False))
-        if (sitting is not None or summarize) and args.work_dir is None:
-            raise ValueError(
-                "--sitting and --summarize need --work-dir (the calibration's directory, "
-                "e.g. calibration/<slug>)"
-            )
-        if getattr(args, "write_prior", None) is not None and sitting is None and not summarize:
-            raise ValueError(
-                "--write-prior needs --sitting or --summarize (a calibration over sittings "
-                "measures the prior)"
-            )
-        prior = getattr(args, "prior", None)
-        if prior is not None and not Path(prior).is_file():
-            raise ValueError(f"--prior {prior}: no such file (a <slug>.prior.yaml)")
-        if sitting is not None and not 1 <= sitting <= 64:
-            raise ValueError(f"--sitting {sitting}: must be from 1 to 64")
-        try:
-            costs = parse_costs(getattr(args, "costs", None) or "block=2")
-        except ValueError as e:
-            raise ValueError(f"--costs {e}") from None
-        target = getattr(args, "target", None) or "5%"
-        try:
-            target_f = parse_fraction(target)
-        except ValueError:
-            raise ValueError(f"--target {target!r}: expected a fraction like 0.05 or 5%") from None
-        if not 0 < target_f < 1:
-            raise ValueError(f"--target {target!r}: must be between 0 and 100%")
+        sitting, summarize, costs, target_f = _sitting_options(args)
         if args.attach is not None and processes > 1:
             raise ValueError(
                 f"--processes {processes} needs servers the plugin launches; with --attach "
@@ -236,6 +209,41 @@ class CalibrateOptions:
             target=target_f,
             attach=args.attach,
         )
+
+
+
+def _sitting_options(args: argparse.Namespace) -> tuple[int | None, bool, Costs, float]:
+    """Validate the calibration-over-sittings options: ``(sitting, summarize, costs,
+    target)``; ``ValueError`` with the message for the user."""
+    sitting = getattr(args, "sitting", None)
+    summarize = bool(getattr(args, "summarize", False))
+    if (sitting is not None or summarize) and args.work_dir is None:
+        raise ValueError(
+            "--sitting and --summarize need --work-dir (the calibration's directory, "
+            "e.g. calibration/<slug>)"
+        )
+    if getattr(args, "write_prior", None) is not None and sitting is None and not summarize:
+        raise ValueError(
+            "--write-prior needs --sitting or --summarize (a calibration over sittings "
+            "measures the prior)"
+        )
+    prior = getattr(args, "prior", None)
+    if prior is not None and not Path(prior).is_file():
+        raise ValueError(f"--prior {prior}: no such file (a <slug>.prior.yaml)")
+    if sitting is not None and not 1 <= sitting <= 64:
+        raise ValueError(f"--sitting {sitting}: must be from 1 to 64")
+    try:
+        costs = parse_costs(getattr(args, "costs", None) or "block=2")
+    except ValueError as e:
+        raise ValueError(f"--costs {e}") from None
+    target = getattr(args, "target", None) or "5%"
+    try:
+        target_f = parse_fraction(target)
+    except ValueError:
+        raise ValueError(f"--target {target!r}: expected a fraction like 0.05 or 5%") from None
+    if not 0 < target_f < 1:
+        raise ValueError(f"--target {target!r}: must be between 0 and 100%")
+    return sitting, summarize, costs, target_f
 
 
 def _tolerances(given: ToleranceSpec | None) -> tuple[float, float] | None:
@@ -836,7 +844,7 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
     prior = summary.get("prior")
     if not prior:
         return []
-    p, s = prior["phase"], prior["step"]
+    p, s = (prior[level] for level in ("phase", "step"))  # the prior's two levels
     state = "PROVISIONAL (a level without data keeps the provisional value)" if prior[
         "provisional"] else "measured"  # fmt: skip
     lines = [

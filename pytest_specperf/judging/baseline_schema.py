@@ -21,16 +21,19 @@ from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     DEVICE_BUSY,
     GATEABLE,
+    RUNQ_SHARE,
     STEP,
     STEP_PARTS,
     STEP_PER_REF,
     TOKENS_PER_S,
+    MetricKind,
     active_form,
     center_of,
     cpu_form,
     device_form,
     is_rest_form,
     rest_form,
+    spec,
 )
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
@@ -167,11 +170,57 @@ def number(v: Any, field: str) -> float:
     return x
 
 
+#: Physical range of a stored value by what it is, ``(smallest non-zero magnitude,
+#: largest magnitude, unit)``: a time in ms up to 1 hour (a median of nanosecond
+#: readings may be half a nanosecond, so the floor is lower), a ratio of two times
+#: (``verify/rest``, ``step/ref``), a share (0..1, with room for rounding and overlap), a
+#: percentage, accepted tokens per step (a draft block holds at most a few thousand), a
+#: token rate. Outside it a value is not a measurement (``1e308``, ``1e-300``): INVALID.
+RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType(
+    {
+        "time": (1e-9, 3.6e6, "ms"),
+        "ratio": (1e-15, 1e9, ""),
+        "share": (1e-9, 10.0, ""),
+        "percent": (1e-9, 1000.0, "%"),
+        "length": (1e-6, 1e4, "tokens"),
+        "rate": (1e-6, 1e9, "tokens/s"),
+        "other": (1e-12, 1e12, ""),
+    }
+)
+
+
+def range_kind(metric: str) -> str:
+    """Which of ``RANGES`` bounds ``metric``'s stored values."""
+    if is_rest_form(metric) or metric == STEP_PER_REF:
+        return "ratio"
+    if metric == RUNQ_SHARE:
+        return "share"
+    try:
+        s = spec(metric)
+    except KeyError:
+        return "other"
+    if s.unit == "ms":
+        return "time"
+    if s.kind is MetricKind.UTILIZATION:
+        return "share" if s.to_percent != 1.0 else "percent"
+    return {MetricKind.COUNT: "length", MetricKind.RATE: "rate"}.get(s.kind, "other")
+
+
 def _bound(metric: str, x: float, field: str) -> None:
+    """``x`` is a possible value of ``metric`` (sign and physical range), else ``Invalid``
+    naming the field and the value."""
     if metric in POSITIVE_METRICS and x <= 0:
         raise Invalid(f"{field}: must be > 0, got {x:g}")
     if metric not in SIGNED_METRICS and x < 0:
         raise Invalid(f"{field}: must be >= 0, got {x:g}")
+    kind = range_kind(metric)
+    low, high, unit = RANGES[kind]
+    if x != 0 and not low <= abs(x) <= high:
+        unit = f" {unit}" if unit else ""
+        raise Invalid(
+            f"{field}: {x:.6g} is outside the physical range of a {kind} "
+            f"({low:g} to {high:g}{unit}); not a measurement"
+        )
 
 
 #: Names a field in the file's own terms: ``(kind, metric) -> field`` with kind "value"

@@ -86,6 +86,7 @@ __all__ = [
     "Identity",
     "NotGated",
     "RunRecord",
+    "device_mismatch",
     "fingerprint_hash",
     "fingerprint_mismatch",
     "identity_of",
@@ -184,6 +185,26 @@ def fingerprint_mismatch(base: Mapping[str, Any], now: Mapping[str, Any]) -> lis
         if base.get(k) != now.get(k):
             out.append(f"{k}: baseline {base.get(k)!r}, now {now.get(k)!r}")
     return out
+
+
+#: Device fields that must match for a file to be judged against (the file's name is
+#: the slug, but a file can be copied or renamed).
+DEVICE_KEYS = ("slug", "kind")
+
+
+def device_mismatch(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """Whose a baseline file is when it is not this run's device's (``slug`` or ``kind``
+    differ; a field the file lacks is not compared), else None."""
+    differ = [
+        k for k in DEVICE_KEYS if recorded.get(k) is not None and recorded.get(k) != now.get(k)
+    ]
+    if not differ:
+        return None
+
+    def who(d: Mapping[str, Any]) -> str:
+        return f"{brief(d.get('slug'))} ({brief(d.get('kind'))}, {brief(d.get('name'))})"
+
+    return f"the file was recorded on {who(recorded)}; this run is on {who(now)}"
 
 
 def _fingerprint_changes(base: Mapping[str, Any], now: Mapping[str, Any]) -> str:
@@ -302,13 +323,13 @@ class CaseProblem:
     test: str
     key: str
     problem: str
+    #: what to do about it (default: fix or re-record the entry)
+    fix: str | None = None
 
     @property
     def message(self) -> str:
-        return (
-            f"{self.path}: {self.engine}: {self.test} [{self.key}]: {self.problem}; fix the "
-            f"entry, or {_RERECORD} (an update replaces an invalid entry)"
-        )
+        fix = self.fix or f"fix the entry, or {_RERECORD} (an update replaces an invalid entry)"
+        return f"{self.path}: {self.engine}: {self.test} [{self.key}]: {self.problem}; {fix}"
 
     def __str__(self) -> str:
         return self.message

@@ -14,7 +14,7 @@ from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.plugin.markers import CaseOptions, case_request, parse_marker
 from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
-from pytest_specperf.plugin.xdist import parallel_servers
+from pytest_specperf.plugin.xdist import parallel_servers, worker_id
 from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.run.cases import CaseRefused, baseline_step_ms, undecided
 from pytest_specperf.run.measure import (
@@ -221,6 +221,11 @@ def model_server(
 ) -> Iterator[ModelServer]:
     """The session's server for the chosen backend, started once and torn down at the end."""
     sess = get_session(request.config)
+    refusal = sess.baseline_refusal()  # read once, before any server starts
+    if refusal is not None and worker_id(request.config) is not None:
+        pytest.fail(refusal, pytrace=False)  # (the controller refuses first: see hooks)
+    if refusal is not None:  # one message for the session, no case measured
+        pytest.exit(refusal, returncode=pytest.ExitCode.USAGE_ERROR)
     problem = None
     try:
         servers = open_servers(
@@ -261,9 +266,12 @@ def fragmented_kv(request: pytest.FixtureRequest, specperf: SpecperfHandle) -> K
     measured on the live request and reported with the run.
     """
     try:
-        layout = parse_layout(request.param)
+        layout: KVLayout | None = parse_layout(request.param)
+        problem = ""
     except ValueError as e:
-        raise pytest.fail(str(e), pytrace=False) from None
+        layout, problem = None, str(e)
+    if layout is None:  # failed here, not in the handler: no chained traceback
+        pytest.fail(problem, pytrace=False)
     specperf.layout = layout
     return layout
 

@@ -105,12 +105,18 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """pytest-xdist controller: the collection order, for the reports."""
+    """pytest-xdist controller: the collection order, for the reports; and the baseline
+    file read before any worker runs a test (a broken one ends the session here, with
+    one message, as the ``model_server`` fixture does without xdist)."""
     config = node.config
     if SESSION_KEY in config.stash:
-        g = get_session(config).gathered
+        sess = get_session(config)
+        g = sess.gathered
         if g is not None and not g.order:
             g.order = list(ids)
+            refusal = sess.baseline_refusal() if ids else None
+            if refusal is not None:
+                pytest.exit(refusal, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -21,7 +21,7 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
-from pytest_specperf.run.inputs import RunInputs, load_inputs
+from pytest_specperf.run.inputs import RunInputs, load_inputs, refusal
 from pytest_specperf.store.baselines import WriteResult
 
 if TYPE_CHECKING:
@@ -117,6 +117,11 @@ class SpecperfSession:
         if inputs.baseline_error is not None:
             raise inputs.baseline_error
         return inputs.baselines
+
+    def baseline_refusal(self) -> str | None:
+        """Why the session must not measure anything (an unusable baseline file, or an
+        update into another device's), read before its first server starts."""
+        return refusal(self.inputs(), recording=self.settings.update_baselines)
 
 
 @dataclass

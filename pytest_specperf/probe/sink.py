@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_specperf.probe.heartbeat import Heartbeat
 from pytest_specperf.probe.record import StepRecord
 
 #: Records are written when this many are buffered, or when the oldest is this old.
@@ -125,6 +126,15 @@ class RunDirSink:
         #: records, or (builder, raw figures) pairs built when the batch is written
         self._buffer: list[StepRecord | tuple[Callable[[Any], StepRecord], Any]] = []
         self._oldest = 0.0
+        #: records handed to the sink so far (the progress a heartbeat reports)
+        self.added = 0
+        self._heartbeat: Heartbeat | None = None
+
+    def start_heartbeat(self) -> None:
+        """Report this process's progress (steps handed in, CPU time) in the run directory
+        every ``HEARTBEAT_S`` (``probe.heartbeat``), until :meth:`close`."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(self.run_dir, lambda: self.added, rank=self.rank).start()
 
     def _create(self, stem: str) -> tuple[int, Path]:
         """A new record file: ``<stem>.jsonl``, or ``<stem>-<n>.jsonl`` if that is taken."""
@@ -147,6 +157,7 @@ class RunDirSink:
         self._add((build, raw))
 
     def _add(self, item: StepRecord | tuple[Callable[[Any], StepRecord], Any]) -> None:
+        self.added += 1
         if not self._buffer:
             self._oldest = time.monotonic()
         self._buffer.append(item)
@@ -175,6 +186,9 @@ class RunDirSink:
         self._file.flush()
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         if not self._file.closed:
             self.flush()
             self._file.close()

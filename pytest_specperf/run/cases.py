@@ -29,7 +29,7 @@ from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances
-from pytest_specperf.run.inputs import RunInputs
+from pytest_specperf.run.inputs import FOREIGN_FIX, RunInputs
 from pytest_specperf.run.measure import Undecided
 from pytest_specperf.server.model_server import ModelServer
 from pytest_specperf.store.baselines import utc_now
@@ -117,11 +117,18 @@ def find_baseline(inputs: RunInputs, case: Case, shown: str) -> tuple[Found, str
     bf = inputs.baselines
     if bf is None:
         return None, f"no baseline file {shown}"
+    if inputs.foreign is not None:  # a problem of every case: INVALID, never compared
+        fix = f"this run is never judged against it: {FOREIGN_FIX}"
+        return CaseProblem(bf.path, "device", case.test, case.key, inputs.foreign, fix), ""
     identity = identity_of(case.fingerprint)
     found = bf.lookup(identity, case.test, case.key)
     if found is not None:
         return found, ""
-    return None, f"no baseline for {case.key} ({identity.key}) in {shown}"
+    held = ", ".join(i.key for i in bf.identities()) or "none"
+    return None, (
+        f"no baseline for {case.key} ({identity.key}) in {shown}; the file holds baselines "
+        f"of {held[:300]}"
+    )
 
 
 def baseline_step_ms(inputs: RunInputs, fingerprint: Mapping[str, Any], test: str,
@@ -129,8 +136,10 @@ def baseline_step_ms(inputs: RunInputs, fingerprint: Mapping[str, Any], test: st
     """The baseline's median step time (ms) of a case about to run, for its deadlines;
     None without a usable one (the judge reports an unusable baseline after the run)."""
     bf = inputs.baselines
+    if bf is None or inputs.foreign is not None:
+        return None
     try:
-        found = bf.lookup(identity_of(fingerprint), test, key) if bf else None
+        found = bf.lookup(identity_of(fingerprint), test, key)
     except ValueError:
         return None
     step = found.metrics.get(STEP) if isinstance(found, CaseBaseline) else None

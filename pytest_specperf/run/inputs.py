@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_specperf.judging.baselines import BaselineFile
+from pytest_specperf.judging.baselines import BaselineFile, device_mismatch
 from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.store.baselines import BaselineError, load_baselines
@@ -35,6 +35,8 @@ class RunInputs:
     prior: DevicePrior = PROVISIONAL_PRIOR
     #: this run's sitting id (one pytest session's servers, at one time on one host)
     sitting: str | None = None
+    #: whose the baseline file is when another device recorded it (never judged against)
+    foreign: str | None = None
 
     def history_of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
         """The earlier runs of a case (empty without ``--specperf-history``)."""
@@ -87,5 +89,27 @@ def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: 
             notes += [note] if note else []
         except BaselineError as e:
             error = e
+    foreign = device_mismatch(baselines.device, device.to_dict()) if baselines else None
     return RunInputs(device, path, baselines, error, history, tuple(notes), bandwidth, prior,
-                     sitting)  # fmt: skip
+                     sitting, foreign)  # fmt: skip
+
+
+#: What to do about a baseline file another device recorded.
+FOREIGN_FIX = (
+    "move the file away (or point --specperf-baselines elsewhere) and record this "
+    "device's with --specperf-update-baselines"
+)
+
+
+def refusal(inputs: RunInputs, *, recording: bool) -> str | None:
+    """Why the run must not measure anything, known before its first server starts: an
+    unusable baseline file (the message names the file, the place and the fix), or an
+    update into a file another device recorded."""
+    if inputs.baseline_error is not None:
+        return f"specperf: refused before measuring anything: {inputs.baseline_error}"
+    if inputs.foreign is not None and recording:
+        return (
+            f"specperf: refused before measuring anything: {inputs.baseline_path}: "
+            f"{inputs.foreign}; an update would mix the two devices' runs: {FOREIGN_FIX}"
+        )
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import re
 import socket
 import threading
@@ -27,6 +28,9 @@ READ_TIMEOUT_S = 600.0
 MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 #: Seconds :func:`attach_problem` takes at most to reach its verdict.
 ATTACH_DEADLINE_S = 10.0
+#: Longest timeout a call is given (a day): a deadline computed from a baseline's pace is
+#: cut to it, so that no figure can overflow the socket layer's time arithmetic.
+MAX_TIMEOUT_S = 86_400.0
 #: ``/server_info`` fields every server this plugin measures reports.
 SERVER_INFO_FIELDS = ("version",)
 
@@ -56,6 +60,14 @@ def check_url(url: str) -> str:
     if parts.query or parts.fragment:
         raise ValueError(f"server URL {url!r} must not carry a query or fragment")
     return url.rstrip("/")
+
+
+def bounded_timeout(seconds: float, default: float = READ_TIMEOUT_S) -> float:
+    """``seconds`` as a usable socket timeout: from 1 ms to ``MAX_TIMEOUT_S`` (a NaN is
+    ``default``), so that a deadline derived from any number never raises."""
+    if math.isnan(seconds):
+        return default
+    return min(max(seconds, 0.001), MAX_TIMEOUT_S)
 
 
 def _error_message(raw: bytes) -> str:
@@ -92,8 +104,8 @@ class ServerClient:
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.base_url = check_url(base_url)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
+        self.timeout = bounded_timeout(timeout)
+        self.connect_timeout = bounded_timeout(connect_timeout, CONNECT_TIMEOUT_S)
 
     def with_timeout(self, seconds: float) -> ServerClient:
         """The same server with every call bounded by ``seconds`` (connect and answer)."""
@@ -112,8 +124,8 @@ class ServerClient:
     ) -> tuple[int, bytes]:
         """Send one request; return the status and body. ServerUnreachable says why not."""
         url = self.base_url + path
-        ct = self.connect_timeout if connect_timeout is None else connect_timeout
-        rt = self.timeout if timeout is None else timeout
+        ct = self.connect_timeout if connect_timeout is None else bounded_timeout(connect_timeout)
+        rt = self.timeout if timeout is None else bounded_timeout(timeout)
         conn, prefix = _connection(self.base_url, ct)
         try:
             conn.connect()

@@ -14,11 +14,15 @@ extended block has a baseline counterpart (block ``j`` of the baseline's run) an
 verdict pairs the mean of its rounds with it. The server's own metrics are cross-checked
 over the first round, and GPU telemetry comes from one long decode after it.
 
-Every request has a deadline: ``DEADLINE_FACTOR`` times what it should take at the pace
-known so far (the baseline's step time before the warm-up, then the pace the case's own
-requests showed: a prefill plus a time per step), never less than a floor. A server that
-gives no answer by then has stopped responding (frozen, or a hung step) and the case fails
-naming that; a launched server that exits fails the case at once, naming how it ended.
+While a request runs, the server's progress is watched (``probe.heartbeat``: the steps
+its processes recorded and their CPU time, reported every half second): a server that
+made none for ``STALL_S`` is frozen or hung, and the case fails within seconds naming the
+request and its stage, whether or not the case's pace is known; a slow request that makes
+progress is never failed by that rule. Every request also has a deadline, the backstop for
+a hang that burns CPU: ``DEADLINE_FACTOR`` times what it should take at the pace known so
+far (the baseline's step time before the warm-up, then the pace the case's own requests
+showed: a prefill plus a time per step), never less than a floor. A launched server that
+exits fails the case at once, naming how it ended.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from pytest_specperf.probe.heartbeat import CPU_PROGRESS_S, ProgressWatch
 from pytest_specperf.probe.inject import CONTROL_FILE, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RecordTail
-from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
+from pytest_specperf.server.client import MAX_TIMEOUT_S, ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.model_server import ModelServer
 
 if TYPE_CHECKING:
@@ -82,6 +87,10 @@ class ServerStopped(MeasurementError):
     """The server gave no answer within a request's deadline."""
 
 
+class ServerFrozen(ServerStopped):
+    """The server made no progress (no step, no CPU time) for ``STALL_S`` in a request."""
+
+
 class ServerExited(MeasurementError):
     """The launched server process ended during the case."""
 
@@ -96,8 +105,12 @@ class Pace:
     floor_s: float = FIRST_DEADLINE_FLOOR_S
 
     def deadline_s(self, max_steps: int) -> float:
-        """The deadline of a request of at most ``max_steps`` decode steps."""
-        return max(self.floor_s, DEADLINE_FACTOR * (self.fixed_s + max_steps * self.step_s))
+        """The deadline of a request of at most ``max_steps`` decode steps (at most
+        ``MAX_TIMEOUT_S``: a pace from any baseline gives a usable figure)."""
+        wanted = DEADLINE_FACTOR * (self.fixed_s + max_steps * self.step_s)
+        if math.isnan(wanted):
+            return self.floor_s
+        return min(max(self.floor_s, wanted), MAX_TIMEOUT_S)
 
     def widened(self, records: list[StepRecord], wall_s: float) -> Pace:
         """This pace, widened by a request that took ``wall_s`` for ``records``."""
@@ -187,6 +200,20 @@ class _Blocks:
 
 
 @dataclass
+class _Following:
+    """One request being followed: its ids, what it is (for a failure), its clock."""
+
+    rids: list[str]
+    what: str
+    t0: float
+    deadline_s: float
+    counted: int
+    steps: int
+    #: whether the request itself was sent (before: the KV layout call)
+    sent: bool = False
+
+
+@dataclass
 class _Window:
     """What the first round measured besides the records."""
 
@@ -240,6 +267,7 @@ class Decoder:
         self.progress = progress
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
+        self.watch = ProgressWatch(server.run_dir)  # the server's progress (frozen: none)
         self._pool = futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="specperf-http"
         )
@@ -276,34 +304,32 @@ class Decoder:
         return max(int(m.get("completion_tokens", 1)) - 1 for m in metas)
 
     def _request(
-        self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int
-    ) -> tuple[list[StepRecord], list[dict[str, Any]]]:
-        """One request; its decode records (rank 0) and the responses' ``meta_info``."""
+        self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int,
+        what: str,
+    ) -> tuple[list[StepRecord], list[dict[str, Any]]]:  # fmt: skip
+        """One request (``what`` names it in a failure); its decode records (rank 0) and
+        the responses' ``meta_info``."""
         srv = self.server
         deadline_s = self.pace.deadline_s(max_new_tokens)
         t0 = time.monotonic()
         client = srv.client.with_timeout(deadline_s)
         rids = [f"specperf-{tag}-{uuid.uuid4().hex[:10]}" for _ in range(case.batch_size)]
+        mine: list[StepRecord] = []
+        follow = _Following(rids, what, t0, deadline_s, counted, case.steps)
+        self.watch.restart()
+        layout = self._pool.submit(
+            srv.backend.set_kv_layout, client, case.layout.name, case.layout.level, seed
+        )
+        self._follow(layout, follow, mine)
         try:
-            srv.backend.set_kv_layout(client, case.layout.name, case.layout.level, seed)
+            layout.result()
         except (ServerUnreachable, ServerHTTPError) as e:
             raise self._failure(e, rids[0], deadline_s) from None
         body = self._body(case, max_new_tokens, seed, rids)
         left = max(deadline_s - (time.monotonic() - t0), 1.0)
         fut = self._pool.submit(client.generate, body, timeout=left)
-        mine: list[StepRecord] = []
-        while True:
-            done = fut.done()
-            mine += self._poll(set(rids))
-            self.progress(counted + len(mine), self._total or case.steps, self._note)
-            if done:
-                break
-            self._check_alive()
-            if time.monotonic() - t0 > deadline_s:
-                raise self._stopped(rids[0], deadline_s)
-            # progress every POLL_S, but on as soon as the response is in (a sleep made every
-            # request wait for the next tick: 0.1 s on average, a second or so per case)
-            futures.wait([fut], timeout=POLL_S)
+        follow.sent = True
+        self._follow(fut, follow, mine)
         try:
             resp = fut.result()
         except (ServerUnreachable, ServerHTTPError) as e:
@@ -315,6 +341,39 @@ class Decoder:
         recs = [r for r in mine if r.rank == rank0]
         self.pace = self.pace.widened(recs, time.monotonic() - t0)
         return recs, infos
+
+    def _follow(self, fut: futures.Future[Any], f: _Following, mine: list[StepRecord]) -> None:
+        """Wait for ``fut`` while following its request: its records (the progress line),
+        the server's exit, its progress (no progress for ``STALL_S``: frozen) and the
+        request's deadline (the backstop for a server that burns CPU without a step)."""
+        while True:
+            done = fut.done()
+            mine += self._poll(set(f.rids))
+            self.progress(f.counted + len(mine), self._total or f.steps, self._note)
+            if done:
+                return
+            self._check_alive()
+            stalled = self.watch.stalled_for()
+            if stalled is not None:
+                raise self._frozen(stalled, f, len(mine))
+            if time.monotonic() - f.t0 > f.deadline_s:
+                raise self._stopped(f.rids[0], f.deadline_s)
+            # progress every POLL_S, but on as soon as the response is in (a sleep made every
+            # request wait for the next tick: 0.1 s on average, a second or so per case)
+            futures.wait([fut], timeout=POLL_S)
+
+    def _frozen(self, stalled: float, f: _Following, steps: int) -> ServerFrozen:
+        if not f.sent:
+            stage = "before it was sent (setting the KV layout)"
+        elif steps:
+            stage = f"in its decode, after {steps} step(s)"
+        else:
+            stage = "in its prefill (no decode step yet)"
+        return ServerFrozen(
+            f"server made no progress for {stalled:.1f} s during {f.what}, {stage} (request "
+            f"{f.rids[0]}): it recorded no step and used under {CPU_PROGRESS_S:g} s of CPU "
+            f"time ({self.watch.describe()}); it is frozen (stopped, paused) or hung"
+        )
 
     def _check_alive(self, when: str = "during the case") -> None:
         status = self.server.exit_status()
@@ -372,6 +431,7 @@ class Decoder:
             seed=WARMUP_SEED,
             tag=f"{case.tag}-warmup",
             counted=0,
+            what="the case's first request (its warm-up)",
         )
         return _accept_estimate(recs, 1.0)
 
@@ -385,7 +445,7 @@ class Decoder:
             max_new = 1 + math.ceil((want + DISCARD_PER_BLOCK) * accept * 1.25) + 1
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=b, tag=f"{case.tag}-b{b}",
-                counted=len(got.records),
+                counted=len(got.records), what=f"measured block {b + 1}",
             )  # fmt: skip
             accept = _accept_estimate(recs, accept)
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
@@ -416,7 +476,7 @@ class Decoder:
         try:
             recs, _ = self._request(
                 case, max_new_tokens=max_new, seed=TELEMETRY_SEED, tag=f"{case.tag}-telemetry",
-                counted=case.steps,
+                counted=case.steps, what="the telemetry decode",
             )  # fmt: skip
             self.sampler.add_windows((r.wall_ns, r.wall_ns + r.step_ns) for r in recs[1:])
         finally:
@@ -439,7 +499,7 @@ class Decoder:
         for n in range(tries):
             recs, _ = self._request(
                 case, max_new_tokens=1 + (min_steps + 1) * block, seed=WARMUP_SEED + 1 + n,
-                tag=f"{case.tag}-{n}", counted=len(got),
+                tag=f"{case.tag}-{n}", counted=len(got), what=f"unmeasured request {n + 1}",
             )  # fmt: skip
             got += recs
             if len(got) >= min_steps:
@@ -479,7 +539,7 @@ class Decoder:
         for j, (seed, want, max_new) in enumerate(got.plan):
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=seed, tag=f"{case.tag}-r{got.rounds}b{j}",
-                counted=done + len(extra.records),
+                counted=done + len(extra.records), what=f"round {got.rounds + 1}, block {j + 1}",
             )  # fmt: skip
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
             if not kept:

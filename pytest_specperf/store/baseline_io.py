@@ -3,9 +3,10 @@
 Reading refuses, before any YAML is built and naming the file: a file over the size
 limit, a path that is not a regular file (a FIFO, a directory, a device: never opened for
 a blocking read), a dangling or looping symbolic link, and YAML whose shape is beyond the
-limits (nesting depth, alias count and alias expansion, integer digits, tags other than
-the plain core ones). The shape is checked on the parser's event stream, which holds one
-event at a time, so a hostile file costs no more memory than its own size.
+limits (node count, nesting depth, alias count and alias expansion, integer digits, tags
+other than the plain core ones). The shape is checked on the parser's event stream, which
+holds one event at a time and stops at the node limit, so a hostile file costs no more
+memory than its own size and no more time than the node limit's worth of events.
 
 Writing goes through a temporary file ``.<name>.<random>.tmp`` beside the real file
 (through a symbolic link, to its target) and an atomic rename, under an advisory lock
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import platform
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +44,12 @@ MAX_DEPTH = 32
 MAX_ALIASES = 100
 #: Most nodes that aliases may add when expanded (what a reader that copies sees).
 MAX_ALIAS_NODES = 10_000
+#: Most YAML nodes (scalars, collections, aliases) a file of the default size limit may
+#: hold: a case of 5 runs takes about 800 (one run about 200), so this is about 125 cases
+#: of 5 runs. Counted while the file is parsed, which stops at the limit: a hostile file
+#: of any size within the byte limit costs at most this many nodes' work (well under a
+#: second; measured in docs/faults.md).
+MAX_NODES = 100_000
 #: Most digits of an integer (Python refuses to parse more than 4300).
 MAX_INT_DIGITS = 20
 #: Seconds an update waits for another update's lock before giving up.
@@ -80,6 +88,12 @@ def resolve_max_bytes(path: Path, max_bytes: int | None) -> int:
             path, f"{ENV_MAX_MB}={raw[:40]!r} is not a positive number of MiB; set it to e.g. 32"
         )
     return max(1, int(mb * _MIB))
+
+
+def max_nodes_for(max_bytes: int) -> int:
+    """The node limit that goes with a byte limit: ``MAX_NODES``, raised in proportion
+    when the byte limit is raised above its default (never lowered with it)."""
+    return max(MAX_NODES, MAX_NODES * max_bytes // DEFAULT_MAX_BYTES)
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -191,91 +205,186 @@ def _loader() -> Any:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Shape:
-    """Running counts of one event stream: depth, aliases and their expansion."""
+#: Plain scalars that YAML 1.1 (PyYAML's resolver) reads as a decimal float or integer,
+#: and that Python's ``float``/``int`` read the same way.
+_PLAIN_FLOAT = re.compile(r"[-+]?[0-9]+\.[0-9]*(?:[eE][-+][0-9]+)?")
+_PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_SCALAR_TAGS = frozenset(_CORE + t for t in ("str", "int", "float", "bool", "null"))
+_NO_KEY = object()
 
-    def __init__(self, path: Path) -> None:
+
+class _Builder:
+    """Checks one event stream against the limits and builds its plain data in the same
+    pass: scalars resolved and constructed as ``yaml.safe_load`` does (the same resolver
+    and constructors), mappings and lists as dicts and lists, an alias as the anchored
+    object itself (shared, as ``safe_load`` shares it; its expansion is bounded)."""
+
+    def __init__(self, path: Path, max_nodes: int) -> None:
         import yaml
 
         self.path = path
-        self.resolver: Any = yaml.resolver.Resolver()
-        self.open: list[list[Any]] = []  # per open collection: [anchor, expanded size]
-        self.anchors: dict[str, int] = {}
+        self.max_nodes = max_nodes
+        self.resolve: Any = yaml.resolver.Resolver().resolve
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.node = yaml.ScalarNode
+        #: per open collection: [container, pending mapping key, anchor, expanded size]
+        self.open: list[list[Any]] = []
+        #: anchor -> (object, expanded size); a collection's only once it is closed
+        self.anchors: dict[str, tuple[Any, int]] = {}
+        self.nodes = 0
         self.aliases = 0
         self.alias_nodes = 0
+        self.documents = 0
+        self.root: Any = None
 
-    def fail(self, what: str, event: Any) -> BaselineError:
+    def fail(self, what: str, event: Any, fix: str = _RERECORD) -> BaselineError:
         mark = getattr(event, "start_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        return BaselineError(self.path, f"refused: {what}{where}; {_RERECORD}")
+        return BaselineError(self.path, f"refused: {what}{where}; {fix}")
 
-    def add(self, size: int, anchor: str | None) -> None:
-        if anchor:
-            self.anchors[anchor] = size
-        if self.open:
-            self.open[-1][1] += size
-
-    def tag(self, event: Any) -> None:
-        tag = getattr(event, "tag", None)
-        if tag is not None and tag != "!" and tag not in ALLOWED_TAGS:
-            mark = event.start_mark
-            raise BaselineError(
-                self.path,
-                f"refused: the file uses a YAML tag that safe loading does not allow "
-                f"({str(tag)[:80]!r}, line {mark.line + 1}); baselines hold plain data only: "
-                f"delete the tagged entry, or {_RERECORD}",
+    def _count(self, event: Any) -> None:
+        self.nodes += 1
+        if self.nodes > self.max_nodes:
+            raise self.fail(
+                f"more than {self.max_nodes} YAML nodes (a case of 5 runs takes about 800)",
+                event,
+                f"if it really is one baseline file, raise the limit with {RAISE_LIMIT} (the "
+                f"node limit grows with it), otherwise {_RERECORD}",
             )
 
-    def scalar(self, event: Any) -> None:
-        import yaml
+    def _tag(self, event: Any, allowed: frozenset[str] | str) -> None:
+        tag = event.tag
+        if tag is None or tag == "!":
+            return
+        if tag not in ALLOWED_TAGS:
+            raise self.fail(
+                f"the file uses a YAML tag that safe loading does not allow ({str(tag)[:80]!r})",
+                event,
+                f"baselines hold plain data only: delete the tagged entry, or {_RERECORD}",
+            )
+        if tag not in allowed and tag != allowed:
+            raise self.fail(f"the YAML tag {tag!r} does not fit its node", event)
 
-        value = event.value
-        if len(value) > MAX_INT_DIGITS:
-            tag = event.tag
-            if tag in (None, "!") and event.implicit[0]:
-                tag = self.resolver.resolve(yaml.ScalarNode, value, (True, False))
-            if tag == _CORE + "int":
-                raise self.fail(
-                    f"an integer of {len(value)} characters (at most {MAX_INT_DIGITS} digits)",
-                    event,
-                )
-        self.add(1, event.anchor)
+    def _place(self, obj: Any, size: int, event: Any) -> None:
+        """Put ``obj`` (``size`` nodes once expanded) into the open collection."""
+        if not self.open:
+            self.root = obj
+            return
+        top = self.open[-1]
+        top[3] += size
+        container = top[0]
+        if type(container) is list:
+            container.append(obj)
+        elif top[1] is _NO_KEY:
+            if isinstance(obj, (dict, list)):
+                raise self.fail("a mapping key that is a mapping or a list", event)
+            top[1] = obj
+        else:
+            container[top[1]] = obj
+            top[1] = _NO_KEY
+
+    def scalar(self, event: Any) -> None:
+        self._count(event)
+        value, tag = event.value, event.tag
+        if tag is None and event.implicit[0] and len(value) <= MAX_INT_DIGITS:
+            # plain decimal numbers (nearly every scalar of a baseline file): what the
+            # resolver and constructor give them, without their general path
+            if _PLAIN_FLOAT.fullmatch(value):
+                self._number(float(value), event)
+                return
+            if _PLAIN_INT.fullmatch(value):
+                self._number(int(value), event)
+                return
+        if tag is None or tag == "!":
+            tag = self.resolve(self.node, value, event.implicit)
+        else:
+            self._tag(event, _SCALAR_TAGS)
+        if tag == _CORE + "str":
+            obj: Any = value
+        elif tag == _CORE + "int" and len(value) > MAX_INT_DIGITS:
+            raise self.fail(
+                f"an integer of {len(value)} characters (at most {MAX_INT_DIGITS} digits)", event
+            )
+        else:
+            construct: Any = self.constructor.yaml_constructors.get(tag)
+            if construct is None:  # the merge (<<) and value (=) keys of YAML 1.1
+                raise self.fail(f"the YAML key {value[:20]!r} (resolved as {tag})", event)
+            obj = construct(self.constructor, self.node(tag, value))
+        if event.anchor:
+            self.anchors[event.anchor] = (obj, 1)
+        self._place(obj, 1, event)
+
+    def _number(self, obj: float, event: Any) -> None:
+        if event.anchor:
+            self.anchors[event.anchor] = (obj, 1)
+        self._place(obj, 1, event)
+
+    def start(self, event: Any, mapping: bool) -> None:
+        self._count(event)
+        self._tag(event, _CORE + ("map" if mapping else "seq"))
+        if len(self.open) >= MAX_DEPTH:
+            raise self.fail(f"nesting deeper than {MAX_DEPTH} levels", event)
+        obj: Any = {} if mapping else []
+        self._place(obj, 0, event)
+        self.open.append([obj, _NO_KEY, event.anchor, 1])
+
+    def end(self, event: Any) -> None:
+        obj, _, anchor, size = self.open.pop()
+        if anchor:
+            self.anchors[anchor] = (obj, size)
+        if self.open:
+            self.open[-1][3] += size
 
     def alias(self, event: Any) -> None:
+        self._count(event)
         self.aliases += 1
         if self.aliases > MAX_ALIASES:
             raise self.fail(f"more than {MAX_ALIASES} YAML aliases", event)
-        size = self.anchors.get(event.anchor, 1)
+        found = self.anchors.get(event.anchor)
+        if found is None:
+            raise self.fail(
+                f"the alias *{str(event.anchor)[:40]} refers to no anchor before it, or to a "
+                "collection that contains it",
+                event,
+            )
+        obj, size = found
         self.alias_nodes += size
         if self.alias_nodes > MAX_ALIAS_NODES:
             raise self.fail(
                 f"YAML aliases that expand to more than {MAX_ALIAS_NODES} nodes (an alias bomb?)",
                 event,
             )
-        self.add(size, None)
+        self._place(obj, size, event)
+
+    def document(self, event: Any) -> None:
+        self.documents += 1
+        if self.documents > 1:
+            raise self.fail("more than one YAML document in the file", event)
 
 
-def check_shape(text: str, path: Path) -> None:
-    """Refuse YAML beyond the limits (depth, aliases, integer digits, tags) from its
-    event stream, before anything is built. ``BaselineError`` names the file."""
+def parse_yaml(text: str, path: Path, max_nodes: int = MAX_NODES) -> Any:
+    """Plain data from ``text``, as ``yaml.safe_load`` gives it, checked against the
+    limits (node count, depth, aliases and their expansion, integer digits, tags) on the
+    parser's event stream while it is built: the stream stops at the first limit, so a
+    hostile file costs at most ``max_nodes`` events whatever its size. ``BaselineError``
+    names the file, the line and the fix."""
     import yaml
 
-    shape = _Shape(path)
+    b = _Builder(path, max_nodes)
+    handlers: dict[type, Any] = {
+        yaml.ScalarEvent: b.scalar,
+        yaml.MappingStartEvent: lambda e: b.start(e, True),
+        yaml.SequenceStartEvent: lambda e: b.start(e, False),
+        yaml.MappingEndEvent: b.end,
+        yaml.SequenceEndEvent: b.end,
+        yaml.AliasEvent: b.alias,
+        yaml.DocumentStartEvent: b.document,
+    }
     try:
         for event in yaml.parse(text, Loader=_loader()):
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                shape.tag(event)
-                if len(shape.open) >= MAX_DEPTH:
-                    raise shape.fail(f"nesting deeper than {MAX_DEPTH} levels", event)
-                shape.open.append([event.anchor, 1])
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                anchor, size = shape.open.pop()
-                shape.add(size, anchor)
-            elif isinstance(event, yaml.ScalarEvent):
-                shape.tag(event)
-                shape.scalar(event)
-            elif isinstance(event, yaml.AliasEvent):
-                shape.alias(event)
+            handle = handlers.get(type(event))
+            if handle is not None:
+                handle(event)
     except yaml.YAMLError as e:
         if "flow level" in str(e) or "indent level" in str(e):  # libyaml's own depth limit
             raise BaselineError(
@@ -284,23 +393,11 @@ def check_shape(text: str, path: Path) -> None:
         raise BaselineError(
             path, f"malformed YAML: {str(e)[:600]}; fix the file, or {_RERECORD}"
         ) from None
-
-
-def parse_yaml(text: str, path: Path) -> Any:
-    """Plain data from ``text`` (safe loading only), after ``check_shape``."""
-    import yaml
-
-    check_shape(text, path)
-    try:
-        return yaml.load(text, Loader=_loader())
-    except yaml.YAMLError as e:
-        raise BaselineError(
-            path, f"malformed YAML: {str(e)[:600]}; fix the file, or {_RERECORD}"
-        ) from None
     except (ValueError, TypeError, OverflowError, RecursionError, MemoryError) as e:
         raise BaselineError(
             path, f"cannot be read as plain data: {type(e).__name__}: {str(e)[:200]}; {_RERECORD}"
         ) from None
+    return b.root
 
 
 # -- writing -----------------------------------------------------------------------------

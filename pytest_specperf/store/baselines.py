@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from pytest_specperf.store.baseline_io import (
     atomic_write,
     dump_yaml,
     locked,
+    max_nodes_for,
     parse_yaml,
     read_bounded,
     real_target,
@@ -101,10 +103,11 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
 
     ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
     """
-    text = read_bounded(path, resolve_max_bytes(path, max_bytes))
+    limit = resolve_max_bytes(path, max_bytes)
+    text = read_bounded(path, limit)
     if text is None:
         return None
-    data = parse_yaml(text, path)
+    data = parse_yaml(text, path, max_nodes_for(limit))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -561,7 +564,16 @@ def write_baselines(
                 f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
                 f"{RAISE_LIMIT}, or split the suite across files)",
             )
-        atomic_write(target, text)
+        try:
+            atomic_write(target, text)
+        except OSError as e:  # a full disk, a read-only file system, a quota
+            name = errno.errorcode.get(e.errno or 0, "")
+            raise BaselineError(
+                path,
+                f"cannot write the update ({e.strerror or e}{f', {name}' if name else ''}); "
+                f"the file is unchanged and no temporary file is left: free space in "
+                f"{target.parent} (or fix its permissions) and run the update again",
+            ) from None
     if removed:
         notes.insert(
             0,

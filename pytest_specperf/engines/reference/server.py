@@ -177,8 +177,11 @@ def _probe(args: argparse.Namespace, device: str, run_dir: str) -> _Probe:
         return NullProbe(), None
     try:
         sink = RunDirSink(run_dir)
+        sink.start_heartbeat()  # the progress the client watches for a frozen server
     except RunDirError as e:
         raise StartupError(f"--run-dir: {e}") from None
+    except OSError as e:
+        raise StartupError(f"--run-dir: cannot write its progress file: {e}") from None
     return setup.build(sink, use_cuda=device.startswith("cuda")), sink
 
 

@@ -94,6 +94,8 @@ def _start(ctx: dict[str, Any], run_dir: str, log: Any) -> ProbeRuntime:
         kernel_every=setup.kernel_every,
         control=setup.control,
     )
+    if rt.sink is not None:  # the progress the client watches for a frozen server
+        rt.sink.start_heartbeat()
     pm, refused = _effective_map(version, algo)
 
     def register(target: str, hook: Any) -> None:

@@ -1,0 +1,178 @@
+"""The server's progress signal, and the client's watch over it.
+
+Every server process that records steps (the reference server; each SGLang scheduler
+rank, through its probe) keeps a small file ``progress-rank<R>-pid<P>.json`` in its run
+directory, rewritten in place every ``HEARTBEAT_S`` by a daemon thread with the steps it
+has recorded so far (prefill and decode) and its CPU time. The client polls these files
+while a request runs: a server whose steps or CPU time advance is making progress (a long
+prefill on a big model uses CPU, and on SGLang each prefill chunk is a step), however
+slow it is; one where neither advanced for ``STALL_S`` is frozen (stopped, paused) or
+hung on a lock. The per-request deadline stays as the backstop for a hang that burns CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Seconds between two writes of a process's progress file.
+HEARTBEAT_S = 0.5
+#: Seconds without progress after which a request's server counts as frozen.
+STALL_S = 6.0
+#: CPU seconds a process must have used since the last progress to count as working (a
+#: frozen process uses none; an idle one a few ms in ``STALL_S``: its heartbeat, its HTTP
+#: loop's wake-ups).
+CPU_PROGRESS_S = 0.05
+#: Names of the progress files.
+PROGRESS_GLOB = "progress-rank*-pid*.json"
+#: Width every write pads its line to (so that a shorter line overwrites a longer one).
+_LINE_BYTES = 256
+_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One process's progress as its file last said: beats written, steps recorded, CPU
+    seconds used."""
+
+    beats: int
+    steps: int
+    cpu_s: float
+
+
+class Heartbeat:
+    """Writes one process's progress file every ``interval_s`` from a daemon thread."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        steps: Callable[[], int],
+        *,
+        rank: int = 0,
+        interval_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.path = Path(run_dir) / f"progress-rank{rank}-pid{os.getpid()}.json"
+        self._fd = os.open(self.path, _FLAGS, 0o600)  # never an existing file or a link
+        self._steps = steps
+        self._interval_s = interval_s
+        self._beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specperf-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """Write the progress line now (in place: the reader never sees an empty file)."""
+        self._beats += 1
+        line = json.dumps(
+            {"beats": self._beats, "steps": self._steps(), "cpu_s": round(time.process_time(), 4)}
+        )
+        os.pwrite(self._fd, line.ljust(_LINE_BYTES - 1).encode() + b"\n", 0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            with contextlib.suppress(OSError):  # a full disk must not stop the server
+                self.beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self._interval_s)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+def _gone(name: str) -> bool:
+    """Whether the process a progress file is named after no longer exists (a file left
+    by an earlier server in a reused run directory never advances: it is not watched)."""
+    try:
+        pid = int(name.rsplit("-pid", 1)[1].split(".", 1)[0].split("-", 1)[0])
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, IndexError, OSError):  # another user's process: it exists
+        return False
+    return False
+
+
+def read_progress(run_dir: str | os.PathLike[str]) -> dict[str, Progress]:
+    """Every readable progress file of a live process in ``run_dir``, by file name (a
+    torn or foreign file, or one whose process has ended, is left out)."""
+    out = {}
+    for path in sorted(Path(run_dir).glob(PROGRESS_GLOB)):
+        if _gone(path.name):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK)
+            try:
+                raw = os.read(fd, _LINE_BYTES)
+            finally:
+                os.close(fd)
+            d = json.loads(raw)
+            out[path.name] = Progress(int(d["beats"]), int(d["steps"]), float(d["cpu_s"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+class ProgressWatch:
+    """When a server last made progress, as seen from the client: ``stalled_for`` says
+    how long nothing advanced once that reaches ``stall_s``. Without any progress file
+    (a server without the probe) it never says so: the request deadline alone applies."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None, stall_s: float = STALL_S) -> None:
+        self.run_dir = run_dir
+        self.stall_s = stall_s
+        self._seen: dict[str, Progress] = {}
+        self._since = time.monotonic()
+        self.last: dict[str, Progress] = {}
+
+    def _advanced(self, now: dict[str, Progress]) -> bool:
+        for name, p in now.items():
+            was = self._seen.get(name)
+            if was is None or p.steps != was.steps or p.cpu_s - was.cpu_s >= CPU_PROGRESS_S:
+                return True
+        return False
+
+    def restart(self) -> None:
+        """Count from now (a new request)."""
+        self._since = time.monotonic()
+
+    def stalled_for(self) -> float | None:
+        """Seconds without progress, when there were at least ``stall_s`` of them."""
+        if self.run_dir is None:
+            return None
+        now = read_progress(self.run_dir)
+        self.last = now
+        if not now:
+            return None
+        t = time.monotonic()
+        if self._advanced(now):
+            self._seen = now
+            self._since = t
+            return None
+        idle = t - self._since
+        return idle if idle >= self.stall_s else None
+
+    def describe(self) -> str:
+        """The progress files as last read, for a failure message."""
+        parts = [
+            f"{name}: {p.steps} steps, {p.cpu_s:.2f} s CPU, beat {p.beats}"
+            for name, p in sorted(self.last.items())
+        ]
+        return "; ".join(parts)[:400] or "no progress file"
