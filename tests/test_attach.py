@@ -118,7 +118,7 @@ def test_calibrate_against_one_running_server(pytester, server, tmp_path) -> Non
     assert verify["verify"].change > 1.0, verify["verify"]
     aa = {m.metric: m for m in read_report(work / "rep00-A_A.json").cases[0].metrics}
     assert aa["verify"].change < verify["verify"].change / 2
-    logs = {p.name: p.read_text() for p in work.glob("*.log")}
+    logs = {p.name: p.read_text() for p in (work / "raw").glob("*.log")}  # raw/: not committed
     injected = {name for name, text in logs.items() if "canary injection active" in text}
     assert injected == {n for n in logs if n.startswith(("rep00-verify", "rep00-host_stall"))}
     assert len(injected) == 2 and "rep00-A_A.log" in logs and "baseline.log" in logs

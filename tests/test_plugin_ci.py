@@ -75,7 +75,7 @@ def test_strict_run_without_baselines_fails_every_case_and_reports_it(pytester, 
     result.stdout.fnmatch_lines([
         "*--specperf-strict: ctx=1024 kv=contiguous bs=1 was not judged",
         "  NO_BASELINE: no baseline file baselines/test-box.yaml; record it with: pytest "
-        "*--specperf-steps=8 * --specperf-markdown=out/summary.md * --specperf-update-baselines",
+        "*--specperf-steps=8,warmup=2 * --specperf-markdown=out/summary.md * --specperf-update-baselines",
     ])  # fmt: skip
     command = result.stdout.str().split("record it with: ")[1].split("\n")[0]
     assert "--specperf-strict" not in command
