@@ -556,14 +556,7 @@ def write_baselines(
         removed = remove_stale_temps(target)
         existing = load_baselines(path, max_bytes=limit)
         doc, moved, notes = _merge(existing, device, measured, keep_runs)
-        text = dump_yaml(doc)
-        if len(text.encode()) > limit:
-            raise BaselineError(
-                path,
-                f"the updated file would be {len(text.encode()) / 2**20:.1f} MiB, over the "
-                f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
-                f"{RAISE_LIMIT}, or split the suite across files)",
-            )
+        text = _dump_within(path, doc, limit, "updated", ", or split the suite across files")
         try:
             atomic_write(target, text)
         except OSError as e:  # a full disk, a read-only file system, a quota
@@ -614,14 +607,7 @@ def migrate_baselines(path: Path, *, write: bool = True, max_bytes: int | None =
             return Migrated(path, existing.version, SCHEMA_VERSION, False,
                             existing.case_count(), ())  # fmt: skip
         doc, _, notes = _merge(existing, existing.device, [], DEFAULT_KEEP_RUNS)
-        text = dump_yaml(doc)
-        if len(text.encode()) > limit:
-            raise BaselineError(
-                path,
-                f"the migrated file would be {len(text.encode()) / 2**20:.1f} MiB, over the "
-                f"{limit / 2**20:g} MiB limit; nothing was written (raise the limit with "
-                f"{RAISE_LIMIT})",
-            )
+        text = _dump_within(path, doc, limit, "migrated", "")
         if write:
             atomic_write(target, text)
     return Migrated(path, existing.version, SCHEMA_VERSION, write, _count_cases(doc),
@@ -673,3 +659,16 @@ def utc_now() -> str:
     """The clock's time as a run's ``at`` (UTC, ISO, whole seconds)."""
     now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     return now.isoformat()
+
+
+def _dump_within(path: Path, doc: Any, limit: int, what: str, advice: str) -> str:
+    """``doc`` as YAML text; ``BaselineError`` when it would exceed ``limit`` bytes."""
+    text = dump_yaml(doc)
+    size = len(text.encode())
+    if size > limit:
+        raise BaselineError(
+            path,
+            f"the {what} file would be {size / 2**20:.1f} MiB, over the {limit / 2**20:g} MiB "
+            f"limit; nothing was written (raise the limit with {RAISE_LIMIT}{advice})",
+        )
+    return text
