@@ -604,14 +604,21 @@ def cpu_activity(
     return f"the thread waited inside {part} (waits, not work)"
 
 
+def _runq_clause(figures: StepFigures, span: float, active: float) -> str:
+    """", about X ms waiting for a CPU (a busy machine)" when the run-queue part of ``span``
+    is worth a line, else ""."""
+    runq = _runq_part(figures, span, active)
+    if runq >= MIN_LINE_SHARE * span:
+        return f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+    return ""
+
+
 def _cpu_phase_line(
     figures: StepFigures, part: str, span: float, active: float, t: Thresholds
 ) -> str:
     share = active / span if span > 0 else 0.0
-    runq = _runq_part(figures, span, active)
     head = f"{part}: span {span:.1f} ms, CPU {active:.1f} ms ({_pct(share)})"
-    if runq >= MIN_LINE_SHARE * span:
-        head += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+    head += _runq_clause(figures, span, active)
     verdict = cpu_activity(figures, part, span, active, t)
     top = _top(figures, part) if verdict.startswith("busy on the CPU") else ""
     return f"{head}: {verdict}{top}"
@@ -630,10 +637,8 @@ def _unaccounted_line(figures: StepFigures, unacc: float, t: Thresholds) -> str 
         )
     share = active / unacc if unacc > 0 else 0.0
     if figures.active_source == "cpu":
-        runq = _runq_part(figures, unacc, active)
         text = f"{head} outside every phase, CPU {active:.1f} ms ({_pct(share)})"
-        if runq >= MIN_LINE_SHARE * unacc:
-            text += f", about {runq:.1f} ms waiting for a CPU (a busy machine)"
+        text += _runq_clause(figures, unacc, active)
         verdict = cpu_activity(figures, UNACCOUNTED, unacc, active, t)
         top = _top(figures, UNACCOUNTED) if verdict.startswith("host stall") else ""
         return f"{text}: {verdict}{top}"
