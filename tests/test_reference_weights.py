@@ -21,11 +21,14 @@ from pytest_specperf.engines.reference.model import (  # noqa: E402
     chunk_seed,
 )
 
-#: CPU seconds ``TargetModel(medium)`` may take to build on the CPU (886M parameters).
-#: The serial draw it replaced took 10-16 s of CPU time (15-27 s wall) on the 2-core
-#: development machine; the chunked draw 5.1 s (6.9 s wall). CPU time, not wall time: on a
-#: shared machine other processes lengthen the wall time, not this process's CPU time.
-MEDIUM_BUILD_CPU_S = 8.0
+#: CPU time per weight ``TargetModel(medium)`` (886M parameters) may take, as a multiple of
+#: the CPU time per weight of the serial draw it replaced (``torch.randn(n) * std`` from one
+#: generator), measured side by side in the same test. A ratio, not seconds: CI machines
+#: differ (an absolute 8 s bound held on the 2-core development box, 5.1 s, and failed on a
+#: CI box at 18.8 s). The chunked draw measured 0.76 of the serial cost on the development box
+#: (one pass, ``normal_`` into place, instead of ``randn`` and a multiply).
+MEDIUM_BUILD_COST_RATIO = 1.25
+_SERIAL_REF_N = 64_000_000
 
 
 def _target_tensors(t: TargetModel) -> list[Any]:
@@ -106,16 +109,27 @@ def test_a_failing_chunk_fails_the_build(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_medium_target_builds_within_its_bound() -> None:
-    """``TargetModel(medium)``, 886M parameters in float32 on the CPU: the whole draw
-    within ``MEDIUM_BUILD_CPU_S`` of CPU time."""
+    """``TargetModel(medium)``, 886M parameters in float32 on the CPU: the whole draw costs
+    at most ``MEDIUM_BUILD_COST_RATIO`` times the CPU time per weight of the serial draw it
+    replaced, measured beside it (the best of 3 serial draws of 64M weights)."""
+    serial = []
+    for _ in range(3):
+        gen = torch.Generator().manual_seed(0)
+        cpu = time.process_time()
+        ref = torch.randn(_SERIAL_REF_N, generator=gen) * 0.02
+        serial.append(time.process_time() - cpu)
+        del ref
+    serial_per_weight = min(serial) / _SERIAL_REF_N
     cfg = get_config("medium")
     wall, cpu = time.perf_counter(), time.process_time()
     target = TargetModel(cfg, device=torch.device("cpu"), dtype=torch.float32)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     params = sum(t.numel() for t in _target_tensors(target))
     assert params > 880e6
-    assert cpu < MEDIUM_BUILD_CPU_S, (
-        f"{params / 1e6:.0f}M parameters: {cpu:.1f} s CPU, {wall:.1f} s"
+    ratio = cpu / params / serial_per_weight
+    assert ratio < MEDIUM_BUILD_COST_RATIO, (
+        f"{params / 1e6:.0f}M parameters: {cpu:.1f} s CPU ({wall:.1f} s wall), "
+        f"{ratio:.2f}x the serial draw's {serial_per_weight * 1e9:.1f} ns CPU per weight"
     )
     # a weight spot-checked against its own chunk's generator (the draw is the seeded one)
     ordinal = 1 + 7 * cfg.num_layers  # embed, then 7 per layer: lm_head is the last
