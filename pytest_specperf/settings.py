@@ -314,3 +314,107 @@ def parse_max_time(raw: object) -> float:
     if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
         raise _bad(raw, "out of range", expected)
     return value
+
+
+# -- A/B in one run ----------------------------------------------------------------------
+
+AB_FORM = "python=PATH[,args=ARGS] | args=ARGS | url=URL[,run-dir=DIR]"
+_AB_EXPECTED = (
+    f"{AB_FORM}: the reference side measured beside this build in the same run: another "
+    "Python environment's interpreter (python=/opt/release/bin/python), this build with "
+    'other server arguments (args="--attention-backend triton"; args= takes the rest of '
+    "the value), or a running server (url=http://127.0.0.1:30000)"
+)
+
+
+@dataclass(frozen=True)
+class ABSpec:
+    """The reference side (A) of an A/B run; the build under test (B) is what the other
+    options describe. A is launched with ``python`` (None: this interpreter) and B's server
+    arguments followed by ``args`` (a flag given again takes the later value), or it is
+    the running server at ``url``."""
+
+    python: str | None = None
+    args: tuple[str, ...] = ()
+    url: str | None = None
+    #: the attached reference server's step-record directory (None: from /server_info)
+    run_dir: Path | None = None
+
+    def __str__(self) -> str:
+        import shlex
+
+        if self.url is not None:
+            where = f"url={self.url}"
+            return where if self.run_dir is None else f"{where},run-dir={self.run_dir}"
+        parts = [] if self.python is None else [f"python={self.python}"]
+        parts += [f"args={shlex.join(self.args)}"] if self.args else []
+        return ",".join(parts)
+
+    @property
+    def launched(self) -> bool:
+        """Whether the plugin launches the reference side's servers (not ``url``)."""
+        return self.url is None
+
+
+def _ab_python(raw: object, text: str) -> str:
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        raise _bad(raw, f"python {text!r} is not an absolute path", _AB_EXPECTED)
+    if not path.is_file():
+        raise _bad(
+            raw,
+            f"python {text!r} does not exist (the other environment's interpreter, e.g. "
+            "/opt/release/bin/python)",
+            _AB_EXPECTED,
+        )
+    import os
+
+    if not os.access(path, os.X_OK):
+        raise _bad(raw, f"python {text!r} is not executable", _AB_EXPECTED)
+    return str(path)
+
+
+def parse_ab(raw: object) -> ABSpec:
+    """``python=PATH[,args=ARGS]``, ``args=ARGS`` or ``url=URL[,run-dir=DIR]``: the one
+    parser of ``--specperf-ab`` (and ``specperf calibrate --ab``). ``args=`` takes the rest
+    of the value, commas included, split as a shell would (``shlex``)."""
+    import shlex
+
+    text = _text(raw, _AB_EXPECTED)
+    head, sep, args_text = text.partition("args=")
+    if sep and head and not head.rstrip().endswith(","):
+        raise _bad(raw, "args= must start a part (after a comma)", _AB_EXPECTED)
+    head = head.rstrip().rstrip(",").strip()
+    parts = _parts(raw, ("python", "url", "run-dir"), _AB_EXPECTED, text=head) if head else {}
+    args: tuple[str, ...] = ()
+    if sep:
+        try:
+            args = tuple(shlex.split(args_text))
+        except ValueError as e:
+            raise _bad(raw, f"args {args_text!r} cannot be split ({e})", _AB_EXPECTED) from None
+        if not args:
+            raise _bad(raw, "args= has no arguments", _AB_EXPECTED)
+    if "url" in parts:
+        if "python" in parts or args:
+            raise _bad(
+                raw,
+                "url= measures a running server: python= and args= configure a server the "
+                "plugin launches; give one or the other",
+                _AB_EXPECTED,
+            )
+        from pytest_specperf.server.client import check_url
+
+        try:
+            url = check_url(parts["url"])
+        except ValueError as e:
+            raise _bad(raw, str(e), _AB_EXPECTED) from None
+        run_dir = parts.get("run-dir")
+        return ABSpec(url=url, run_dir=Path(run_dir) if run_dir else None)
+    if "run-dir" in parts:
+        raise _bad(raw, "run-dir= goes with url= only", _AB_EXPECTED)
+    if "python" in parts and not parts["python"]:
+        raise _bad(raw, "python needs a value: python=PATH", _AB_EXPECTED)
+    if "python" not in parts and not args:
+        raise _bad(raw, "no reference side given", _AB_EXPECTED)
+    python = _ab_python(raw, parts["python"]) if "python" in parts else None
+    return ABSpec(python=python, args=args)

@@ -144,6 +144,11 @@ class CaseOutcome:
     tolerances: Tolerances | None = None
     #: every budget set for the case, checked on its run
     budgets: tuple[BudgetCheck, ...] = ()
+    #: an A/B run's reference side, as typed (``python=...``): the baseline is its runs of
+    #: this sitting, not a stored one (None: a stored baseline)
+    reference: str | None = None
+    #: an A/B case's order of server processes, round by round (``A1 B1 B2 A2``)
+    ab_order: tuple[str, ...] = ()
 
     @property
     def over_budget(self) -> tuple[BudgetCheck, ...]:

@@ -23,7 +23,7 @@ from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
-from pytest_specperf.run.cases import CaseRefused, Policy, judge_one
+from pytest_specperf.run.cases import CaseRefused, Judged, Policy, judge_ab, judge_one
 
 if TYPE_CHECKING:
     from pytest_specperf.plugin.fixtures import SpecperfHandle
@@ -63,6 +63,8 @@ def _report(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle,
             note = _profile(sess, item, handle, outcome)
             outcome = dataclasses.replace(outcome, notes=(*outcome.notes, note))
         where = sess.display_path(outcome.baseline_path)
+        if outcome.reference is not None:
+            where = f"A/B in this run against A: {outcome.reference}"
         failures.append(failure_message(outcome, where, regression=regression))
         return outcome, failures
     if v is Verdict.INVALID:
@@ -100,7 +102,8 @@ def strict_failure(config: pytest.Config, outcome: CaseOutcome,
             undecided = outcome.verdict.worst(Verdict.UNSTABLE)
             s = get_session(config).settings
             budget = None if s.update_baselines else s.max_time_s
-            lines += [f"    {unstable_advice(m, max_time_s=budget)}" for m in undecided]
+            ab = outcome.reference is not None
+            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab)}" for m in undecided]
     return "\n".join(lines)
 
 
@@ -123,6 +126,8 @@ def junit_properties(outcome: CaseOutcome, baseline_file: str,
         (f"specperf.{ACCEPT_LEN}", f"{run.accept_len:.3f}"),
         ("specperf.baseline", baseline_file),
     ]
+    if outcome.reference is not None:  # A/B in this run: the reference side, as typed
+        props.append(("specperf.ab_reference", outcome.reference))
     if problems:
         props.append(("specperf.not_judged", "; ".join(p.label for p in problems)))
     return props
@@ -139,11 +144,18 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
     failures = []
     inputs = sess.inputs()
     policy, request = _policy(sess, inputs), handle.request
-    shown = sess.display_path(inputs.baseline_path)
-    for run, key in zip(handle.runs, request.keys(handle.runs)):
+    reference = sess.reference
+    shown = sess.display_path(inputs.baseline_path) if reference is None else reference.shown
+    for i, (run, key) in enumerate(zip(handle.runs, request.keys(handle.runs))):
+        judged: Judged
         try:
-            judged = judge_one(inputs, request, handle.server, run, key, shown, policy,
-                               sess.telemetry_note, len(handle.runs))  # fmt: skip
+            if reference is not None:
+                judged = judge_ab(inputs, request, handle.server, run, reference,
+                                  handle.references[i], key, policy, sess.telemetry_note,
+                                  len(handle.runs), handle.orders[i])  # fmt: skip
+            else:
+                judged = judge_one(inputs, request, handle.server, run, key, shown, policy,
+                                   sess.telemetry_note, len(handle.runs))  # fmt: skip
         except CaseRefused as e:
             raise pytest.fail(str(e), pytrace=False) from None
         sess.telemetry_note = judged.telemetry_note

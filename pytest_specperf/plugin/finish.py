@@ -24,7 +24,7 @@ from pytest_specperf.reporting.markdown import append_markdown, markdown_summary
 from pytest_specperf.reporting.plot import write_svg
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
 from pytest_specperf.store.baselines import BaselineError, format_moved, write_baselines
-from pytest_specperf.store.report import payload_of_cases, write_report
+from pytest_specperf.store.report import comparison_json, payload_of_cases, write_report
 
 #: GitHub Actions' step summary file (Markdown appended there is shown on the run's page).
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
@@ -111,6 +111,8 @@ def report_header(sess: SpecperfSession) -> dict[str, Any]:
         "server": servers[0] if servers else None,
         "servers": servers,
         "xdist_workers": g.workers if g is not None else 0,
+        # how the cases were compared: against baseline files, or A/B in this run
+        "comparison": comparison_json(str(s.ab) if s.ab is not None else None),
     }
 
 
@@ -236,6 +238,7 @@ def run_summary_of(sess: SpecperfSession) -> RunSummary:
         workers=g.workers if g is not None else 0,
         max_time_s=None if s.update_baselines else s.max_time_s,
         processes=s.processes,
+        ab=str(s.ab) if s.ab is not None else None,
     )
 
 

@@ -16,16 +16,24 @@ from pytest_specperf.plugin.progress import CaseProgress
 from pytest_specperf.plugin.session import SpecperfSession, get_session
 from pytest_specperf.plugin.xdist import parallel_servers, worker_id
 from pytest_specperf.probe.layout import KVLayout
-from pytest_specperf.run.cases import CaseRefused, baseline_step_ms, undecided
+from pytest_specperf.run.cases import (
+    CaseRefused,
+    Reference,
+    baseline_step_ms,
+    undecided,
+    undecided_ab,
+)
 from pytest_specperf.run.measure import (
+    ABMeasurement,
     MeasurementFailed,
     Side,
     SideMeasurement,
     extension,
+    measure_ab,
     measure_side,
     measurement_failure,
 )
-from pytest_specperf.run.servers import ServerSpec, open_servers
+from pytest_specperf.run.servers import Servers, ServerSpec, open_servers, reference_spec
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.control import ControlError
 from pytest_specperf.server.decoder import CaseSpec, Decoder
@@ -73,6 +81,10 @@ class SpecperfHandle:
         self.layout = KVLayout("contiguous", 0.0)
         self.expect_graphs = False
         self.runs: list[DecodeRun] = []
+        #: ``--specperf-ab``: the reference side's run of each case (beside ``runs``)
+        self.references: list[DecodeRun] = []
+        #: ``--specperf-ab``: each case's order of processes, round by round
+        self.orders: list[tuple[str, ...]] = []
 
     @property
     def steps(self) -> int:
@@ -137,7 +149,8 @@ class SpecperfHandle:
         prog = sess.progress.case(f"{self._item.name} ctx={context_len} kv={self.layout.label}")
         failure: str | None = None
         try:
-            measured = self._measure(case, prog)
+            ab = sess.reference is not None
+            measured = self._measure_ab(case, prog) if ab else self._measure(case, prog)
         except (MeasurementFailed, CaseRefused) as e:
             failure = str(e)
         except ServerStartError as e:  # a server process of --specperf-processes
@@ -147,9 +160,32 @@ class SpecperfHandle:
             pytest.fail(failure, pytrace=False)
         if measured.telemetry_note:
             sess.telemetry_note = measured.telemetry_note
+        if isinstance(measured, ABMeasurement):
+            prog.done(f"B: {_done_text(measured.b)}; A: {_done_text(measured.a)}")
+            self.references.append(measured.a)
+            self.orders.append(measured.order)
+            self.runs.append(measured.b)
+            return measured.b
         prog.done(_done_text(measured.run))
         self.runs.append(measured.run)
         return measured.run
+
+    def _measure_ab(self, case: CaseSpec, prog: CaseProgress) -> ABMeasurement:
+        """The case on both sides of an A/B run, alternating their server processes, with
+        the automatic extension unless switched off."""
+        sess, s = self._session, self._session.settings
+        pool, ref_pool, reference = sess.pool, sess.reference_pool, sess.reference
+        assert pool is not None and ref_pool is not None and reference is not None
+        tested = Side(pool.servers(s.processes))
+        # a running reference server is one process: it is measured again in turn
+        ref = Side(ref_pool.servers(s.processes if s.ab is None or s.ab.launched else 1))
+        inputs = sess.inputs()
+        more = undecided_ab(inputs, self.request, self.server, reference, self.runs)
+        return measure_ab(
+            ref, tested, case, prog, device=inputs.device,
+            pids=tuple(sorted({*pool.pids(), *ref_pool.pids()})),
+            extension=(s.max_time_s, more) if s.max_time_s > 0 else None,
+        )  # fmt: skip
 
     def _measure(self, case: CaseSpec, prog: CaseProgress) -> SideMeasurement:
         """The case on this session's side (every server process), with the automatic
@@ -243,9 +279,44 @@ def model_server(
         pytest.fail(problem, pytrace=False)
     sess.server, sess.pool = servers.first, servers.pool
     try:
-        yield servers.first
+        reference = _open_reference(sess, request, tmp_path_factory) if sess.settings.ab else None
+        try:
+            yield servers.first
+        finally:
+            if reference is not None:
+                reference.stop(sess.notes.append)
     finally:
         servers.stop(sess.notes.append)
+
+
+def _open_reference(sess: SpecperfSession, request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> Servers:  # fmt: skip
+    """``--specperf-ab``: the reference side's servers (launched or attached), its first
+    process started now; a reference that does not start fails the test naming it."""
+    ab = sess.settings.ab
+    assert ab is not None
+    problem = None
+    sess.progress.line(f"A/B: starting the reference side A ({ab})")
+    try:
+        servers = open_servers(
+            reference_spec(server_spec(sess), ab),
+            work_dir=lambda name: tmp_path_factory.mktemp(f"ab-ref-{name}"),
+            parallel=parallel_servers(request.config),
+            processes=sess.settings.processes,
+            say=sess.progress.line,
+        )
+    except (
+        BackendUnavailable, ControlError, ServerStartError, ServerHTTPError, ServerUnreachable
+    ) as e:  # fmt: skip
+        problem = (
+            f"specperf: cannot start the A/B reference side (--specperf-ab {ab}) of the "
+            f"{sess.settings.backend} backend: {e}"
+        )
+    if problem is not None:
+        pytest.fail(problem, pytrace=False)
+    sess.reference_pool = servers.pool
+    sess.reference = Reference(servers.first, str(ab))
+    return servers
 
 
 @pytest.fixture

@@ -36,15 +36,18 @@ from pytest_specperf.judging.budgets import BUDGETS, Budgets
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
 from pytest_specperf.server.protocol import BackendSettings
 from pytest_specperf.settings import (
+    AB_FORM,
     BUDGET_FORM,
     DEFAULT_TOLERANCES,
     PROFILE_FORM,
     STEPS_FORM,
+    ABSpec,
     Attach,
     BadValue,
     Profile,
     StepsSpec,
     ToleranceSpec,
+    parse_ab,
     parse_attach,
     parse_budgets,
     parse_max_time,
@@ -61,6 +64,8 @@ DEFAULT_READY_TIMEOUT_S = 600.0
 #: Seconds a case may take in all (every process, every round) before it is judged: the
 #: automatic extension's budget (0: no extension).
 DEFAULT_MAX_TIME_S = 30.0
+#: Server processes per side of an A/B run unless ``--specperf-processes`` says (A1 B1 B2 A2).
+AB_PROCESSES = 2
 #: Largest accepted ``specperf_baseline_max_mb``, in MiB.
 MAX_BASELINE_MB = 65536.0
 
@@ -253,7 +258,7 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "processes",
-        "server processes per case (default 1)",
+        f"server processes per case (default 1; per side with --specperf-ab, {AB_PROCESSES})",
         parse_processes,
         kind="shared",
         add=add_processes_option,
@@ -274,6 +279,13 @@ OPTIONS: tuple[_Opt, ...] = (
         "canary slowdown, e.g. verify=1.10 (never recorded)",
         _inject,
         metavar="PHASE=FACTOR[,...]",
+    ),
+    _Opt(
+        "ab",
+        "A/B in this run: measure each case on this reference side too, alternating "
+        "server processes (A B B A), and judge against it instead of a baseline file",
+        parse_ab,
+        metavar=AB_FORM,
     ),
     _Opt(
         "profile",
@@ -478,6 +490,8 @@ class Settings:
     min_tokens_per_s: float | None = None
     #: one-line notes for the run's summary (e.g. ini launch settings ignored on attach)
     notes: tuple[str, ...] = ()
+    #: ``--specperf-ab``: the reference side measured in this run (None: baseline files)
+    ab: ABSpec | None = None
 
     def backend_settings(self, parallel: int = 1) -> BackendSettings:
         """What the backend needs; ``parallel`` servers run side by side (xdist workers)."""
@@ -593,6 +607,19 @@ def _check_combinations(s: Settings, given: dict[str, _Given]) -> None:
             f"{given['inject'].source} cannot be combined with --specperf-update-baselines: an "
             "injected slowdown must never become a baseline; drop one of the two"
         )
+    ab = given["ab"]
+    if s.ab is not None and s.update_baselines:
+        raise pytest.UsageError(
+            f"{ab.source} cannot be combined with --specperf-update-baselines: an A/B run "
+            "judges against the reference side it measures and writes no baseline; drop "
+            f"{ab.source} to record this build's baselines"
+        )
+    if s.ab is not None and s.server_url is not None:
+        raise pytest.UsageError(
+            f"{ab.source} launches the side under test, and {given['attach'].source} "
+            "measures a running one: drop one (a running reference side: "
+            f"{ab.option.flag} url=URL)"
+        )
 
 
 def _check_junitxml(config: pytest.Config) -> None:
@@ -649,12 +676,13 @@ def load_settings(config: pytest.Config) -> Settings:
         profile_on_regression=profile.on_regression,
         long_context_min=_ini_only(given, "long-context-min", DEFAULT_LONG_CONTEXT_MIN),
         ready_timeout_s=_ini_only(given, "ready-timeout", DEFAULT_READY_TIMEOUT_S),
-        processes=v["processes"] or 1,
+        processes=v["processes"] or (AB_PROCESSES if v["ab"] else 1),
         keep_runs=_ini_only(given, "keep-runs", DEFAULT_KEEP_RUNS),
         max_time_s=DEFAULT_MAX_TIME_S if v["max-time"] is None else v["max-time"],
         history_dir=_history(given["history"], config),
         kernel_every=profile.kernel_every,
         notes=notes,
+        ab=v["ab"],
         **budgets,
     )
     _check_combinations(settings, given)

@@ -25,6 +25,7 @@ from pytest_specperf.run.inputs import RunInputs, load_inputs, refusal
 from pytest_specperf.store.baselines import WriteResult
 
 if TYPE_CHECKING:
+    from pytest_specperf.run.cases import Reference
     from pytest_specperf.server.model_server import ModelServer
     from pytest_specperf.server.pool import ServerPool
     from pytest_specperf.telemetry.device import DeviceInfo
@@ -61,6 +62,9 @@ class SpecperfSession:
     server: ModelServer | None = None
     #: every server process of the session (``--specperf-processes``), the first is ``server``
     pool: ServerPool | None = None
+    #: ``--specperf-ab``: the reference side's server processes, and what it is as typed
+    reference_pool: ServerPool | None = None
+    reference: Reference | None = None
     #: what an update wrote, per baseline file
     written: list[WriteResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)

@@ -261,10 +261,12 @@ def summary_table(cases: Sequence[CaseView]) -> list[str]:
     return render_table(list(SUMMARY_HEADERS), summary_rows(cases), right={1, 2, 4})
 
 
-def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str:
+def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
+                    ab: bool = False) -> str:  # fmt: skip
     """Why a metric could not be decided, and what would decide it: nothing but a quiet
     machine (disturbed), more processes (the noise between server processes), or more
-    steps (the automatic extension's budget, ``max_time_s``, was spent or is off)."""
+    steps (the automatic extension's budget, ``max_time_s``, was spent or is off).
+    ``ab``: an A/B case (its baseline is the reference side of this run, never recorded)."""
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
@@ -285,8 +287,21 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None) -> str
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
     if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
-        return text + _processes_advice(m)
+        return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
     return text
+
+
+def _ab_processes_advice(m: MetricVerdict) -> str:
+    """An A/B case's noise between server processes: more processes per side decide it."""
+    between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
+    text = (
+        f"; more steps cannot decide it: the noise between server processes is {between} "
+        f"per run ({m.base_runs} reference and {m.now_runs} tested process(es))"
+    )
+    p = m.processes_to_decide
+    if p is None:
+        return text + "; no practical number of processes would: run on a quieter machine"
+    return text + f"; about {p} processes per side would decide: --specperf-processes {p}"
 
 
 def _processes_advice(m: MetricVerdict) -> str:
@@ -368,6 +383,8 @@ class RunSummary:
     #: the automatic extension's budget per case (``--specperf-max-time``; None: recording)
     max_time_s: float | None = None
     processes: int = 1
+    #: ``--specperf-ab``: the reference side as typed (None: baseline files)
+    ab: str | None = None
 
 
 #: How a case's reason that some of its gates are not gated begins (``judge.not_gated_reason``).
@@ -385,7 +402,7 @@ def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> li
         lines += [f"NOT GATED {c.test} {c.key}: {r}" for r in c.reasons if r.startswith(NOT_GATED)]
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
-                advice = unstable_advice(m, max_time_s=max_time_s)
+                advice = unstable_advice(m, max_time_s=max_time_s, ab=c.ab_reference is not None)
                 lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 
@@ -393,11 +410,14 @@ def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> li
 def head_lines(s: RunSummary) -> list[str]:
     """The summary's first line (backend, device, baselines, tolerances) and the canary's."""
     workers = f", {s.workers} xdist workers" if s.workers else ""
-    lines = [
-        f"specperf: {s.backend} backend, device {s.device_slug}, baselines {s.baselines}, "
-        f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time){workers}"
-        + (f", {s.processes} server processes" if s.processes > 1 else "")
-    ]
+    against = f"baselines {s.baselines}"
+    procs = f", {s.processes} server processes" if s.processes > 1 else ""
+    if s.ab is not None:
+        against = f"A/B in this run: B (this build) against A ({s.ab})"
+        procs = f", {s.processes} server processes per side, alternating A B B A"
+    tolerance = f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time)"
+    lines = [f"specperf: {s.backend} backend, device {s.device_slug}, {against}, {tolerance}"]
+    lines[0] += workers + procs
     if s.inject:
         lines.append(
             f"canary injection active: {s.inject} (runs are labelled [injected] and never "

@@ -94,6 +94,13 @@ class CaseView:
         return r if isinstance(r, int) and r >= 1 else 1
 
     @property
+    def ab_reference(self) -> str | None:
+        """An A/B case's reference side as typed (``python=...``); None: a baseline file."""
+        ab = self.report.get("ab")
+        ref = ab.get("reference") if isinstance(ab, Mapping) else None
+        return ref if isinstance(ref, str) else None
+
+    @property
     def name(self) -> str:
         """``test_decode ctx=46000 kv=contiguous bs=1``: the test's name and the case key."""
         return f"{self.test.rsplit('::', 1)[-1]} {self.key}"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_specperf.judging.ab import engine_differences, reference_baseline
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, identity_of
 from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.judge import (
@@ -30,7 +31,7 @@ from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.strict import Unjudged, unjudged
 from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.run.inputs import FOREIGN_FIX, RunInputs
-from pytest_specperf.run.measure import Undecided
+from pytest_specperf.run.measure import Undecided, UndecidedAB
 from pytest_specperf.server.model_server import ModelServer
 from pytest_specperf.store.baselines import utc_now
 
@@ -232,3 +233,80 @@ def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run:
         noisy_baseline_note(case) if recording else None,
         telemetry_note,
     )
+
+
+# -- A/B in one run ------------------------------------------------------------------------
+
+#: The sitting of an A/B comparison whose run has no sitting id: both sides share it.
+AB_SITTING = "<this run>"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An A/B run's reference side as the judge and the reports see it: its server (the
+    first process) and what it is, as typed (``python=...``, ``args=...``, ``url=...``)."""
+
+    server: ModelServer
+    label: str
+
+    @property
+    def shown(self) -> str:
+        """Where a report says the comparison came from, in place of a baseline file."""
+        return f"A/B in this run against A: {self.label}"
+
+
+def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
+                run: DecodeRun, key: str, cases: int,
+                tested: Mapping[str, Any]) -> CaseBaseline:  # fmt: skip
+    """The reference side's run of a case as the comparison's baseline, stamped with
+    this run's sitting (no stamp on disk: an A/B run never writes a baseline), under the
+    tested side's fingerprint ``tested``."""
+    case = case_of(inputs, request, reference.server, run, key, cases)
+    base = as_baseline(case, at=utc_now())
+    return reference_baseline(base, inputs.sitting or AB_SITTING, tested)
+
+
+def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
+             key: str, cases: int) -> Case:  # fmt: skip
+    case = case_of(inputs, request, server, run, key, cases)
+    return dataclasses.replace(case, sitting=inputs.sitting or AB_SITTING, history=())
+
+
+def undecided_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer,
+                 reference: Reference, earlier: list[DecodeRun]) -> UndecidedAB:  # fmt: skip
+    """For an A/B case's automatic extension: the metrics the two sides' runs so far
+    leave UNSTABLE that more rounds would decide (pure, as ``undecided``)."""
+
+    def of(a: DecodeRun, b: DecodeRun) -> list[str]:
+        key = request.keys([*earlier, b])[-1]
+        base = ab_baseline(inputs, request, reference, a, key, len(earlier), server.fingerprint)
+        return more_steps_would_decide(_ab_case(inputs, request, server, b, key,
+                                                len(earlier)), base)  # fmt: skip
+
+    return of
+
+
+def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
+             reference: Reference, reference_run: DecodeRun, key: str, policy: Policy,
+             telemetry_note: str | None, cases: int = 1,
+             order: tuple[str, ...] = ()) -> Judged:  # fmt: skip
+    """Judge one A/B case: the tested side's run against the reference side's of the
+    same sitting (``judging.ab``); strict as ``judge_one``; never recorded. ``order``: the
+    case's processes as measured, round by round."""
+    case = _ab_case(inputs, request, server, run, key, cases)
+    base = ab_baseline(inputs, request, reference, reference_run, key, cases,
+                       server.fingerprint)  # fmt: skip
+    outcome = judge_case(case, base, inputs.baseline_path, missing="", record=False)
+    differ = engine_differences(reference.server.fingerprint, server.fingerprint)
+    notes = (*outcome.notes, *([differ] if differ else []))
+    outcome = dataclasses.replace(outcome, reference=reference.label, ab_order=order, notes=notes)
+    t = outcome.run.telemetry
+    if t is not None and not t.available:
+        telemetry_note = t.reason
+    problems: tuple[Unjudged, ...] = ()
+    if policy.strict:
+        problems = unjudged(
+            outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
+            recording=False, telemetry_note=telemetry_note,
+        )  # fmt: skip
+    return Judged(case, outcome, problems, None, None, telemetry_note)

@@ -2,8 +2,8 @@
 extension, and the frozen ``DecodeRun`` the judge gets.
 
 A side is the server processes that run a case the same way (``--specperf-processes``).
-The same-run A/B comparison will measure two sides of one case, alternating their rounds
-(A B B A) with :func:`start_side` and :func:`more_rounds`; today a case has one side.
+An A/B run (``--specperf-ab``) measures two sides of one case, alternating their server
+processes (``A1 B1 B2 A2``, ``judging.ab``) with :func:`measure_ab`.
 
 The extension is a loop here, not a call back into the judge mid-flight: the caller hands
 in ``undecided``, a pure function of the run so far (``run.cases.undecided``).
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_specperf.judging.ab import REFERENCE, Slot, abba_order, describe_order, next_round
 from pytest_specperf.judging.samples import DecodeRun, Window, build_run
 from pytest_specperf.judging.significance import MAX_LOOKS
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
@@ -219,4 +220,97 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
                 d.close()
     except FAILURES as e:
         failure = measurement_failure(active.server, e)
+    raise MeasurementFailed(failure)  # raised here, not in the handler: no chained traceback
+
+
+#: For an A/B case's extension: the metrics left UNSTABLE that more rounds would decide,
+#: from the reference side's run and the tested side's run so far.
+UndecidedAB = Callable[[DecodeRun, DecodeRun], list[str]]
+
+
+@dataclass(frozen=True)
+class ABMeasurement:
+    """An A/B case: the reference side's run (``a``), the tested side's (``b``), the order
+    its processes were measured in, round by round, and why it has no GPU telemetry."""
+
+    a: DecodeRun
+    b: DecodeRun
+    order: tuple[str, ...]
+    telemetry_note: str
+
+
+def _ab_runs(decoders: Mapping[Slot, Rounds], case: CaseSpec) -> tuple[DecodeRun, DecodeRun]:
+    def side(letter: str) -> DecodeRun:
+        ds = [d for s, d in sorted(decoders.items(), key=lambda kv: kv[0].index)
+              if s.side == letter]  # fmt: skip
+        return side_run(ds, case)
+
+    return side(REFERENCE), side("B")
+
+
+def _ab_round(order: Sequence[Slot], decoders: Mapping[Slot, Rounds], case: CaseSpec,
+              active: _Active, note: str) -> bool:  # fmt: skip
+    """One more round of every process, in ``order``; False when a process came back
+    without measured steps (its rounds stay whole; the case is judged as it is)."""
+    for slot in order:
+        d = decoders[slot]
+        active.server = d.server
+        if not d.more(case, note=f"{slot}: {note}"):
+            return False
+    return True
+
+
+def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: DeviceInfo,
+               pids: tuple[int, ...], extension: tuple[float, UndecidedAB] | None,
+               ) -> ABMeasurement:  # fmt: skip
+    """An A/B case: the first round of every process of both sides in ``abba_order``
+    (a side's process met again measures another round), then, while ``extension``'s
+    function names an UNSTABLE metric, the next round fits in its seconds and the case
+    has looks left (``MAX_LOOKS``), further rounds in the mirrored order.
+    ``MeasurementFailed`` naming the side and server whose measurement broke off."""
+    sides = {REFERENCE: a, "B": b}
+    active = _Active(b.servers[0])
+    decoders: dict[Slot, Decoder] = {}
+    order = abba_order(len(a.servers), len(b.servers))
+    rounds = [describe_order(order)]
+    note, failure, where = "", None, ""
+    try:
+        try:
+            for slot in order:
+                where = f"side {slot.side} ({slot})"
+                if slot in decoders:  # a side with fewer processes: another round
+                    if not _ab_round([slot], decoders, case, active, "again"):
+                        break
+                    continue
+                server = sides[slot.side].servers[slot.index]
+                active.server = server
+                started, n = start_side(Side((server,)), case, progress, device=device,
+                                        pids=pids, baseline_step_ms=None)  # fmt: skip
+                decoders[slot] = started[0]
+                note = n or note
+            last, t0 = order, progress.elapsed()
+            while extension is not None and extension[0] > 0:
+                metrics = extension[1](*_ab_runs(decoders, case))
+                done = decoders[Slot("B", 0)].measured(case).rounds
+                if not metrics or done >= MAX_LOOKS:
+                    break
+                if progress.elapsed() + t0 > extension[0]:
+                    break  # the budget is spent: the verdict says so
+                t1 = time.monotonic()
+                last = next_round(last)
+                where = f"round {done + 1}"
+                text = f"round {done + 1} ({', '.join(metrics)} undecided)"
+                if not _ab_round(last, decoders, case, active, text):
+                    break
+                rounds.append(describe_order(last))
+                t0 = time.monotonic() - t1
+            ra, rb = _ab_runs(decoders, case)
+            return ABMeasurement(ra, rb, tuple(rounds), note)
+        finally:
+            for d in decoders.values():
+                d.close()
+    except FAILURES as e:
+        failure = measurement_failure(active.server, e).replace(
+            "measurement failed:", f"measurement failed (A/B, {where}):", 1
+        )
     raise MeasurementFailed(failure)  # raised here, not in the handler: no chained traceback

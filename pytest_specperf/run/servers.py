@@ -1,8 +1,9 @@
 """The servers of a side: launched from a ``ServerSpec`` (or attached to), the extra
 processes of ``--specperf-processes`` started on first need, all stopped together.
 
-A ``ServerSpec`` is what makes one side of a case: the same-run A/B comparison will hold
-two (the engine before and after a change) and measure a case on both.
+A ``ServerSpec`` is what makes one side of a case: an A/B run (``--specperf-ab``) holds
+two, the build under test's and the reference side's (``reference_spec``), and measures
+every case on both.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pytest_specperf.server.control import ControlError, release, take_control
 from pytest_specperf.server.model_server import ModelServer, attach_server, start_server
 from pytest_specperf.server.pool import ServerPool
 from pytest_specperf.server.protocol import BackendSettings
+from pytest_specperf.settings import ABSpec
 
 #: A line on the progress display.
 Say = Callable[[str], None]
@@ -35,6 +37,21 @@ class ServerSpec:
     run_dir: Path | None = None
     #: the canary put into an attached server through its control file
     inject: InjectSpec | None = None
+
+
+def reference_spec(tested: ServerSpec, ab: ABSpec) -> ServerSpec:
+    """The reference side of an A/B run: the running server at ``ab.url``, or the tested
+    side's launch with ``ab.python`` as its interpreter and ``ab.args`` after its server
+    arguments. Never injected: ``--specperf-inject`` slows the side under test only."""
+    if ab.url is not None:
+        return replace(tested, url=ab.url, run_dir=ab.run_dir, inject=None)
+    settings = replace(
+        tested.settings,
+        python=ab.python,
+        server_args=(*tested.settings.server_args, *ab.args),
+        inject=None,
+    )
+    return replace(tested, settings=settings, url=None, run_dir=None, inject=None)
 
 
 @dataclass

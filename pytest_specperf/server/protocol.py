@@ -41,6 +41,9 @@ class BackendSettings:
     parallel: int = 1
     #: kernel sampling interval for the server's probe (None: the server's default)
     kernel_every: int | None = None
+    #: the Python interpreter the server runs in (None: this one; an A/B run's reference
+    #: side in another environment, ``--specperf-ab python=PATH``)
+    python: str | None = None
 
 
 @dataclass(frozen=True)

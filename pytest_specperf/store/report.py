@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf.judging.ab import pair_changes
 from pytest_specperf.judging.baseline_schema import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
@@ -144,12 +145,39 @@ def _kernels_json(run: DecodeRun) -> dict[str, Any] | None:
     }
 
 
+def comparison_json(reference: str | None) -> dict[str, Any]:
+    """How a run compared its cases: ``{"mode": "baselines"}`` (the device's baseline file)
+    or ``{"mode": "ab", "reference": "python=..."}`` (A/B in this run, ``--specperf-ab``)."""
+    if reference is None:
+        return {"mode": "baselines", "reference": None}
+    return {"mode": "ab", "reference": reference}
+
+
+def _ab_json(o: CaseOutcome) -> dict[str, Any] | None:
+    """An A/B case's reference side, the order its processes ran in, and the per-pair
+    ratios of the gated metrics' medians (``judging.ab.pair_changes``, a cross-check)."""
+    if o.reference is None:
+        return None
+    ref = o.baseline.runs if o.baseline is not None else ()
+    steps = o.baseline.steps if o.baseline is not None else 0
+    a = [r.summaries(steps) for r in ref]
+    b = [r.summaries for r in o.run.processes]
+    pairs = {m.metric: pair_changes(a, b, m.metric) for m in o.verdict.metrics}
+    return {
+        "reference": o.reference,
+        "order": list(o.ab_order),
+        "reference_processes": len(a),
+        "pairs": {k: v for k, v in pairs.items() if v},
+    }
+
+
 def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
     if o.baseline is None:
         return None
     step = o.baseline.metrics.get(STEP)
     return {
-        "file": str(o.baseline_path),
+        # an A/B case's baseline is its reference side's runs of this run, not a file
+        "file": str(o.baseline_path) if o.reference is None else None,
         "recorded_at": o.baseline.recorded_at,
         "step_ms": step.to_dict() if step is not None else None,
         "runs": len(o.baseline.runs),
@@ -233,6 +261,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "tolerances": o.tolerances.to_json() if o.tolerances is not None else None,
         "samples": _samples_json(run),
         "runs": [run_record_json(r) for r in run.processes],
+        "ab": _ab_json(o),
     }
     if run.has_device_times:
         out["device_phases"] = {p: _summary_json(run.summaries[device_form(p)]) for p in PHASES}

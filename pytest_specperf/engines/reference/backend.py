@@ -88,7 +88,7 @@ class ReferenceBackend(RunDirBinding):
     def launch_spec(self, settings: BackendSettings, *, port: int, run_dir: Path) -> LaunchSpec:
         self.bind(run_dir)
         cmd = [
-            sys.executable,
+            settings.python or sys.executable,
             "-m",
             "pytest_specperf.engines.reference.server",
             "--host",

@@ -272,7 +272,7 @@ class SGLangBackend(RunDirBinding):
             raise BackendUnavailable("the sglang backend needs --specperf-model")
         tokens = launcher.split_server_args(settings.server_args)
         cmd = launcher.build_command(
-            sys.executable,
+            settings.python or sys.executable,
             model=_model_arg(settings.model),
             draft_model=_model_arg(settings.draft_model) if settings.draft_model else None,
             port=port,

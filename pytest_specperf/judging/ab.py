@@ -1,0 +1,150 @@
+"""A/B in one run: the order the two sides' server processes are measured in, the
+reference side as the comparison's baseline, and the per-pair figures a reviewer redoes.
+
+A case of an A/B run is measured on a reference side A (another build, other server
+arguments, or a running server) and on the build under test B, in the same sitting,
+alternating server processes: ``A1 B1 B2 A2`` (more pairs: ``A3 B3 B4 A4`` ...), each
+further round of the automatic extension in the mirrored order. A linear drift of the
+machine over the case then adds the same to both sides' means and cancels.
+
+The verdict is the stored-baseline verdict of ``judging.verdict`` with A's runs of this
+sitting in place of a stored baseline: per judged form, the mean over blocks of the paired
+log differences (the same prompts and layouts, in the same order, on both sides), each side
+averaged over its processes and rounds; its noise is ``w^2 + tau^2 (1/N_B + 1/N_A)``
+(``judging.noise``): the sitting term is zero because both sides share the sitting, and
+``tau^2`` is estimated from both sides' processes (pooled with the device prior). Student's
+t on the Welch-Satterthwaite degrees of freedom, at the level the run's false-alarm budget
+leaves the gate (``judging.significance``). docs/ab.md redoes one by hand.
+
+``pair_changes`` and ``paired_t`` give the coarser per-pair figures (the ratio of B's to A's
+median per pair of processes, Student's t on ``pairs - 1`` degrees of freedom) that the
+reports show beside the verdict as a cross-check; they are not what is gated: with two
+pairs, one degree of freedom makes any false-alarm level below a few percent undecidable.
+
+Pure: no clocks, files or servers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pytest_specperf.judging.baselines import (
+    FINGERPRINT_KEYS,
+    CaseBaseline,
+    fingerprint_hash,
+    identity_of,
+)
+from pytest_specperf.judging.stats import Summary
+
+#: The side letters: the reference (A) and the build under test (B).
+REFERENCE, UNDER_TEST = "A", "B"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One server process of one side: ``side`` is ``A`` or ``B``, ``index`` 0-based."""
+
+    side: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.side}{self.index + 1}"
+
+
+def abba_order(a: int, b: int) -> tuple[Slot, ...]:
+    """The first round's order over ``a`` reference and ``b`` tested processes: pairs
+    ``A1 B1``, ``B2 A2``, ``A3 B3``, ... (``max(a, b, 2)`` pairs: always balanced; a side
+    with fewer processes, such as one running server, takes its processes again in turn,
+    measuring another round of them). ``ValueError`` for a side without processes."""
+    if a < 1 or b < 1:
+        raise ValueError(f"each side needs a server process, got A={a}, B={b}")
+    out: list[Slot] = []
+    for i in range(max(a, b, 2)):
+        pair = (Slot(REFERENCE, i % a), Slot(UNDER_TEST, i % b))
+        out += pair if i % 2 == 0 else pair[::-1]
+    return tuple(out)
+
+
+def next_round(order: Sequence[Slot]) -> tuple[Slot, ...]:
+    """The order of the next round: the last one mirrored (``A1 B1 B2 A2`` ->
+    ``A2 B2 B1 A1``), so that every round is balanced on its own."""
+    return tuple(reversed(order))
+
+
+def describe_order(order: Sequence[Slot]) -> str:
+    """``A1 B1 B2 A2``."""
+    return " ".join(str(s) for s in order)
+
+
+def reference_baseline(base: CaseBaseline, sitting: str,
+                       tested: Mapping[str, Any]) -> CaseBaseline:  # fmt: skip
+    """The reference side's runs as the comparison's baseline, stamped with this run's
+    ``sitting`` (both sides share it: the noise has no sitting term) and under the tested
+    side's engine fingerprint ``tested``: the two sides differ on purpose (another build,
+    other server arguments), which ``engine_differences`` says."""
+    runs = tuple(dataclasses.replace(r, sitting=sitting) for r in base.runs)
+    fp = MappingProxyType(dict(tested))
+    return dataclasses.replace(
+        base, runs=runs, not_gated=None, fingerprint=fp, identity=identity_of(fp),
+        fingerprint_hash=fingerprint_hash(fp),
+    )  # fmt: skip
+
+
+def engine_differences(reference: Mapping[str, Any], tested: Mapping[str, Any]) -> str | None:
+    """``A/B: the sides' engines differ: engine_version A '0.5.22', B '0.5.23'``, or None."""
+    diff = [
+        f"{k} A {reference.get(k)!r}, B {tested.get(k)!r}"
+        for k in FINGERPRINT_KEYS
+        if reference.get(k) != tested.get(k)
+    ]
+    return f"A/B: the sides' engines differ: {'; '.join(diff)}" if diff else None
+
+
+def pair_changes(reference: Sequence[Mapping[str, Summary]],
+                 tested: Sequence[Mapping[str, Summary]], metric: str) -> list[float]:  # fmt: skip
+    """Per pair of processes ``i`` (A's i-th and B's i-th run, a side with fewer runs
+    taking its runs again in turn), ``median_B / median_A - 1`` of ``metric``; empty where
+    a side lacks the metric or a median is not a positive finite number."""
+    if not reference or not tested:
+        return []
+    out: list[float] = []
+    for i in range(max(len(reference), len(tested))):
+        a, b = reference[i % len(reference)].get(metric), tested[i % len(tested)].get(metric)
+        if a is None or b is None:
+            return []
+        if not (math.isfinite(a.value) and math.isfinite(b.value) and a.value > 0):
+            return []
+        out.append(b.value / a.value - 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class PairedT:
+    """The per-pair cross-check: mean of the pairs' log ratios, its standard error and
+    degrees of freedom (``pairs - 1``), as a relative change."""
+
+    pairs: int
+    change: float
+    se: float
+    df: int
+
+    @property
+    def t(self) -> float:
+        return math.log1p(self.change) / self.se if self.se > 0 else math.nan
+
+
+def paired_t(changes: Sequence[float]) -> PairedT | None:
+    """Student's paired t over per-pair relative changes (``pair_changes``), on the log
+    scale; None with fewer than two pairs."""
+    if len(changes) < 2 or any(not c > -1 for c in changes):
+        return None
+    logs = [math.log1p(c) for c in changes]
+    mean = statistics.fmean(logs)
+    se = statistics.stdev(logs) / math.sqrt(len(logs))
+    return PairedT(len(logs), math.expm1(mean), se, len(logs) - 1)
