@@ -12,9 +12,11 @@ sitting in place of a stored baseline: per judged form, the mean over blocks of 
 log differences (the same prompts and layouts, in the same order, on both sides), each side
 averaged over its processes and rounds; its noise is ``w^2 + tau^2 (1/N_B + 1/N_A)``
 (``judging.noise``): the sitting term is zero because both sides share the sitting, and
-``tau^2`` is estimated from both sides' processes (pooled with the device prior). Student's
-t on the Welch-Satterthwaite degrees of freedom, at the level the run's false-alarm budget
-leaves the gate (``judging.significance``). docs/ab.md redoes one by hand.
+``tau^2`` is estimated from the spread of the processes within each side
+(``tested_evidence``), pooled with the device prior. Student's t on the Welch-Satterthwaite
+degrees of freedom, at the level the run's false-alarm budget leaves the gate
+(``judging.significance``: Bonferroni over tests, cases and looks, Holm over the case's
+gates). docs/ab.md redoes one by hand.
 
 ``pair_changes`` and ``paired_t`` give the coarser per-pair figures (the ratio of B's to A's
 median per pair of processes, Student's t on ``pairs - 1`` degrees of freedom) that the
@@ -40,6 +42,8 @@ from pytest_specperf.judging.baselines import (
     fingerprint_hash,
     identity_of,
 )
+from pytest_specperf.judging.judge import HistoryRun
+from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
 
 #: The side letters: the reference (A) and the build under test (B).
@@ -94,6 +98,20 @@ def reference_baseline(base: CaseBaseline, sitting: str,
         base, runs=runs, not_gated=None, fingerprint=fp, identity=identity_of(fp),
         fingerprint_hash=fingerprint_hash(fp),
     )  # fmt: skip
+
+
+def tested_evidence(run: DecodeRun, fingerprint_hash: str,
+                    sitting: str) -> tuple[HistoryRun, ...]:  # fmt: skip
+    """The tested side's server processes as evidence of the between-process variance
+    ``tau^2``, beside the reference side's runs: labelled as a group of their own
+    (``<sitting> B``), so that the nested ANOVA pools the spread within each side and the
+    difference between the sides (the effect under test) never counts as noise. With two
+    processes per side ``tau^2`` then rests on 2 degrees of freedom plus the prior's."""
+    group = f"{sitting} {UNDER_TEST}"
+    return tuple(
+        HistoryRun(fingerprint_hash, f"A/B tested process {i + 1}", r.summaries, sitting=group)
+        for i, r in enumerate(run.processes)
+    )
 
 
 def engine_differences(reference: Mapping[str, Any], tested: Mapping[str, Any]) -> str | None:

@@ -36,7 +36,6 @@ from pytest_specperf.judging.budgets import BUDGETS, Budgets
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
 from pytest_specperf.server.protocol import BackendSettings
 from pytest_specperf.settings import (
-    AB_FORM,
     BUDGET_FORM,
     DEFAULT_TOLERANCES,
     PROFILE_FORM,
@@ -258,7 +257,7 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "processes",
-        f"server processes per case (default 1; per side with --specperf-ab, {AB_PROCESSES})",
+        f"server processes per case (default 1; {AB_PROCESSES} per A/B side)",
         parse_processes,
         kind="shared",
         add=add_processes_option,
@@ -282,10 +281,9 @@ OPTIONS: tuple[_Opt, ...] = (
     ),
     _Opt(
         "ab",
-        "A/B in this run: measure each case on this reference side too, alternating "
-        "server processes (A B B A), and judge against it instead of a baseline file",
+        "A/B in one run against this reference side",
         parse_ab,
-        metavar=AB_FORM,
+        metavar="python=PATH|args=ARGS|url=URL",
     ),
     _Opt(
         "profile",

@@ -13,8 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_specperf.judging.ab import engine_differences, reference_baseline
-from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, identity_of
+from pytest_specperf.judging.ab import engine_differences, reference_baseline, tested_evidence
+from pytest_specperf.judging.baselines import (
+    CaseBaseline,
+    CaseProblem,
+    fingerprint_hash,
+    identity_of,
+)
 from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.judge import (
     Case,
@@ -268,8 +273,13 @@ def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
 
 def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
              key: str, cases: int) -> Case:  # fmt: skip
+    """The tested side's case, of this run's sitting. Its own processes are the evidence
+    of the between-process noise beside the reference side's (``judging.ab.tested_evidence``);
+    no history runs of other sittings."""
     case = case_of(inputs, request, server, run, key, cases)
-    return dataclasses.replace(case, sitting=inputs.sitting or AB_SITTING, history=())
+    sitting = inputs.sitting or AB_SITTING
+    history = tested_evidence(run, fingerprint_hash(case.fingerprint), sitting)
+    return dataclasses.replace(case, sitting=sitting, history=history)
 
 
 def undecided_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer,

@@ -1,0 +1,123 @@
+"""A/B in one run, the pure parts (``judging.ab``): the order of the two sides' server
+processes, the reference side as the comparison's baseline, the per-pair cross-check, and
+the noise of a same-sitting comparison (no sitting term), with small named data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_specperf.judging.ab import (
+    Slot,
+    abba_order,
+    describe_order,
+    engine_differences,
+    next_round,
+    pair_changes,
+    paired_t,
+    reference_baseline,
+)
+from pytest_specperf.judging.baselines import CaseBaseline, fingerprint_hash
+from pytest_specperf.judging.noise import LevelPrior, RunBlocks, relative_noise
+from pytest_specperf.judging.significance import critical, p_worse
+from pytest_specperf.judging.stats import Summary
+
+FP_RELEASE = {"backend": "sglang", "engine_version": "0.5.22", "speculative_algorithm": "EAGLE3"}
+FP_BUILD = {"backend": "sglang", "engine_version": "0.5.23", "speculative_algorithm": "EAGLE3"}
+
+
+def test_two_processes_per_side_alternate_a_b_b_a() -> None:
+    assert describe_order(abba_order(2, 2)) == "A1 B1 B2 A2"
+    assert describe_order(abba_order(4, 4)) == "A1 B1 B2 A2 A3 B3 B4 A4"
+
+
+def test_one_process_per_side_is_measured_twice_to_stay_balanced() -> None:
+    # one process each (or a running reference server): the same processes again, mirrored
+    assert describe_order(abba_order(1, 1)) == "A1 B1 B1 A1"
+    assert describe_order(abba_order(1, 2)) == "A1 B1 B2 A1"
+
+
+def test_each_further_round_is_the_last_one_mirrored() -> None:
+    first = abba_order(2, 2)
+    assert describe_order(next_round(first)) == "A2 B2 B1 A1"
+    assert next_round(next_round(first)) == first
+    # linear drift cancels within each round: A's and B's mean positions are equal
+    for order in (first, next_round(first), abba_order(4, 4)):
+        pos = {side: [i for i, s in enumerate(order) if s.side == side] for side in "AB"}
+        assert sum(pos["A"]) / len(pos["A"]) == sum(pos["B"]) / len(pos["B"])
+
+
+def test_a_side_without_processes_is_refused() -> None:
+    with pytest.raises(ValueError, match="each side needs a server process"):
+        abba_order(0, 2)
+    assert str(Slot("B", 1)) == "B2"
+
+
+def _reference_case() -> CaseBaseline:
+    base = CaseBaseline.from_run(
+        test="t.py::test_decode",
+        key="ctx=2048 kv=contiguous bs=1",
+        fingerprint=FP_RELEASE,
+        steps=32,
+        metrics={"step": Summary.compact(40.0, (39.0, 41.0, 40.0, 40.0), 32)},
+        at="2026-12-03T16:00:00+00:00",
+        sitting=None,
+    )
+    return base
+
+
+def test_the_reference_side_becomes_a_baseline_of_this_sitting_under_the_tested_engine() -> None:
+    base = reference_baseline(_reference_case(), "20261203T160000Z-box-1", FP_BUILD)
+    assert {r.sitting for r in base.runs} == {"20261203T160000Z-box-1"}
+    assert dict(base.fingerprint) == FP_BUILD
+    assert base.fingerprint_hash == fingerprint_hash(FP_BUILD)
+    assert base.metrics["step"].value == 40.0  # the numbers are the reference side's
+
+
+def test_the_sides_engine_differences_are_said() -> None:
+    assert engine_differences(FP_RELEASE, FP_BUILD) == (
+        "A/B: the sides' engines differ: engine_version A '0.5.22', B '0.5.23'"
+    )
+    assert engine_differences(FP_BUILD, FP_BUILD) is None
+
+
+def _medians(**values: float) -> dict[str, Summary]:
+    return {k: Summary.compact(v, (), 32) for k, v in values.items()}
+
+
+def test_per_pair_ratios_and_the_paired_t_cross_check() -> None:
+    # two pairs: verify 10 -> 11 ms and 10 -> 11.2 ms (+10%, +12%)
+    a = [_medians(verify=10.0), _medians(verify=10.0)]
+    b = [_medians(verify=11.0), _medians(verify=11.2)]
+    changes = pair_changes(a, b, "verify")
+    assert changes == pytest.approx([0.10, 0.12])
+    t = paired_t(changes)
+    assert t is not None and t.pairs == 2 and t.df == 1
+    logs = [math.log(1.10), math.log(1.12)]
+    assert t.change == pytest.approx(math.sqrt(1.10 * 1.12) - 1)
+    assert t.se == pytest.approx(abs(logs[0] - logs[1]) / 2)  # sd/sqrt(2) of two values
+    assert pair_changes(a, b, "draft") == [] and paired_t([0.1]) is None
+
+
+def test_a_same_sitting_comparison_has_no_sitting_term() -> None:
+    """A/B: both sides in one sitting, so the sitting prior (here 5%, which would dominate)
+    never enters; a stored baseline of another sitting carries it."""
+    blocks = (0.0, 1.0, -1.0, 0.5, -0.5)  # % log offsets of the block effects
+
+    def run(shift_pct: float, sitting: str) -> RunBlocks:
+        bl = tuple(math.exp((b + shift_pct) / 100) for b in blocks)
+        return RunBlocks(math.exp(shift_pct / 100), bl, sitting=sitting)
+
+    prior = LevelPrior(between=0.01, between_df=4.0, sitting=0.05, sitting_df=6.0)
+    a = [run(0.0, "s1"), run(0.2, "s1")]
+    b = [run(10.0, "s1"), run(10.4, "s1")]
+    ab = relative_noise(a, b, prior=prior)
+    stored = relative_noise(a, [run(10.0, "s2"), run(10.4, "s2")], prior=prior)
+    assert ab.sitting_coef == 0.0 and stored.sitting_coef == pytest.approx(2.0)
+    assert ab.total < stored.total / 3
+    # +10.1% (10.2 - 0.1) on a noise of about 1%: far beyond the strictest gate of a 5%-per-run budget
+    alpha = 0.05 / (1 * 1 * 4 * 5)  # 1 test, 1 case, 4 looks, 5 gates (Holm's first step)
+    assert ab.log_change == pytest.approx(0.101)
+    assert p_worse(ab.log_change, ab.total, ab.df) < alpha
+    assert ab.log_change > critical(alpha, ab.df) * ab.total
