@@ -63,7 +63,8 @@ DEFAULT_READY_TIMEOUT_S = 600.0
 #: Seconds a case may take in all (every process, every round) before it is judged: the
 #: automatic extension's budget (0: no extension).
 DEFAULT_MAX_TIME_S = 30.0
-#: Server processes per side of an A/B run unless ``--specperf-processes`` says (A1 B1 B2 A2).
+#: Server processes per side of an A/B run unless ``--specperf-processes`` says (A1 B1 B2 A2);
+#: an attached side is one process.
 AB_PROCESSES = 2
 #: Largest accepted ``specperf_baseline_max_mb``, in MiB.
 MAX_BASELINE_MB = 65536.0
@@ -612,11 +613,12 @@ def _check_combinations(s: Settings, given: dict[str, _Given]) -> None:
             "judges against the reference side it measures and writes no baseline; drop "
             f"{ab.source} to record this build's baselines"
         )
-    if s.ab is not None and s.server_url is not None:
+    if s.ab is not None and s.ab.launched and s.server_url is not None:
         raise pytest.UsageError(
-            f"{ab.source} launches the side under test, and {given['attach'].source} "
-            "measures a running one: drop one (a running reference side: "
-            f"{ab.option.flag} url=URL)"
+            f"{ab.source} {s.ab} launches the reference side with the tested side's launch "
+            f"settings, and {given['attach'].source} measures a running server whose "
+            f"settings the plugin does not know: drop {given['attach'].source}, or attach "
+            f"to both sides ({ab.option.flag} url=URL)"
         )
 
 
@@ -674,7 +676,7 @@ def load_settings(config: pytest.Config) -> Settings:
         profile_on_regression=profile.on_regression,
         long_context_min=_ini_only(given, "long-context-min", DEFAULT_LONG_CONTEXT_MIN),
         ready_timeout_s=_ini_only(given, "ready-timeout", DEFAULT_READY_TIMEOUT_S),
-        processes=v["processes"] or (AB_PROCESSES if v["ab"] else 1),
+        processes=v["processes"] or (AB_PROCESSES if v["ab"] and not attach else 1),
         keep_runs=_ini_only(given, "keep-runs", DEFAULT_KEEP_RUNS),
         max_time_s=DEFAULT_MAX_TIME_S if v["max-time"] is None else v["max-time"],
         history_dir=_history(given["history"], config),

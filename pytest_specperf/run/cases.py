@@ -303,6 +303,12 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
     """Judge one A/B case: the tested side's run against the reference side's of the
     same sitting (``judging.ab``); strict as ``judge_one``; never recorded. ``order``: the
     case's processes as measured, round by round."""
+    if reference_run.injected:
+        raise CaseRefused(
+            f"specperf: {key}: the A/B reference side ({reference.label}) ran with an injected "
+            f"slowdown ({reference_run.injected}): restart it without SPECPERF_INJECT; "
+            "--specperf-inject slows the tested side only"
+        )
     case = _ab_case(inputs, request, server, run, key, cases)
     base = ab_baseline(inputs, request, reference, reference_run, key, cases,
                        server.fingerprint)  # fmt: skip

@@ -1,0 +1,137 @@
+"""A/B in one run end to end with the reference engine: a running reference server as
+side A (``--specperf-ab url=``, one server for the module), the build under test launched
+as side B (or a second running server, attached: no launch, so the canary test stays
+short). A/A passes and every report says it was A/B against which side; a verify canary
+injected into B only (through its control file) fails naming verify and its change
+against A."""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e import SHORT_RUN
+from rawhttp import launch_reference
+
+from pytest_specperf.engines.reference.backend import ReferenceBackend
+from pytest_specperf.server.client import ServerClient
+from pytest_specperf.server.protocol import BackendSettings
+
+pytestmark = pytest.mark.timeout(300)
+
+#: One case gated on verify alone (as ``e2e.VERIFY_CASE``; an A/B case measures each
+#: process twice with one process a side: 16 steps of 8 per round).
+CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify"])
+def test_decode(specperf):
+    run = specperf.decode(context_len=2048)
+    assert run.steps == 16 and run.rounds == 2
+"""
+
+#: B as the module's reference server runs: one thread, on the CPU, one process per side
+#: (the order is then A1 B1 B1 A1: two rounds of each)
+SIDE_B = ("--specperf-server-arg=--threads=1", "--specperf-server-arg=--device=cpu",
+          "--specperf-processes=1")  # fmt: skip
+
+
+#: A tolerance wide enough that a false alarm of the A/A run needs a change beyond 30% as
+#: well as the 5%-per-run significance (a loaded 2-core box shows +-25% on verify with 16
+#: steps), and narrow enough for the canary (verify x2: +100% raw, more against the rest).
+WIDE = "--specperf-tolerance=30%"
+
+
+@pytest.fixture(scope="module")
+def side_a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerClient]:
+    proc, client = launch_reference(tmp_path_factory.mktemp("ab-side-a"))
+    yield client
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def side_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerClient]:
+    proc, client = launch_reference(tmp_path_factory.mktemp("ab-side-b"))
+    yield client
+    proc.stop()
+
+
+def _ab(pytester: pytest.Pytester, url: str, *extra: str) -> pytest.RunResult:
+    pytester.makepyfile(test_case=CASE)
+    return pytester.runpytest_subprocess(
+        *SHORT_RUN, WIDE, f"--specperf-ab=url={url}", "--specperf-json=r.json",
+        "--junitxml=j.xml", "--specperf-markdown=s.md", *extra, timeout=240,
+    )  # fmt: skip
+
+
+def _case(pytester: pytest.Pytester) -> dict:
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["comparison"] == {"mode": "ab", "reference": f"url={report_url(report)}"}
+    [case] = report["cases"]
+    return case
+
+
+def report_url(report: dict) -> str:
+    return str(report["comparison"]["reference"]).removeprefix("url=")
+
+
+def _verify(case: dict) -> dict:
+    [m] = [m for m in case["metrics"] if m["metric"] == "verify"]
+    return m
+
+
+def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
+    pytester: pytest.Pytester, side_a: ServerClient
+) -> None:
+    url = side_a.base_url
+    result = _ab(pytester, url, *SIDE_B)
+    result.assert_outcomes(passed=1)
+    against = f"A/B in this run: B (this build) against A (url={url})"
+    result.stdout.fnmatch_lines([f"*{against}*1 server processes per side, alternating A B B A*"])
+    assert "baselines baselines/test-box.yaml" not in result.stdout.str()
+    case = _case(pytester)
+    assert case["ab"]["reference"] == f"url={url}"
+    assert case["ab"]["order"] == ["A1 B1 B1 A1"]  # one process a side, measured twice
+    assert case["baseline"]["file"] is None and case["baseline"]["runs"] == 1
+    m = _verify(case)
+    assert m["verdict"] != "SLOWER" and m["base_runs"] == 1 and m["now_runs"] == 1
+    assert m["sitting_coef"] == 0.0  # both sides in one sitting: no sitting term
+    assert m["base"] == case["centers"]["base"]["verify"]  # one number everywhere
+    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "j.xml").iter("property")}
+    assert props["specperf.ab_reference"] == f"url={url}"
+    assert props["specperf.baseline"] == f"A/B in this run against A: url={url}"
+    assert against in (pytester.path / "s.md").read_text()
+    assert not (pytester.path / "baselines").exists()  # an A/B run writes no baseline
+
+
+def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_reference(
+    pytester: pytest.Pytester, side_a: ServerClient, side_b: ServerClient
+) -> None:
+    url = side_a.base_url
+    result = _ab(pytester, url, f"--specperf-attach={side_b.base_url}", "--specperf-inject=verify=2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        f"*verify / rest of step * -> * (+*%, tol 30%*[[]A/B in this run against A: url={url}[]] "
+        "[[]injected: verify=2[]]*",
+        "*SLOWER [[]injected[]]*",
+    ])  # fmt: skip
+    case = _case(pytester)
+    m = _verify(case)
+    assert m["verdict"] == "SLOWER" and m["change"] > 0.5
+    # the canary went into B only: A's verify is the unslowed one
+    assert case["centers"]["now"]["verify"] > 1.5 * case["centers"]["base"]["verify"]
+    assert case["ab"]["pairs"]["verify"] and min(case["ab"]["pairs"]["verify"]) > 0.5
+
+
+def test_a_reference_side_in_another_environment_is_launched_with_its_interpreter(
+    tmp_path: Path,
+) -> None:
+    other = str(Path(sys.executable).with_name("python-release"))
+    spec = ReferenceBackend().launch_spec(BackendSettings(python=other), port=1, run_dir=tmp_path)
+    assert spec.cmd[:3] == [other, "-m", "pytest_specperf.engines.reference.server"]
+    spec = ReferenceBackend().launch_spec(BackendSettings(), port=1, run_dir=tmp_path)
+    assert spec.cmd[0] == sys.executable
