@@ -101,7 +101,9 @@ def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
     assert m["verdict"] != "SLOWER" and m["base_runs"] == 1 and m["now_runs"] == 1
     assert m["sitting_coef"] == 0.0  # both sides in one sitting: no sitting term
     assert m["base"] == case["centers"]["base"]["verify"]  # one number everywhere
-    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "j.xml").iter("property")}
+    props = {
+        p.get("name"): p.get("value") for p in ET.parse(pytester.path / "j.xml").iter("property")
+    }
     assert props["specperf.ab_reference"] == f"url={url}"
     assert props["specperf.baseline"] == f"A/B in this run against A: url={url}"
     assert against in (pytester.path / "s.md").read_text()
@@ -112,7 +114,9 @@ def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_refe
     pytester: pytest.Pytester, side_a: ServerClient, side_b: ServerClient
 ) -> None:
     url = side_a.base_url
-    result = _ab(pytester, url, f"--specperf-attach={side_b.base_url}", "--specperf-inject=verify=2")
+    result = _ab(
+        pytester, url, f"--specperf-attach={side_b.base_url}", "--specperf-inject=verify=2"
+    )
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*verify / rest of step * -> * (+*%, tol 30%*[[]A/B in this run against A: url={url}[]] "
