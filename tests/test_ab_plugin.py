@@ -139,3 +139,44 @@ def test_a_reference_side_in_another_environment_is_launched_with_its_interprete
     assert spec.cmd[:3] == [other, "-m", "pytest_specperf.engines.reference.server"]
     spec = ReferenceBackend().launch_spec(BackendSettings(), port=1, run_dir=tmp_path)
     assert spec.cmd[0] == sys.executable
+
+
+def test_calibrate_measures_ab_power_against_two_running_servers(
+    pytester: pytest.Pytester, side_a: ServerClient, side_b: ServerClient, tmp_path: Path
+) -> None:
+    """``specperf calibrate --ab``: no baseline recorded, every repetition an A/B run, the
+    canary on the tested side only (its control file), the table says A/B mode."""
+    import subprocess
+
+    pytester.makepyfile(test_case=CASE)
+    work, out = tmp_path / "cal", tmp_path / "cal.json"
+    url = side_a.base_url
+    cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--repetitions", "1",
+           "--inject", "verify=2", "--host-stall-share", "0", "--attach", side_b.base_url,
+           "--ab", f"url={url}", "--tolerance", "30%", "--work-dir", str(work),
+           "--json", str(out), "--", "test_case.py", *SHORT_RUN]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"A/B mode: every run against the reference side url={url}" in proc.stdout
+    summary = json.loads(out.read_text())
+    assert summary["comparison"] == {"mode": "ab", "reference": f"url={url}"}
+    rows = {r["condition"]: r for r in summary["conditions"]}
+    assert set(rows) == {"A/A", "verify=2"} and all(r["runs"] == 1 for r in rows.values())
+    assert rows["verify=2"]["detected"] == 1 and rows["A/A"]["slower_runs"] == 0
+    assert not (work / "baselines").exists()  # A/B mode records none
+    logs = {p.name: p.read_text() for p in (work / "raw").glob("*.log")}
+    assert "canary injection active: verify=2" in logs["rep00-verify_2.log"]
+    assert "starting reference server" not in "".join(logs.values())  # never relaunched
+
+
+def test_calibrate_refuses_ab_with_the_stored_baseline_options(tmp_path: Path) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--ab", "args=--threads 1",
+           "--sitting", "1", "--work-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--ab args=--threads 1 calibrates A/B mode, which records no baseline; --sitting" in (
+        proc.stderr
+    )
+    assert not any(tmp_path.iterdir())

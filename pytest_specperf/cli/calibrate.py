@@ -16,6 +16,10 @@ With ``--attach URL`` every run attaches to that one running server instead (a b
 model is loaded once): the baseline is recorded against it, and each repetition's pytest
 process switches the server's injection through the control file in its run directory
 (``--specperf-inject`` in attach mode), removing it again when it ends.
+With ``--ab SIDE`` every run is an A/B run (``--specperf-ab SIDE``): no baseline is
+recorded (the first run, an A/A one, stands in for it), each repetition measures both
+sides alternating, and the injection slows the tested side only: the table is then the
+false-alarm rate and the power of A/B mode (``--processes``: per side, every run).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from pytest_specperf.cli.options import (
     add_processes_option,
     add_replaced_options,
     add_tolerance_option,
+    arg_type,
 )
 from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.calibration import (
@@ -87,9 +92,22 @@ from pytest_specperf.judging.verdict import (
 )
 from pytest_specperf.probe.phases import UNACCOUNTED
 from pytest_specperf.reporting.table import render_table
-from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, Attach, ToleranceSpec
+from pytest_specperf.settings import (
+    DEFAULT_TOLERANCES,
+    TOLERANCE_FORM,
+    ABSpec,
+    Attach,
+    ToleranceSpec,
+    parse_ab,
+)
 from pytest_specperf.store.prior import write_prior
-from pytest_specperf.store.report import Report, ReportError, read_report, strict
+from pytest_specperf.store.report import (
+    Report,
+    ReportError,
+    comparison_json,
+    read_report,
+    strict,
+)
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
@@ -139,6 +157,8 @@ class CalibrateOptions:
     costs: Costs = DEFAULT_COSTS
     #: the effect the levels table sizes a stored baseline for (a fraction)
     target: float = 0.05
+    #: ``--ab SIDE``: every run is A/B against this reference side (no baseline recorded)
+    ab: ABSpec | None = None
 
     def run_args(self) -> list[str]:
         """pytest options every run of the calibration gets: the tolerances asked for, the
@@ -150,6 +170,10 @@ class CalibrateOptions:
             out.append(f"--specperf-max-time={self.max_time:g}")
         if self.attach is not None:
             out.append(f"--specperf-attach={self.attach}")
+        if self.ab is not None:  # one argv word: args= may hold spaces
+            out.append(f"--specperf-ab={self.ab}")
+            if self.attach is None:
+                out.append(f"--specperf-processes={self.processes}")
         return out
 
     @classmethod
@@ -189,6 +213,9 @@ class CalibrateOptions:
                 f"--processes {processes} needs servers the plugin launches; with --attach "
                 "there is one server: drop one of the two"
             )
+        ab = getattr(args, "ab", None)
+        if ab is not None:
+            _check_ab(ab, args, sitting, summarize)
         return cls(
             processes=processes,
             max_time=max_time,
@@ -208,8 +235,29 @@ class CalibrateOptions:
             costs=costs,
             target=target_f,
             attach=args.attach,
+            ab=ab,
         )
 
+
+def _check_ab(ab: ABSpec, args: argparse.Namespace, sitting: int | None,
+              summarize: bool) -> None:  # fmt: skip
+    """``--ab`` with options of the stored-baseline calibration: ``ValueError`` naming both."""
+    for flag, given in (
+        ("--sitting", sitting is not None),
+        ("--summarize", summarize),
+        ("--write-prior", getattr(args, "write_prior", None) is not None),
+        ("--prior", getattr(args, "prior", None) is not None),
+    ):
+        if given:
+            raise ValueError(
+                f"--ab {ab} calibrates A/B mode, which records no baseline; {flag} belongs "
+                "to the stored-baseline calibration: run the two separately"
+            )
+    if args.attach is not None and ab.launched:
+        raise ValueError(
+            f"--ab {ab} launches the reference side with the tested side's launch settings, "
+            "which --attach does not know: attach to both sides (--ab url=URL) or drop --attach"
+        )
 
 
 def _sitting_options(args: argparse.Namespace) -> tuple[int | None, bool, Costs, float]:
@@ -323,9 +371,11 @@ class Calibration:
             if saved is None:
                 raise SystemExit(f"{self.work}: no baseline.json, nothing to summarize")
             return saved
-        if self.opts.resume and saved is not None and self.baselines.exists():
+        if self.opts.resume and saved is not None and (self.baselines.exists() or self.opts.ab):
             print(f"resuming: baseline from {saved.path}", flush=True)
             return saved
+        if self.opts.ab is not None:
+            return self._ab_first()
         report: Report | None = None
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             print(
@@ -355,6 +405,20 @@ class Calibration:
             if not noisy:
                 break
         assert report is not None
+        return report
+
+    def _ab_first(self) -> Report:
+        """A/B mode: no baseline to record; a first A/A run names the cases and the median
+        step the host-stall condition is sized by (it is not one of the repetitions)."""
+        print(f"A/B mode against {self.opts.ab}: a first A/A run (no baseline is recorded): "
+              f"pytest {' '.join(self.opts.suite)}", flush=True)  # fmt: skip
+        rc, report, dt = self._pytest("baseline", [])
+        if report is None:
+            raise SystemExit(
+                f"the first A/B run wrote no report (exit {rc}); log: "
+                f"{self.work / RAW / 'baseline.log'}"
+            )
+        print(f"  first A/B run in {dt:.0f} s ({len(report.cases)} cases, exit {rc})", flush=True)
         return report
 
     def _noisy_cases(self) -> list[str]:
@@ -526,6 +590,8 @@ class Calibration:
             "baseline_noise": baseline_noise(self.baselines),
             "unstable_parts": unstable_parts(conds[0]),  # the quiet A/A runs
             "work_dir": str(self.work),
+            # A/B mode: every run measured the reference side too (``--ab``)
+            "comparison": comparison_json(str(self.opts.ab) if self.opts.ab else None),
         }
 
 
@@ -861,7 +927,14 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
 def format_table(summary: dict[str, Any]) -> list[str]:
     """The calibration's tables: verdicts per condition, the two tolerance sweeps."""
     costs = summary.get("costs")
+    comparison = summary.get("comparison") or {}
+    mode = (
+        [f"A/B mode: every run against the reference side {comparison.get('reference')} "
+         "(the injections slowed the tested side only)", ""]
+        if comparison.get("mode") == "ab" else []
+    )  # fmt: skip
     return [
+        *mode,
         *_verdict_table(summary),
         *sittings_table(summary.get("sittings") or ()),
         *levels_table(summary.get("levels") or (), Costs(**costs) if costs else None),
@@ -1005,6 +1078,14 @@ def _add_run_options(c: Any) -> None:
         "",
         "calibrate against this running server (as --specperf-attach): baseline and every "
         "repetition on it, injections switched through its run directory's control file",
+    )
+    c.add_argument(
+        "--ab",
+        type=arg_type(parse_ab),
+        metavar="SIDE",
+        help="A/B mode: every run as --specperf-ab SIDE (python=PATH, args=ARGS or "
+        "url=URL); no baseline recorded; the injections slow the tested side only; "
+        "--processes is then per side",
     )
     add_replaced_options(
         c.add_argument,
