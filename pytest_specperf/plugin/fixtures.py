@@ -363,6 +363,8 @@ def warmed_cuda_graphs(specperf: SpecperfHandle, model_server: ModelServer) -> G
         )
     specperf.decode(context_len=1024, steps=4, warmup=4)  # capture the common shapes
     specperf.runs.clear()
+    specperf.references.clear()  # an A/B run's reference side warmed up too
+    specperf.orders.clear()
     specperf.expect_graphs = True
     info = model_server.client.server_info()
     return GraphsState(
