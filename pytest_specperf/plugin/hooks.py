@@ -15,7 +15,7 @@ import pytest
 from pytest_specperf.plugin import benchmark as _benchmark
 from pytest_specperf.plugin import options as _options
 from pytest_specperf.plugin.cases import judge_item
-from pytest_specperf.plugin.finish import finish, report_header, summary_lines
+from pytest_specperf.run.finish import finish, report_header, summary_lines
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
 from pytest_specperf.plugin.progress import Progress

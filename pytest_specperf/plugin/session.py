@@ -2,7 +2,7 @@
 
 One ``SpecperfSession`` per pytest session, stored in ``config.stash``; no globals. The
 verdicts are decided in ``judging.judge`` (called through ``run.cases``), the summary is
-written by ``reporting.terminal`` (called from ``plugin.finish``).
+written by ``reporting.terminal`` (called from ``run.finish``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ cases as a single process does but never write baselines or reports: at the end 
 sends its cases (``CaseView.to_json``), the cases it measured for an update
 (``CaseBaseline.to_json``) and its notes through xdist's ``workeroutput``; the controller
 gathers them (``pytest_testnodedown``), then writes the baselines once, the reports, and
-prints one summary (``plugin.finish``).
+prints one summary (``run.finish``).
 """
 
 from __future__ import annotations
