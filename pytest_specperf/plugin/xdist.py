@@ -8,7 +8,7 @@ cases as a single process does but never write baselines or reports: at the end 
 sends its cases (``CaseView.to_json``), the cases it measured for an update
 (``CaseBaseline.to_json``) and its notes through xdist's ``workeroutput``; the controller
 gathers them (``pytest_testnodedown``), then writes the baselines once, the reports, and
-prints one summary (``run.finish``).
+prints one summary (``run.finish``, called from ``plugin.hooks``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 
 from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.plugin.options import Settings
-from pytest_specperf.plugin.session import Gathered, SpecperfSession
+from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.run.finish import Gathered
 
 #: The key of our results in a worker's ``workeroutput``.
 OUTPUT_KEY = "specperf"
