@@ -63,7 +63,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specperf.judging.baseline_schema import (
+from pytest_specperf.judging.stats import Summary, center_of_centers, stable
+from pytest_specperf.store.baseline_schema import (
     Invalid,
     NotGated,
     RunRecord,
@@ -74,7 +75,6 @@ from pytest_specperf.judging.baseline_schema import (
     parse_not_gated,
     split_rows,
 )
-from pytest_specperf.judging.stats import Summary, center_of_centers, stable
 
 __all__ = [
     "DEFAULT_KEEP_RUNS",

@@ -17,17 +17,6 @@ from types import MappingProxyType
 from typing import Any
 
 from pytest_specperf.install import install_hint
-from pytest_specperf.judging.baseline_schema import (
-    MAX_RUNS,
-    Invalid,
-    brief,
-    check_run,
-    field_name,
-    parse_case,
-    parse_not_gated,
-    parse_v1_case,
-    split_rows,
-)
 from pytest_specperf.judging.baselines import (
     DEFAULT_KEEP_RUNS,
     READABLE_VERSIONS,
@@ -61,6 +50,17 @@ from pytest_specperf.store.baseline_io import (
     real_target,
     remove_stale_temps,
     resolve_max_bytes,
+)
+from pytest_specperf.store.baseline_schema import (
+    MAX_RUNS,
+    Invalid,
+    brief,
+    check_run,
+    field_name,
+    parse_case,
+    parse_not_gated,
+    parse_v1_case,
+    split_rows,
 )
 
 __all__ = [
