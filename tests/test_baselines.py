@@ -278,7 +278,7 @@ def test_refuses_to_record_an_invalid_measurement(tmp_path, make_case):
     path = tmp_path / "b.yaml"
     bad = make_case()
     values = dict(bad.latest.values, step=math.nan)
-    from pytest_specperf.store.baseline_schema import make_run as record
+    from pytest_specperf.judging.baselines import make_run as record
 
     bad = CaseBaseline(
         bad.test,

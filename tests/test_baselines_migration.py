@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity, keeps_blocks
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_gate, noisiest_phase
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.store.baseline_schema import keeps_blocks
 from pytest_specperf.store.baselines import dump_baselines, load_baselines, write_baselines
 
 #: The development box's baseline as schema 1 recorded it (commit 4a9f183), kept as the

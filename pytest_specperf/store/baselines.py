@@ -16,24 +16,25 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_specperf import brief
 from pytest_specperf.install import install_hint
 from pytest_specperf.judging.baselines import (
     DEFAULT_KEEP_RUNS,
-    READABLE_VERSIONS,
     SCHEMA_VERSION,
     BaselineFile,
     CaseBaseline,
     CaseProblem,
     Identity,
+    RunRecord,
     _Entry,
     _fingerprint_changes,
-    case_dict,
     fingerprint_hash,
     identity_of,
     plain_str,
     run_centers,
 )
 from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.stats import stable
 from pytest_specperf.judging.verdict import fmt_value
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.store.baseline_io import (
@@ -54,7 +55,6 @@ from pytest_specperf.store.baseline_io import (
 from pytest_specperf.store.baseline_schema import (
     MAX_RUNS,
     Invalid,
-    brief,
     check_run,
     field_name,
     parse_case,
@@ -68,6 +68,8 @@ __all__ = [
     "Migrated",
     "Moved",
     "WriteResult",
+    "case_from_json",
+    "case_to_json",
     "dump_baselines",
     "format_moved",
     "load_baselines",
@@ -75,6 +77,67 @@ __all__ = [
     "utc_now",
     "write_baselines",
 ]
+
+
+#: Versions this reader understands (older ones are migrated on read).
+READABLE_VERSIONS = (1, 2, 3, 4)
+
+
+# -- a case's stored form, and the same on the xdist wire ----------------------------------
+
+
+def case_dict(c: CaseBaseline) -> dict[str, Any]:
+    """The stored form of a case (v4 layout) in plain JSON types."""
+    rows, value = split_rows({m: [stable(r.values[m]) for r in c.runs] for m in c.latest.values})
+    return {
+        "fingerprint": c.fingerprint_hash,
+        "steps": c.steps,
+        "runs": [run_meta(r) for r in c.runs],
+        "phases": {part: dict(row) for part, row in rows.items()},
+        "value": value,
+        "blocks": {
+            m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
+        },
+        **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
+    }
+
+
+def run_meta(r: RunRecord) -> dict[str, Any]:
+    """A stored run's when and where: ``at``, ``pid``, and its ``sitting`` and ``host``
+    when known."""
+    meta: dict[str, Any] = {"at": r.at, "pid": r.pid}
+    if r.sitting is not None:
+        meta["sitting"] = r.sitting
+    if r.host is not None:
+        meta["host"] = r.host
+    return meta
+
+
+def case_to_json(c: CaseBaseline) -> dict[str, Any]:
+    """The case with its full fingerprint, in plain JSON types (a pytest-xdist worker
+    sends the cases it measured for an update to the controller this way)."""
+    # plain dicts only: pytest-xdist's wire (execnet) refuses dict subclasses (FlowMap)
+    return {
+        "test": c.test,
+        "key": c.key,
+        "fingerprint": dict(c.fingerprint),
+        "case": case_dict(c),
+    }
+
+
+def case_from_json(d: Mapping[str, Any]) -> CaseBaseline:
+    """Read ``case_to_json``'s form, validated as a stored case; ``ValueError`` if
+    unusable."""
+    try:
+        fp = MappingProxyType(dict(d["fingerprint"]))
+        ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
+        mark = parse_not_gated(d["case"].get("not_gated"))
+        test, key = str(d["test"]), str(d["key"])
+    except (Invalid, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
+    if ref != fingerprint_hash(fp):
+        raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
+    return CaseBaseline(test, key, identity_of(fp), fp, ref, steps, runs, mark)
 
 
 # -- reading -----------------------------------------------------------------------------

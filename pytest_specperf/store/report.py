@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf.judging.baselines import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
@@ -35,7 +36,6 @@ from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
-from pytest_specperf.store.baseline_schema import keeps_blocks
 
 #: Version of the report's layout; bumped when a field changes meaning.
 JSON_SCHEMA_VERSION = 1
