@@ -164,7 +164,7 @@ def test_huge_file_is_refused_by_size_before_reading(tmp_path, monkeypatch):
     assert dt < FAST_S and peak < SMALL_BYTES
     _row("47.6 MiB baseline file", 1, f"refused by size in {dt * 1000:.1f} ms", True)
     small = tmp_path / "small.yaml"
-    small.write_text("schema_version: 2\ndevice: {name: " + "x" * 2000 + "}\n")
+    small.write_text("schema_version: 4\ndevice: {name: " + "x" * 2000 + "}\n")
     monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "0.001")
     assert "over the 0.000999451 MiB limit" in _refused(small)[0]
     monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "1")
@@ -204,7 +204,7 @@ def test_each_corrupt_case_of_issue_12_is_a_case_problem(tmp_path, what):
     _v1_case_edit(per["ctx=32768 kv=contiguous bs=1"], what)
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(data))
-    bf = load_baselines(path)
+    bf = load_baselines(path, migrating=True)  # what specperf migrate reads
     got = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=32768 kv=contiguous bs=1")
     assert isinstance(got, CaseProblem)
     assert str(path) in got.message and "ctx=32768 kv=contiguous bs=1" in got.message

@@ -43,10 +43,10 @@ baseline grown over updates on several days knows its sittings (``judging.noise`
 of older files carry none and read as one sitting.
 
 Files are read and written by ``store.baselines`` through ``store.baseline_io`` (size,
-shape and symlink limits, safe loading only), by ``schema_version``: a v1 file (one
-summary per metric and case) is migrated on read, each case becoming one run; a v2 file
-(every metric on its own line under ``value``) is read as it is; a v3 file's runs read as
-one sitting; all are rewritten as v4 only by an update. File-level problems raise
+shape and symlink limits, safe loading only), by ``schema_version``: a run reads v4
+only; ``specperf migrate`` reads an older file (a v1 file's cases as one run each, a v2
+file's metrics each on its own line under ``value``, runs up to v3 as one sitting) and
+rewrites it as v4. File-level problems raise
 ``BaselineError``; a case that fails validation is a ``CaseProblem`` that the judge
 reports as INVALID, naming file, case and field.
 """

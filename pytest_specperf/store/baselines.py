@@ -1,4 +1,5 @@
-"""The baseline file on disk: read (``load_baselines``, every schema version) and written
+"""The baseline file on disk: read (``load_baselines``: the current schema; every older
+one only for ``specperf migrate``) and written
 (``write_baselines``: locked, atomic, appending each recorded case's run).
 
 The records it reads into and writes from (``BaselineFile``, ``CaseBaseline``, ``Identity``)
@@ -74,12 +75,14 @@ __all__ = [
     "format_moved",
     "load_baselines",
     "migrate_baselines",
+    "older_schema",
     "utc_now",
     "write_baselines",
 ]
 
 
-#: Versions this reader understands (older ones are migrated on read).
+#: Versions this reader understands: the current one, and the older ones only for
+#: ``specperf migrate`` (``load_baselines(migrating=True)``).
 READABLE_VERSIONS = (1, 2, 3, 4)
 
 
@@ -161,10 +164,24 @@ def _only(path: Path, d: dict[Any, Any], allowed: Sequence[str], where: str) -> 
         )
 
 
-def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
+def older_schema(path: Path, version: int) -> BaselineError:
+    """The refusal of a valid file of an older schema outside ``specperf migrate``."""
+    return BaselineError(
+        path,
+        f"schema_version is {version}, an older schema than this pytest-specperf's "
+        f"{SCHEMA_VERSION}; nothing was read or changed: upgrade the file in place with "
+        f"`specperf migrate {path}` (every case is kept) and commit it",
+    )
+
+
+def load_baselines(
+    path: Path, *, max_bytes: int | None = None, migrating: bool = False
+) -> BaselineFile | None:
     """Read and validate ``path`` (through a symbolic link); ``None`` if there is no file.
 
     ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
+    A valid file of an older schema is refused (``older_schema``, naming ``specperf
+    migrate``) unless ``migrating``: only the migration reads one.
     """
     limit = resolve_max_bytes(path, max_bytes)
     text = read_bounded(path, limit)
@@ -184,7 +201,10 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
             f"the file, upgrade ({install_hint()}, from a newer source); otherwise move the "
             "file away and re-record with --specperf-update-baselines",
         )
-    return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
+    bf = _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
+    if version != SCHEMA_VERSION and not migrating:
+        raise older_schema(path, version)
+    return bf
 
 
 def _from_v2(path: Path, data: dict[str, Any], version: int) -> BaselineFile:
@@ -663,7 +683,7 @@ def migrate_baselines(path: Path, *, write: bool = True, max_bytes: int | None =
     if target is None or not target.exists():  # no lock file left beside a missing one
         raise BaselineError(path, "no such file; nothing to migrate")
     with locked(target, lock_timeout):
-        existing = load_baselines(path, max_bytes=limit)
+        existing = load_baselines(path, max_bytes=limit, migrating=True)
         if existing is None:
             raise BaselineError(path, "no such file; nothing to migrate")
         if existing.version == SCHEMA_VERSION:
