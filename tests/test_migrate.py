@@ -13,7 +13,7 @@ import yaml
 
 from pytest_specperf.cli import migrate
 from pytest_specperf.judging.baselines import SCHEMA_VERSION
-from pytest_specperf.store.baselines import BaselineError, load_baselines
+from pytest_specperf.store.baselines import BaselineError, load_any_schema, load_baselines
 
 DATA = Path(__file__).resolve().parent / "data"
 V1 = DATA / "baselines-v1-cpu-amd-epyc-2c.yaml"
@@ -27,7 +27,7 @@ def _run(*files: Path, check: bool = False) -> tuple[int, str]:
 
 
 def _metrics(path: Path) -> dict[tuple[str, str], dict[str, float]]:
-    bf = load_baselines(path, migrating=True)
+    bf = load_any_schema(path)
     assert bf is not None
     return {(c.test, c.key): {m: s.value for m, s in c.metrics.items()} for c in bf.all_cases()}
 

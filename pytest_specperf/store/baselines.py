@@ -73,6 +73,7 @@ __all__ = [
     "case_to_json",
     "dump_baselines",
     "format_moved",
+    "load_any_schema",
     "load_baselines",
     "migrate_baselines",
     "older_schema",
@@ -82,7 +83,7 @@ __all__ = [
 
 
 #: Versions this reader understands: the current one, and the older ones only for
-#: ``specperf migrate`` (``load_baselines(migrating=True)``).
+#: ``specperf migrate`` (``load_any_schema``).
 READABLE_VERSIONS = (1, 2, 3, 4)
 
 
@@ -174,15 +175,8 @@ def older_schema(path: Path, version: int) -> BaselineError:
     )
 
 
-def load_baselines(
-    path: Path, *, max_bytes: int | None = None, migrating: bool = False
-) -> BaselineFile | None:
-    """Read and validate ``path`` (through a symbolic link); ``None`` if there is no file.
-
-    ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
-    A valid file of an older schema is refused (``older_schema``, naming ``specperf
-    migrate``) unless ``migrating``: only the migration reads one.
-    """
+def _read_versioned(path: Path, max_bytes: int | None) -> tuple[dict[str, Any], int] | None:
+    """The file's plain data and its (readable) ``schema_version``; None if no file."""
     limit = resolve_max_bytes(path, max_bytes)
     text = read_bounded(path, limit)
     if text is None:
@@ -201,10 +195,33 @@ def load_baselines(
             f"the file, upgrade ({install_hint()}, from a newer source); otherwise move the "
             "file away and re-record with --specperf-update-baselines",
         )
-    bf = _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
-    if version != SCHEMA_VERSION and not migrating:
+    return data, version
+
+
+def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
+    """Read and validate ``path`` (through a symbolic link); ``None`` if there is no file.
+
+    ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
+    Only the current schema is read: a file of an older one is refused before its
+    entries are read (``older_schema``, naming ``specperf migrate``).
+    """
+    read = _read_versioned(path, max_bytes)
+    if read is None:
+        return None
+    data, version = read
+    if version != SCHEMA_VERSION:
         raise older_schema(path, version)
-    return bf
+    return _from_v2(path, data, version)
+
+
+def load_any_schema(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
+    """``load_baselines`` for every readable schema, the older ones upgraded as read (a
+    v1 case as one run): what ``specperf migrate`` rewrites."""
+    read = _read_versioned(path, max_bytes)
+    if read is None:
+        return None
+    data, version = read
+    return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
 
 
 def _from_v2(path: Path, data: dict[str, Any], version: int) -> BaselineFile:
@@ -683,7 +700,7 @@ def migrate_baselines(path: Path, *, write: bool = True, max_bytes: int | None =
     if target is None or not target.exists():  # no lock file left beside a missing one
         raise BaselineError(path, "no such file; nothing to migrate")
     with locked(target, lock_timeout):
-        existing = load_baselines(path, max_bytes=limit, migrating=True)
+        existing = load_any_schema(path, max_bytes=limit)
         if existing is None:
             raise BaselineError(path, "no such file; nothing to migrate")
         if existing.version == SCHEMA_VERSION:
