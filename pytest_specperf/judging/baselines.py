@@ -216,14 +216,12 @@ def _fingerprint_changes(base: Mapping[str, Any], now: Mapping[str, Any]) -> str
 #: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
 #: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
 #: accept length, tokens/s, the device-busy share).
-BLOCK_METRICS = frozenset(
-    {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
-)
+BLOCK_METRICS = frozenset({STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY})
+
 
 def keeps_blocks(metric: str) -> bool:
     """Whether a stored run keeps ``metric``'s block centers (the verdicts pair them)."""
     return metric in BLOCK_METRICS or is_rest_form(metric)
-
 
 
 @dataclass(frozen=True)
