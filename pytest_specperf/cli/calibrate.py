@@ -68,7 +68,6 @@ from pytest_specperf.cli.options import (
     add_tolerance_option,
     arg_type,
 )
-from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.calibration import (
     Condition,
     RunOutcome,
@@ -100,6 +99,7 @@ from pytest_specperf.settings import (
     ToleranceSpec,
     parse_ab,
 )
+from pytest_specperf.store.baseline_schema import MAX_RUNS
 from pytest_specperf.store.prior import write_prior
 from pytest_specperf.store.report import (
     Report,
