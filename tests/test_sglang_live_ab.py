@@ -42,10 +42,25 @@ def test_decode(specperf):
 REFERENCE_ARGS = "--decode-log-interval=40"
 
 
+def _warm_compile_cache(models: dict[str, Path], work: Path) -> None:
+    """One greedy request on a STANDALONE server of ``live``'s own (no plugin, no watchdog):
+    its draft's torch.compile'd helpers land in SGLang's cache (``live.CACHE_DIR``).
+    Without it the first request of a cold plugin-launched server compiles them inside
+    the measured warm-up, with the scheduler idle for many seconds, which the decoder's
+    freeze watchdog reports as a hung server (measured here twice: "no progress for 6.1 s
+    ... under 0.05 s of CPU time")."""
+    server = live.start("warm", live.algorithm_args("STANDALONE", models), work, plugin=False)
+    try:
+        server.generate(live.prompt(64), 4, rid="warm-1")
+    finally:
+        server.proc.stop()
+
+
 def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arguments(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     models = write_models(tmp_path / "models")
+    _warm_compile_cache(models, tmp_path)
     env = live.server_env(None)
     for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE", "SGLANG_CACHE_DIR"):  # the servers'
         monkeypatch.setenv(key, env[key])
@@ -68,9 +83,9 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*A/B in this run: B (this build) against A (args=--decode-log-interval=40)*",
         "*verify / rest of step * -> * (+*%*[[]A/B in this run against A: "
         "args=--decode-log-interval=40[]] [[]injected: verify=3[]]*",
+        "*A/B in this run: B (this build) against A (args=--decode-log-interval=40)*",
     ])  # fmt: skip
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["comparison"] == {"mode": "ab", "reference": f"args={REFERENCE_ARGS}"}
