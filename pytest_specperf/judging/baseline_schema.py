@@ -36,7 +36,7 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.probe.phases import CORE_PHASES, PHASES, UNACCOUNTED
 
 _GATE_NAMES = frozenset(GATEABLE)
 #: Most runs kept per case (``keep_runs`` may not exceed it).
@@ -53,8 +53,8 @@ REQUIRED_METRICS = (
     UNACCOUNTED,
     ACCEPT_LEN,
     TOKENS_PER_S,
-    *PHASES,
-    *(rest_form(p) for p in PHASES),
+    *CORE_PHASES,
+    *(rest_form(p) for p in CORE_PHASES),
 )
 #: Metrics whose every value must be > 0 (a time that a ratio is taken against).
 POSITIVE_METRICS = frozenset({STEP, STEP_PER_REF})
@@ -63,9 +63,7 @@ SIGNED_METRICS = frozenset({UNACCOUNTED})
 #: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
 #: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
 #: accept length, tokens/s, the device-busy share).
-BLOCK_METRICS = frozenset(
-    {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
-)
+BLOCK_METRICS = frozenset({STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY})
 _CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
 _CASE_FIELDS_V3 = ("fingerprint", "steps", "runs", "phases", "value", "blocks")
 _CASE_FIELDS_V4 = (*_CASE_FIELDS_V3, "not_gated")
