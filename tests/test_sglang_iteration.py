@@ -508,3 +508,33 @@ def test_unit_accept_len_counted_from_live_rows_only() -> None:
 
     assert accepted_tokens(R()) == 9
     assert accepted_tokens(R(), {0, 2}) == 7
+
+
+def test_unit_bottleneck_names_the_scheduler_host_work() -> None:
+    """A host-bound step whose time is the scheduler's result processing says so, with
+    the phases (the founding incident: 192 ms a step, GPU idle)."""
+    from pytest_specperf.judging.bottleneck import StepFigures, classify
+
+    fig = StepFigures(
+        step_ms=192.0,
+        host_ms={
+            "ingest": 1.0,
+            "schedule": 3.0,
+            "launch": 6.0,
+            "verify": 20.0,
+            "postprocess": 150.0,
+            "output": 2.0,
+        },
+        device_ms={"verify": 18.0, "draft": 4.0},
+        unaccounted_ms=10.0,
+    )
+    b = classify(fig)
+    assert b.kind == "host-bound"
+    text = " | ".join(b.reasons)
+    assert "largest host phase: postprocess 150.0 ms (78%)" in text
+    assert (
+        "the scheduler's own host work 162.0 ms (84%): postprocess 150.0 ms, launch 6.0 ms, "
+        "schedule 3.0 ms, output 2.0 ms, ingest 1.0 ms"
+    ) in text
+    cpu = classify(StepFigures(step_ms=10.0, host_ms={"draft": 4.0, "verify": 5.0}))
+    assert "scheduler" not in " | ".join(cpu.reasons)  # the embedded engine has none

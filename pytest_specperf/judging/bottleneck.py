@@ -68,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pytest_specperf.probe.kernels import STEP_KEY
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED, VERIFY
+from pytest_specperf.probe.phases import PHASES, SCHEDULER_PHASES, UNACCOUNTED, VERIFY
 from pytest_specperf.telemetry.summary import (
     DRAM_UTIL,
     GPU_UTIL,
@@ -231,6 +231,21 @@ class Bottleneck:
         return ", ".join(parts)
 
 
+def scheduler_clause(host_ms: Mapping[str, float], step: float) -> str | None:
+    """The serving scheduler's own host work in the step (SGLang: taking in requests,
+    building and launching the batch, processing results, streaming output), largest
+    first; None when the backend times none of it (the embedded engine)."""
+    parts = sorted(
+        ((p, host_ms[p]) for p in SCHEDULER_PHASES if host_ms.get(p, 0.0) > 0),
+        key=lambda kv: -kv[1],
+    )
+    if not parts or step <= 0:
+        return None
+    total = sum(ms for _, ms in parts)
+    named = ", ".join(f"{p} {ms:.1f} ms" for p, ms in parts)
+    return f"the scheduler's own host work {total:.1f} ms ({_pct(total / step)}): {named}"
+
+
 def _largest_phase(label: str, phase_ms: Mapping[str, float], step: float) -> str:
     name, ms = max(phase_ms.items(), key=lambda kv: kv[1])
     return f"{label}: {name} {ms:.1f} ms ({_pct(ms / step)})"
@@ -287,6 +302,9 @@ def _host_only(figures: StepFigures, unacc: float, out: dict[str, float]) -> Bot
     ]
     if figures.host_ms:
         reasons.append(_largest_phase("largest phase", figures.host_ms, step))
+    sched = scheduler_clause(figures.host_ms, step)
+    if sched is not None:
+        reasons.append(sched)
     return Bottleneck("unknown", reasons, out)
 
 
@@ -341,6 +359,9 @@ def _host_bound(figures: StepFigures, d: _Device, unacc: float, t: Thresholds) -
         )
     elif figures.host_ms:
         reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
+    sched = scheduler_clause(figures.host_ms, step)
+    if sched is not None:  # what the host did while the GPU waited
+        reasons.append(sched)
     return reasons
 
 
@@ -605,7 +626,7 @@ def cpu_activity(
 
 
 def _runq_clause(figures: StepFigures, span: float, active: float) -> str:
-    """", about X ms waiting for a CPU (a busy machine)" when the run-queue part of ``span``
+    """ ", about X ms waiting for a CPU (a busy machine)" when the run-queue part of ``span``
     is worth a line, else ""."""
     runq = _runq_part(figures, span, active)
     if runq >= MIN_LINE_SHARE * span:
