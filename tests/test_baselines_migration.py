@@ -17,7 +17,7 @@ from pytest_specperf.judging.baseline_schema import keeps_blocks
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_gate, noisiest_phase
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.probe.phases import CORE_PHASES, UNACCOUNTED
 from pytest_specperf.store.baselines import dump_baselines, load_baselines, write_baselines
 
 #: The development box's baseline as schema 1 recorded it (commit 4a9f183), kept as the
@@ -28,7 +28,7 @@ V1 = Path(__file__).resolve().parent / "data" / "baselines-v1-cpu-amd-epyc-2c.ya
 V2 = Path(__file__).resolve().parent / "data" / "baselines-v2-cpu-amd-epyc-2c.yaml"
 REF = Identity("reference", "tiny", None, "DFLASH")
 #: Every gate a default or marker-chosen verdict can use on a CPU case.
-GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *PHASES)
+GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *CORE_PHASES)
 
 
 def _v1_cases() -> list[tuple[str, str, dict[str, Summary]]]:

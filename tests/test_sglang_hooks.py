@@ -173,7 +173,8 @@ class FakeEagleWorker:
         eagle_sample(batch)
 
     def _draft_extend_for_decode(self, batch: Any, batch_result: Any) -> None:
-        busy()
+        prepare_for_draft_extend(batch)  # KV locations: kv_commit
+        busy()  # the draft model's forward over the accepted tokens: draft
 
 
 def build_eagle_verify_input(batch: Any) -> None:
@@ -263,6 +264,7 @@ def hooked(rt: ProbeRuntime, monkeypatch: pytest.MonkeyPatch) -> ProbeRuntime:
         ("eagle_prepare_for_verify", "speculative.eagle_utils.eagle_prepare_for_verify"),
         ("eagle_sample", "speculative.eagle_utils.eagle_sample"),
         ("release_kv_cache", "mem_cache.common.release_kv_cache"),
+        ("prepare_for_draft_extend", "speculative.eagle_worker_common.prepare_for_draft_extend"),
     ):
         monkeypatch.setitem(g, name, around(g[name], make_hook(entry(suffix), rt)))
     for cls, name, suffix in (

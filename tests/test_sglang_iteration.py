@@ -13,6 +13,7 @@ only when that step's result is processed, and waiting on it before is recorded 
 from __future__ import annotations
 
 import ast
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -347,6 +348,7 @@ def _install(rt: ProbeRuntime, mp: pytest.MonkeyPatch) -> None:
         ("eagle_prepare_for_verify", "speculative.eagle_utils.eagle_prepare_for_verify"),
         ("eagle_sample", "speculative.eagle_utils.eagle_sample"),
         ("release_kv_cache", "mem_cache.common.release_kv_cache"),
+        ("prepare_for_draft_extend", "speculative.eagle_worker_common.prepare_for_draft_extend"),
     ):
         mp.setattr(th, name, around(getattr(th, name), make_hook(entry(suffix), rt)))
     for cls, name, suffix in (
@@ -538,3 +540,41 @@ def test_unit_bottleneck_names_the_scheduler_host_work() -> None:
     ) in text
     cpu = classify(StepFigures(step_ms=10.0, host_ms={"draft": 4.0, "verify": 5.0}))
     assert "scheduler" not in " | ".join(cpu.reasons)  # the embedded engine has none
+
+
+# -- item 3: one meaning per phase -----------------------------------------------------------
+#: Calls that run the draft model (a forward of its runner, or a replay of a draft graph).
+DRAFT_FORWARDS = re.compile(
+    r"(draft_runner|draft_model_runner|draft_runner_list\[[^\]]*\])\.forward\("
+    r"|cuda_graph_runner(_for_draft_extend)?\.execute\(|\.replay\("
+)
+
+
+def test_source_draft_model_forwards_are_draft_for_every_eagle_worker() -> None:
+    """A draft-model slowdown reads as ``draft`` whatever the algorithm: every mapped
+    draft/kv_commit method of the EAGLE-style workers that runs the draft model (its
+    runner's forward or a draft graph) is ``draft``; ``kv_commit`` ones run none."""
+    from pytest_specperf.engines.sglang.callgraph import CallGraph
+    from pytest_specperf.engines.sglang.phase_map import load_builtin
+    from pytest_specperf.engines.sglang.source import SourceTree
+
+    graph = CallGraph(SourceTree(_root()))
+    families = {"eagle", "eagle-draft", "eagle-multi-layer", "frozen-kv-mtp"}
+    seen = {}
+    for e in load_builtin("0.5.23").active():
+        if e.role != "phase" or e.phase not in ("draft", "kv_commit") or e.family not in families:
+            continue
+        d = graph.definition(e.target)
+        assert d is not None, e.target
+        text = ast.unparse(d.node)
+        seen[e.target.rsplit(".", 2)[-2] + "." + e.target.rsplit(".", 1)[1]] = (
+            e.phase,
+            DRAFT_FORWARDS.search(text) is not None,
+        )
+    assert seen["EagleDraftWorker._draft_extend_for_decode"] == ("draft", True)
+    assert seen["MultiLayerEagleDraftWorker._draft_extend_for_decode"] == ("draft", True)
+    assert seen["FrozenKVMTPDraftWorker._draft_extend_for_decode"] == ("kv_commit", False)
+    forwards_in_kv_commit = [
+        t for t, (phase, runs) in seen.items() if phase == "kv_commit" and runs
+    ]
+    assert forwards_in_kv_commit == []
