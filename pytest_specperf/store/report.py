@@ -97,7 +97,7 @@ def _samples_json(run: DecodeRun) -> dict[str, Any]:
         out["device_step_ms"] = _ms(run.samples[device_form(STEP)])
     for key, form in (("cpu_ms", cpu_form), ("active_ms", active_form)):
         if form(STEP) in run.samples:  # null: a step that was not sampled
-            out[key] = {p: list(run.samples[form(p)]) for p in STEP_PARTS}
+            out[key] = {p: list(run.samples[form(p)]) for p in STEP_PARTS if form(p) in run.samples}
     return out
 
 
@@ -108,6 +108,8 @@ def _activity_json(run: DecodeRun) -> dict[str, Any] | None:
         return None
     parts: dict[str, Any] = {}
     for p in STEP_PARTS:
+        if p not in s and p in PHASES:
+            continue  # a scheduler host phase this engine does not have
         span_name = device_form(p) if run.active_source == "device" and p in PHASES else p
         span = s[span_name].median if span_name in s else None
         cpu = s.get(cpu_form(p))
