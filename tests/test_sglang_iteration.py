@@ -578,3 +578,30 @@ def test_source_draft_model_forwards_are_draft_for_every_eagle_worker() -> None:
         t for t, (phase, runs) in seen.items() if phase == "kv_commit" and runs
     ]
     assert forwards_in_kv_commit == []
+
+
+def test_unit_bottleneck_shows_the_device_gap_beside_the_scheduler_host_work() -> None:
+    """On a GPU, the device's idle time between steps is named beside what the host did
+    (figures as a GPU run would record them; no GPU run has checked them yet)."""
+    from pytest_specperf.judging.bottleneck import StepFigures, classify
+
+    fig = StepFigures(
+        step_ms=192.0,
+        host_ms={
+            "ingest": 1.0,
+            "schedule": 3.0,
+            "launch": 6.0,
+            "verify": 20.0,
+            "postprocess": 150.0,
+            "output": 2.0,
+        },
+        device_ms={"verify": 18.0, "draft": 4.0},
+        unaccounted_ms=10.0,
+        device_gap_ms=158.0,
+    )
+    b = classify(fig)
+    assert b.figures["device_gap_ms"] == 158.0
+    assert (
+        "device idle 158.0 ms (82%) between one step's forward and the next, while the "
+        "scheduler's own host work 162.0 ms (84%): postprocess 150.0 ms"
+    ) in " | ".join(b.reasons)

@@ -145,6 +145,8 @@ class StepFigures:
     context_len: int | None = None
     #: time per step the probe's thread was runnable without a CPU (a busy machine), ms
     runq_ms: float | None = None
+    #: the device's idle time between consecutive steps' forwards (SGLang on a GPU), ms
+    device_gap_ms: float | None = None
 
     def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
         """Copy with the utilization medians of ``summary`` filled in (where measured)."""
@@ -321,6 +323,9 @@ class _Device:
 
 def _device_figures(figures: StepFigures, busy: float, out: dict[str, float]) -> _Device:
     out["device_busy_ms"] = sum(figures.device_ms.values())
+    gap = _finite(figures.device_gap_ms)
+    if gap is not None:
+        out["device_gap_ms"] = gap
     out["device_busy_share"] = busy
     for name, ms in figures.device_ms.items():
         out[f"device_ms.{name}"] = ms
@@ -360,7 +365,13 @@ def _host_bound(figures: StepFigures, d: _Device, unacc: float, t: Thresholds) -
     elif figures.host_ms:
         reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
     sched = scheduler_clause(figures.host_ms, step)
-    if sched is not None:  # what the host did while the GPU waited
+    gap = _finite(figures.device_gap_ms)
+    if gap is not None and gap > 0:
+        reasons.append(
+            f"device idle {gap:.1f} ms ({_pct(gap / step)}) between one step's forward and "
+            f"the next" + (f", while {sched}" if sched is not None else "")
+        )
+    elif sched is not None:  # what the host did while the GPU waited
         reasons.append(sched)
     return reasons
 
