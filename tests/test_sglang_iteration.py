@@ -605,3 +605,16 @@ def test_unit_bottleneck_shows_the_device_gap_beside_the_scheduler_host_work() -
         "device idle 158.0 ms (82%) between one step's forward and the next, while the "
         "scheduler's own host work 162.0 ms (84%): postprocess 150.0 ms"
     ) in " | ".join(b.reasons)
+
+
+def test_unit_strict_names_a_mapped_host_phase_that_never_timed() -> None:
+    """A scheduler host phase has samples only where some step timed it: mapped (its hook
+    installed) and absent is silent, as a mapped phase at 0 ms in every step is."""
+    from types import SimpleNamespace
+
+    from pytest_specperf.judging.strict import silent_phases
+
+    run = SimpleNamespace(samples={"step": [5.0, 5.0], "verify": [2.0, 2.0], "draft": [0.0, 0.0]})
+    outcome: Any = SimpleNamespace(run=run)
+    assert silent_phases(outcome, {"verify", "draft", "postprocess"}) == ["draft", "postprocess"]
+    assert silent_phases(outcome, {"verify"}) == []
