@@ -618,3 +618,20 @@ def test_unit_strict_names_a_mapped_host_phase_that_never_timed() -> None:
     outcome: Any = SimpleNamespace(run=run)
     assert silent_phases(outcome, {"verify", "draft", "postprocess"}) == ["draft", "postprocess"]
     assert silent_phases(outcome, {"verify"}) == []
+
+
+def test_unit_host_stall_canary_lands_in_unaccounted_inside_the_iteration(make_rt: Any) -> None:
+    """``--specperf-inject host_stall=MS`` spins before verify outside every named phase;
+    inside an iteration verify is entered from the step method (under ``launch``), and the
+    spin still counts as ``unaccounted``, not ``launch``."""
+    from pytest_specperf.probe.inject import Injector, parse_inject
+
+    rt = make_rt("run")
+    rt.probe._injector = Injector(parse_inject("host_stall=5"))
+    FakeScheduler(FakeEagleWorker(accept=3), [FakeReq("r", 100)], {"r": 9},
+                  overlap=False).run()  # fmt: skip
+    recs = _records(rt, "r")
+    assert len(recs) == 3
+    for r in recs:
+        assert r.unaccounted_ns >= 4.5e6, r
+        assert r.host_ns["launch"] < 2e6, r

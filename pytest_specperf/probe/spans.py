@@ -483,7 +483,13 @@ class StepProbe:
         if self._depth[index]:
             self._depth[index] += 1
             return
-        if self._injector is not None and not self._stack and index != _HIDDEN:
+        # before a phase entered outside every named phase (directly in the step, or in
+        # the unnamed frame of a step method: time that counts as unaccounted)
+        if (
+            self._injector is not None
+            and index != _HIDDEN
+            and (not self._stack or self._stack[-1][0] == _HIDDEN)
+        ):
             self._injector.before_phase(PHASES[index])
         self._depth[index] = 1
         if self._nvtx is not None:
