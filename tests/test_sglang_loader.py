@@ -58,50 +58,45 @@ STANDIN_PACKAGES = (
     "sglang.srt.model_executor.runner",
 )
 
-_BUSY = """
+_BUSY = '''
 import time
 def busy(us=50):
     end = time.perf_counter_ns() + us * 1000
     while time.perf_counter_ns() < end:
         pass
-"""
+'''
 
 #: Stand-in modules (name -> source), in import order; signatures are SGLang 0.5.23's.
 STANDIN_MODULES: dict[str, str] = {
-    S + "model_executor.runner.decode_cuda_graph_runner": _BUSY
-    + """
+    S + "model_executor.runner.decode_cuda_graph_runner": _BUSY + '''
 class DecodeCudaGraphRunner:
     def __init__(self, model_runner):
         self.model_runner = model_runner
     def execute(self, forward_batch, pp_proxy_tensors=None):
         busy()
-""",
-    S + "model_executor.runner.eager_runner": _BUSY
-    + """
+''',
+    S + "model_executor.runner.eager_runner": _BUSY + '''
 class EagerRunner:
     def __init__(self, model_runner):
         self.model_runner = model_runner
     def execute(self, forward_batch, pp_proxy_tensors=None, **kwargs):
         busy()
-""",
-    S + "speculative.eagle_draft_cuda_graph_runner": _BUSY
-    + """
+''',
+    S + "speculative.eagle_draft_cuda_graph_runner": _BUSY + '''
 class EAGLEDraftCudaGraphRunner:
     def __init__(self, model_runner):
         self.model_runner = model_runner
     def execute(self, forward_batch):
         busy()
-""",
-    S + "speculative.eagle_draft_extend_cuda_graph_runner": _BUSY
-    + """
+''',
+    S + "speculative.eagle_draft_extend_cuda_graph_runner": _BUSY + '''
 class EAGLEDraftExtendCudaGraphRunner:
     def __init__(self, model_runner):
         self.model_runner = model_runner
     def execute(self, forward_batch, select_index):
         busy()
-""",
-    S + "speculative.eagle_utils": _BUSY
-    + """
+''',
+    S + "speculative.eagle_utils": _BUSY + '''
 def eagle_prepare_for_decode(batch):
     busy()
 def eagle_prepare_for_verify(verify_input, req_to_token_pool, batch, target_worker):
@@ -109,9 +104,8 @@ def eagle_prepare_for_verify(verify_input, req_to_token_pool, batch, target_work
 def eagle_sample(verify_input, batch, logits_output, grammar_mask, uno_target_max_top_k,
                  *, watermark_state=None, watermark_full_mask=None):
     busy()
-""",
-    S + "speculative.eagle_worker_common": _BUSY
-    + """
+''',
+    S + "speculative.eagle_worker_common": _BUSY + '''
 from sglang.srt.speculative.eagle_utils import eagle_prepare_for_verify, eagle_sample
 def build_eagle_verify_input(batch, draft_input, parent_list, top_scores_index, draft_tokens,
                              draft_probs, *, target_worker, topk, num_steps, num_draft_tokens,
@@ -130,9 +124,8 @@ def run_eagle_verify(batch, *, target_worker, req_to_token_pool, token_to_kv_poo
     target_worker.target_runner.execute(None)
     eagle_sample(batch.spec_info, batch, None, None, None)
     return target_worker.result_for(batch)
-""",
-    S + "speculative.eagle_worker_v2": _BUSY
-    + """
+''',
+    S + "speculative.eagle_worker_v2": _BUSY + '''
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
@@ -195,9 +188,8 @@ class EAGLEWorkerV2:
                                 token_to_kv_pool_allocator=None, plan_stream=None,
                                 plan_stream_ctx=None, topk=1, num_draft_tokens=4, device="cpu",
                                 metadata_ready_pre_pad=False, finalize_tree_path=False)
-""",
-    S + "managers.schedule_batch": _BUSY
-    + """
+''',
+    S + "managers.schedule_batch": _BUSY + '''
 from sglang.srt.speculative.eagle_utils import eagle_prepare_for_decode
 
 class StandinForwardMode:
@@ -225,18 +217,17 @@ class ScheduleBatch:
         self.seq_lens_cpu = None
     def prepare_for_decode(self):
         eagle_prepare_for_decode(self)
-""",
-    S + "mem_cache.common": """
+''',
+    S + "mem_cache.common": '''
 def release_kv_cache(req, tree_cache, *, checkpoint=False):
     return None
-""",
-    S + "managers.scheduler_components.output_streamer": _BUSY
-    + """
+''',
+    S + "managers.scheduler_components.output_streamer": _BUSY + '''
 class SchedulerOutputStreamer:
     def stream_output(self, reqs, return_logprob, skip_req=None):
         busy()
-""",
-    S + "managers.scheduler_components.batch_result_processor": """
+''',
+    S + "managers.scheduler_components.batch_result_processor": '''
 from sglang.srt.mem_cache.common import release_kv_cache
 from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
@@ -251,9 +242,8 @@ class SchedulerBatchResultProcessor:
                 req.done = True
                 release_kv_cache(req, None, checkpoint=False)
         self.output_streamer.stream_output(batch.reqs, False)
-""",
-    S + "managers.scheduler": _BUSY
-    + '''
+''',
+    S + "managers.scheduler": _BUSY + '''
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 class Scheduler:
@@ -353,19 +343,17 @@ def run_scheduler_process(
     from pytest_specperf.engines.sglang import sgl_plugin
 
     _drive(steps)
-    pipe_writer.send(
-        {
-            "plugins_file": plugins.__file__,
-            "registry_file": sys.modules["sglang.srt.plugins.hook_registry"].__file__,
-            "sgl_plugin_file": sgl_plugin.__file__,
-            "patched": sorted(HookRegistry._patched),
-            "hooks_per_target": {t: len(h) for t, h in HookRegistry._hooks.items()},
-            "wrapped_step": hasattr(v2.EAGLEWorkerV2.forward_batch_generation, "__wrapped__"),
-            "rebound": v2.build_eagle_verify_input is common.build_eagle_verify_input
-            and hasattr(v2.build_eagle_verify_input, "__wrapped__"),
-            "heavy": [m for m in ("transformers", "triton", "sglang.lang") if m in sys.modules],
-        }
-    )
+    pipe_writer.send({
+        "plugins_file": plugins.__file__,
+        "registry_file": sys.modules["sglang.srt.plugins.hook_registry"].__file__,
+        "sgl_plugin_file": sgl_plugin.__file__,
+        "patched": sorted(HookRegistry._patched),
+        "hooks_per_target": {t: len(h) for t, h in HookRegistry._hooks.items()},
+        "wrapped_step": hasattr(v2.EAGLEWorkerV2.forward_batch_generation, "__wrapped__"),
+        "rebound": v2.build_eagle_verify_input is common.build_eagle_verify_input
+        and hasattr(v2.build_eagle_verify_input, "__wrapped__"),
+        "heavy": [m for m in ("transformers", "triton", "sglang.lang") if m in sys.modules],
+    })
     pipe_writer.close()
 
 
@@ -409,9 +397,8 @@ def test_sglang_loader_applies_our_hooks_in_a_spawned_scheduler(
     # applied once per target (load_plugins twice in one process registers once)
     assert summary["wrapped_step"] and summary["rebound"]
     assert set(summary["hooks_per_target"].values()) == {1}
-    assert (
-        S + "speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
-        in (summary["patched"])
+    assert S + "speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation" in (
+        summary["patched"]
     )
 
     (report_path,) = tmp_path.glob("hooks-pid*-rank0.json")
@@ -421,10 +408,8 @@ def test_sglang_loader_applies_our_hooks_in_a_spawned_scheduler(
     assert installed == set(summary["patched"]) == set(summary["hooks_per_target"])
     assert report["signature_changed"] == []  # the stand-ins have 0.5.23's signatures
     missing = {m["target"]: m for m in report["missing"]}
-    multi = missing[
-        S + "speculative.multi_layer_eagle_worker_v2.MultiLayerEagleWorkerV2."
-        "forward_batch_generation"
-    ]
+    multi = missing[S + "speculative.multi_layer_eagle_worker_v2.MultiLayerEagleWorkerV2."
+                    "forward_batch_generation"]
     assert multi["kind"] == "not_found"  # no stand-in for it
     skipped = report["not_for_this_algorithm"]
     assert any("dflash" in t for t in skipped) and not any("dflash" in t for t in installed)
