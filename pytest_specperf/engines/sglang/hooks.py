@@ -6,8 +6,14 @@ writing them, and the few counters the hooks need. :func:`make_hook` turns one
 :class:`~pytest_specperf.engines.sglang.phase_map.HookEntry` into an AROUND hook for
 ``HookRegistry`` (signature ``hook(original_fn, *args, **kwargs)``).
 
-A decode step is one call of the speculative worker's ``forward_batch_generation`` (role
-``step``). Its record is completed from two places SGLang reaches later:
+A record is one iteration of the scheduler's event loop that ran a batch through the
+speculative worker's ``forward_batch_generation`` (role ``step``): it opens when an
+iteration starts (role ``iteration``, ``Scheduler.ingest_requests``, timed as ``ingest``)
+and ends when the next one starts. The scheduler's own work in it is timed by host-phase
+entries (``schedule``, ``launch``, ``postprocess``, ``output``); the worker call's own time
+outside its phases is ``unaccounted`` (the probe's unnamed frame, so that it is not counted
+in the enclosing ``launch``). Iterations that ran no batch make no record. A map without an
+``iteration`` entry gets the former records, one per worker call, completed from:
 
 - ``schedule``: ``ScheduleBatch.prepare_for_decode`` runs in the scheduler loop *before*
   the worker call; its host time is carried into the next step's ``schedule`` phase and
@@ -16,20 +22,24 @@ A decode step is one call of the speculative worker's ``forward_batch_generation
   time is not carried: it runs on the schedule stream). That next step is a
   decode step, or an extend step when mixed chunked prefill merged the decode batch into
   a prefill batch; either way the carry is consumed by the step it preceded, never by a
-  later one;
-- accepted tokens: known on the host only when the scheduler processes the step's result
-  (``process_batch_result_decode``, after the next step was launched under the overlap
-  scheduler). Decode records are held until then, and written (and flushed to the OS)
-  when a request finishes, before SGLang streams the final output, so the plugin finds
-  every record of a request as soon as its ``/generate`` call returns.
+  later one.
+
+Accepted tokens are known on the host only when the scheduler processes the step's result
+(``process_batch_result_decode``, after the next step was launched under the overlap
+scheduler). Decode records are held until then. When a request finishes, its records are
+written through its last step, and only through it (never waiting on a step the overlap
+loop already launched): at once without iterations, at the start of the next iteration
+with them (its last step's record ends there).
 
 Under the overlap scheduler SGLang runs one more step for a request after its last one
 (the batch was launched before the finish was known); that step's record drops the
-finished request from ``rids`` (it produced nothing for it).
+finished request from ``rids`` (it produced nothing for it) and counts none of its tokens
+(SGLang skips that row).
 
 Hot path: a wrapper that is not in a step, or whose condition is false, costs one or two
 attribute tests before calling through; a timed phase adds the probe's span (two
-``perf_counter_ns`` and, on a GPU, two CUDA-event records). Nothing here synchronizes
+``perf_counter_ns`` and, on a GPU, two CUDA-event records); every scheduler iteration,
+idle ones too, opens a record (and drops it when no batch ran). Nothing here synchronizes
 with the GPU inside a step; flushing (which resolves CUDA events) happens when a request
 finishes or the scheduler is idle. A failure in our own code is recorded (``errors``
 report in the run directory, one log line) and never propagates into SGLang.
