@@ -53,7 +53,7 @@ def column(case: dict, metric: str) -> list:
     """A stored case's per-run list of ``metric`` as the file holds it (schema v3: a step
     part's forms in its ``phases`` row, the others under ``value``): the list itself, so
     a test can edit it in place."""
-    from pytest_specperf.judging.baseline_schema import ROW_OF
+    from pytest_specperf.store.baseline_schema import ROW_OF
 
     row = ROW_OF.get(metric)
     if row is not None and row[0] in case.get("phases", {}):

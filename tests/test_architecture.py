@@ -15,6 +15,11 @@
   or ``cli/``. ``server/`` imports nothing above it (no verdict rule, no pipeline, no
   glue): measuring never calls back up into judging. No module cycle in ``plugin/`` or
   ``run/`` (``plugin/cases`` and ``plugin/fixtures`` once imported each other).
+- The store parses its own files: the baseline validator lives in ``store/``, judging
+  defines no file parser (no ``parse_*`` but the parsers of a value a person types, no
+  validator error, no ``*_schema`` module), and what store imports from judging is records
+  and rules only, never a parser.
+- The end of the run (``run/finish.py``) writes the baselines and reports without pytest.
 - No function is longer than 60 lines, except the ones the README's architecture note
   names with their reason.
 """
@@ -83,6 +88,48 @@ def test_the_plugin_wing_is_the_entry_point() -> None:
 )
 def test_judging_is_pure(banned: tuple[str, ...]) -> None:
     assert _offenders(_modules("judging"), banned) == []
+
+
+#: judging's ``parse_*`` functions: each parses a value a person types (an option, a marker
+#: keyword, a calibration argument), never a stored file.
+JUDGING_VALUE_PARSERS = {"parse_budget", "parse_costs", "parse_fraction"}
+
+
+def _defined(path: Path) -> set[str]:
+    """The names of the functions and classes ``path`` defines (at any depth)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.name for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}  # fmt: skip
+
+
+def _imported_names(path: Path, prefix: str) -> set[str]:
+    """``module.name`` of every name ``path`` imports from a module under ``prefix``."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix):
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_the_store_parses_its_own_files() -> None:
+    """No parse climb between store/ and judging/: the baseline file's validator is in
+    store/, judging holds records and rules only."""
+    judging = _modules("judging")
+    assert [p.name for p in judging if p.stem.endswith("_schema")] == []
+    parsers = [f"{p.name}:{name}" for p in judging for name in _defined(p)
+               if (name.startswith("parse_") and name not in JUDGING_VALUE_PARSERS)
+               or name == "Invalid"]  # fmt: skip
+    assert parsers == []
+    assert (PACKAGE / "store" / "baseline_schema.py").is_file()
+    climbs = [f"{p.relative_to(PACKAGE.parent)} imports {name}" for p in _modules("store")
+              for name in _imported_names(p, f"{PACKAGE.name}.judging")
+              if name.rsplit(".", 1)[1].startswith(("parse", "check_", "Invalid"))]  # fmt: skip
+    assert climbs == []
+
+
+def test_the_end_of_the_run_has_no_pytest() -> None:
+    assert (PACKAGE / "run" / "finish.py").is_file()
+    assert not (PACKAGE / "plugin" / "finish.py").exists()
 
 
 def test_reporting_does_not_talk_to_servers_or_pytest() -> None:

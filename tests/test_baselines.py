@@ -278,7 +278,7 @@ def test_refuses_to_record_an_invalid_measurement(tmp_path, make_case):
     path = tmp_path / "b.yaml"
     bad = make_case()
     values = dict(bad.latest.values, step=math.nan)
-    from pytest_specperf.judging.baseline_schema import make_run as record
+    from pytest_specperf.judging.baselines import make_run as record
 
     bad = CaseBaseline(
         bad.test,
@@ -314,17 +314,17 @@ ENTRY = "engines: {e: {identity: {backend: reference, model: tiny, draft_model: 
         ("engines: {}\n", "schema_version is None"),
         ("schema_version: true\n", "schema_version is True"),
         ("- a list\n", "top level: expected a mapping, got a list of 1 item(s)"),
-        ("schema_version: 2\nextra: 1\n", "top level: unknown field(s) extra"),
+        ("schema_version: 4\nextra: 1\n", "top level: unknown field(s) extra"),
         (
-            "schema_version: 2\nengines: {e: {identity: {backend: reference}}}\n",
+            "schema_version: 4\nengines: {e: {identity: {backend: reference}}}\n",
             "engines['e'].identity: expected a mapping of exactly backend, model, draft_model and algorithm",
         ),
         (
-            "schema_version: 2\n" + ENTRY + "fingerprints: {h: {backend: sglang}}}}\n",
+            "schema_version: 4\n" + ENTRY + "fingerprints: {h: {backend: sglang}}}}\n",
             "engines['e'].fingerprints['h']: does not belong to this entry's identity (reference tiny DFLASH)",
         ),
         (
-            "schema_version: 2\nengines: {a: &i {identity: {backend: r, model: m, draft_model: null, algorithm: null}}, b: *i}\n",
+            "schema_version: 4\nengines: {a: &i {identity: {backend: r, model: m, draft_model: null, algorithm: null}}, b: *i}\n",
             "engines 'a' and 'b' have the same identity",
         ),
         (

@@ -25,7 +25,12 @@ from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identit
 from pytest_specperf.judging.verdict import Tolerances, judge_gate
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.store import baseline_io, baselines
-from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
+from pytest_specperf.store.baselines import (
+    BaselineError,
+    load_any_schema,
+    load_baselines,
+    write_baselines,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -164,7 +169,7 @@ def test_huge_file_is_refused_by_size_before_reading(tmp_path, monkeypatch):
     assert dt < FAST_S and peak < SMALL_BYTES
     _row("47.6 MiB baseline file", 1, f"refused by size in {dt * 1000:.1f} ms", True)
     small = tmp_path / "small.yaml"
-    small.write_text("schema_version: 2\ndevice: {name: " + "x" * 2000 + "}\n")
+    small.write_text("schema_version: 4\ndevice: {name: " + "x" * 2000 + "}\n")
     monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "0.001")
     assert "over the 0.000999451 MiB limit" in _refused(small)[0]
     monkeypatch.setenv("SPECPERF_BASELINE_MAX_MB", "1")
@@ -204,7 +209,7 @@ def test_each_corrupt_case_of_issue_12_is_a_case_problem(tmp_path, what):
     _v1_case_edit(per["ctx=32768 kv=contiguous bs=1"], what)
     path = tmp_path / "cpu.yaml"
     path.write_text(yaml.safe_dump(data))
-    bf = load_baselines(path)
+    bf = load_any_schema(path)  # what specperf migrate reads
     got = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=32768 kv=contiguous bs=1")
     assert isinstance(got, CaseProblem)
     assert str(path) in got.message and "ctx=32768 kv=contiguous bs=1" in got.message
@@ -702,7 +707,7 @@ def test_the_worst_file_within_the_node_limit_is_refused_in_under_a_second(tmp_p
     built (a list where the schema wants a mapping), then refused by the schema."""
     n = baseline_io.MAX_NODES - 5  # the root, two keys, a value and the list
     path = tmp_path / "cpu.yaml"
-    path.write_text("schema_version: 3\nengines: [" + "1," * (n - 1) + "1]\n")
+    path.write_text("schema_version: 4\nengines: [" + "1," * (n - 1) + "1]\n")
     msg, _, _ = _refused(path)
     assert f"engines: expected a mapping, got a list of {n} item(s)" in msg
     outcome, wall, cpu, rss = _load_in_child(path)

@@ -13,12 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pytest_specperf.judging.baseline_schema import keeps_blocks
-from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity
+from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity, keeps_blocks
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_gate, noisiest_phase
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
-from pytest_specperf.store.baselines import dump_baselines, load_baselines, write_baselines
+from pytest_specperf.store.baselines import (
+    BaselineError,
+    dump_baselines,
+    load_any_schema,
+    migrate_baselines,
+    write_baselines,
+)
 
 #: The development box's baseline as schema 1 recorded it (commit 4a9f183), kept as the
 #: migration fixture since baselines/cpu-amd-epyc-2c.yaml is re-recorded in later schemas.
@@ -64,7 +69,7 @@ def _now(v1: dict[str, Summary]) -> dict[str, Summary]:
 
 def test_the_v1_file_loads_as_one_identity_with_one_run_per_case():
     before = V1.read_bytes()
-    bf = load_baselines(V1)
+    bf = load_any_schema(V1)
     assert bf is not None and bf.version == 1 and bf.case_count() == 10
     assert bf.identities() == [REF] and bf.problems() == []
     case = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=46000 kv=fragmented bs=1")
@@ -77,7 +82,7 @@ def test_the_v1_file_loads_as_one_identity_with_one_run_per_case():
 
 
 def test_migrated_cases_keep_every_value_and_judged_block():
-    bf = load_baselines(V1)
+    bf = load_any_schema(V1)
     checked = 0
     for test, key, v1 in _v1_cases():
         migrated = bf.lookup(REF, test, key).metrics
@@ -96,7 +101,7 @@ def test_migrated_cases_keep_every_value_and_judged_block():
     "tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)]
 )
 def test_migrated_cases_judge_identically(tol):
-    bf = load_baselines(V1)
+    bf = load_any_schema(V1)
     verdicts = set()
     for test, key, v1 in _v1_cases():
         migrated = bf.lookup(REF, test, key).metrics
@@ -111,7 +116,7 @@ def test_migrated_cases_judge_identically(tol):
 
 
 def test_migrated_file_dumps_as_compact_v4(tmp_path):
-    text = dump_baselines(load_baselines(V1))
+    text = dump_baselines(load_any_schema(V1))
     assert text.startswith("schema_version: 4\n")
     lines = len(text.splitlines())
     print(
@@ -120,32 +125,37 @@ def test_migrated_file_dumps_as_compact_v4(tmp_path):
     assert lines < 350
     path = tmp_path / "v2.yaml"
     path.write_text(text)
-    again = load_baselines(path)
-    for case in load_baselines(V1).all_cases():
+    again = load_any_schema(path)
+    for case in load_any_schema(V1).all_cases():
         assert again.lookup(REF, case.test, case.key).metrics == case.metrics
 
 
-def test_only_an_update_rewrites_v1_as_v4_keeping_every_case(tmp_path, make_case):
+def test_an_update_refuses_v1_until_it_is_migrated_keeping_every_case(tmp_path, make_case):
     path = tmp_path / "cpu-amd-epyc-2c.yaml"
     shutil.copy(V1, path)
-    old = load_baselines(path)
+    before = path.read_bytes()
+    old = load_any_schema(path)
+    with pytest.raises(BaselineError, match="specperf migrate"):
+        write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
+    assert path.read_bytes() == before
+    assert migrate_baselines(path).written
     result = write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
     assert result.case_count() == 11 and result.notes == ()
-    new = load_baselines(path)
+    new = load_any_schema(path)
     assert new.version == 4
     for case in old.all_cases():
         kept = new.lookup(REF, case.test, case.key)
         assert kept.metrics == case.metrics and kept.runs == case.runs
 
 
-def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_update(tmp_path, make_case):
+def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_migration(tmp_path, make_case):
     data = yaml.safe_load(V1.read_text())
     per = data["cases"]["perf_tests/test_decode.py::test_decode"]
     per["ctx=8192 kv=contiguous bs=1"]["metrics"]["step"]["median"] = -1
     per["ctx=8192 kv=fragmented bs=1"]["metrics"] = {}
     path = tmp_path / "v1.yaml"
     path.write_text(yaml.safe_dump(data))
-    bf = load_baselines(path)
+    bf = load_any_schema(path)
     neg = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=contiguous bs=1")
     empty = bf.lookup(REF, "perf_tests/test_decode.py::test_decode", "ctx=8192 kv=fragmented bs=1")
     assert (
@@ -155,8 +165,8 @@ def test_a_bad_v1_case_is_a_problem_and_dropped_with_a_note_on_update(tmp_path, 
         isinstance(empty, CaseProblem)
         and "metrics: missing required metric(s) step" in empty.message
     )
-    result = write_baselines(path, {}, [make_case()])
-    assert result.case_count() == 9
+    result = migrate_baselines(path)
+    assert result.cases == 8  # 10 less the two invalid ones
     assert [n.split("]")[0] + "]" for n in result.notes] == [
         "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=contiguous bs=1]",
         "dropped invalid v1 case perf_tests/test_decode.py::test_decode [ctx=8192 kv=fragmented bs=1]",
@@ -195,14 +205,14 @@ def _entry_sizes(text: str) -> list[tuple[int, int]]:
 
 def test_the_v2_file_loads_as_it_is_and_dumps_as_v4_with_every_value(tmp_path):
     before = V2.read_bytes()
-    old = load_baselines(V2)
+    old = load_any_schema(V2)
     assert old.version == 2 and old.case_count() == 10 and old.problems() == []
     assert V2.read_bytes() == before  # reading never rewrites
     text = dump_baselines(old)
     assert text.startswith("schema_version: 4\n")
     path = tmp_path / "v3.yaml"
     path.write_text(text)
-    new = load_baselines(path)
+    new = load_any_schema(path)
     assert new.version == 4 and new.problems() == []
     for case in old.all_cases():
         again = new.lookup(REF, case.test, case.key)
@@ -218,12 +228,13 @@ def test_the_v2_file_loads_as_it_is_and_dumps_as_v4_with_every_value(tmp_path):
 @pytest.mark.parametrize(
     "tol", [Tolerances(phase=0.07, step=0.25), Tolerances(phase=0.02, step=0.02)]
 )
-def test_v2_cases_judge_identically_after_an_update_rewrote_them(tmp_path, make_case, tol):
+def test_v2_cases_judge_identically_after_migration_and_an_update(tmp_path, make_case, tol):
     path = tmp_path / "cpu-amd-epyc-2c.yaml"
     shutil.copy(V2, path)
-    old = load_baselines(path)
+    old = load_any_schema(path)
+    migrate_baselines(path)
     write_baselines(path, old.device, [make_case(test="perf_tests/new.py::test_x")])
-    new = load_baselines(path)
+    new = load_any_schema(path)
     assert new.version == 4 and new.case_count() == 11
     for case in old.all_cases():
         kept = new.lookup(REF, case.test, case.key)
@@ -236,7 +247,7 @@ def test_v2_cases_judge_identically_after_an_update_rewrote_them(tmp_path, make_
 
 def test_an_untouched_v3_entry_is_written_exactly_as_it_was(tmp_path, make_case):
     path = tmp_path / "cpu.yaml"
-    path.write_text(dump_baselines(load_baselines(V2)))
+    path.write_text(dump_baselines(load_any_schema(V2)))
     before = path.read_text()
     write_baselines(path, {}, [make_case(fingerprint={**make_case().fingerprint, "config": "x"})])
     after = path.read_text()

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.judge import Case, judge_case
 from pytest_specperf.judging.strict import silent_phases, unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
@@ -17,6 +16,7 @@ from pytest_specperf.plugin.xdist import order_cases, worker_gpu
 from pytest_specperf.reporting.markdown import markdown_summary, markdown_table
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.store.baselines import case_from_json, case_to_json
 from pytest_specperf.telemetry.summary import TelemetrySummary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,23 +138,23 @@ def test_case_view_survives_the_wire(outcome_of):
 
 def test_case_view_refuses_a_broken_form(outcome_of):
     data = CaseView.of(outcome_of(), baseline_file="b.yaml").to_json()
-    del data["verdict"]
+    del data["report"]["verdict"]
     with pytest.raises(ValueError, match="not a case view"):
         CaseView.from_json(data)
 
 
 def test_recorded_case_survives_the_wire(make_case):
     case = make_case(pid=4711, at="2026-01-02T03:04:05+00:00")
-    back = CaseBaseline.from_json(json.loads(json.dumps(case.to_json())))
+    back = case_from_json(json.loads(json.dumps(case_to_json(case))))
     assert back == case
     # pytest-xdist's wire (execnet) takes plain types only, not dict subclasses
     from execnet.gateway_base import dumps_internal, loads_internal
 
-    assert CaseBaseline.from_json(loads_internal(dumps_internal(case.to_json()))) == case
-    broken = case.to_json()
+    assert case_from_json(loads_internal(dumps_internal(case_to_json(case)))) == case
+    broken = case_to_json(case)
     broken["fingerprint"]["engine_version"] = "9.9"  # no longer the hash the case names
     with pytest.raises(ValueError, match="fingerprint hash"):
-        CaseBaseline.from_json(broken)
+        case_from_json(broken)
 
 
 def test_cases_are_reported_in_collection_order(outcome_of):

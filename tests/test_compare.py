@@ -7,6 +7,7 @@ Runs are built from synthetic step records through the real summarizing and judg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -16,6 +17,8 @@ import pytest
 
 from pytest_specperf.cli import compare
 from pytest_specperf.judging.judge import Case, as_baseline, judge_case
+from pytest_specperf.judging.metrics import RUNQ_SHARE, STEP, cpu_form
+from pytest_specperf.judging.samples import build_run
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.settings import ToleranceSpec, parse_tolerance
 from pytest_specperf.store.baselines import utc_now
@@ -55,6 +58,40 @@ def test_a_rebuilt_run_has_the_summaries_the_gate_computed(tmp_path, make_run, r
         r = rebuilt.summaries[name]
         assert r.n == s.n and math.isclose(r.value, s.value, rel_tol=1e-9), name
         assert all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(r.blocks, s.blocks)), name
+
+
+def _with_cpu_and_runq(run):
+    """``run``'s steps as a busy CPU run measures them: the thread's CPU time per phase
+    and step, and the part of its wait spent runnable without a CPU (run-queue time)."""
+    records = [
+        dataclasses.replace(
+            r,
+            cpu_ns={p: v // 2 for p, v in r.host_ns.items()},
+            step_cpu_ns=r.step_ns // 2,
+            step_runq_ns=r.step_ns // (5 + i % 3),
+        )
+        for i, r in enumerate(run.records)
+    ]
+    return build_run(records, run.blocks, context_len=run.context_len,
+                     batch_size=run.batch_size, layout=run.kv_layout)  # fmt: skip
+
+
+def test_a_rebuilt_run_keeps_its_run_queue_and_cpu_time(tmp_path, make_run, reference_fp):
+    """The saved case carries the probe's records: run-queue and CPU time survive
+    ``specperf compare`` (an older report, without them, rebuilds from its samples)."""
+    run = _with_cpu_and_runq(make_run(steps=32))
+    assert RUNQ_SHARE in run.summaries and cpu_form(STEP) in run.summaries
+    path = _write(tmp_path / "r.json", _case(run, reference_fp))
+    rebuilt = run_from_case(path, read_report(path).cases[0])
+    assert set(rebuilt.summaries) == set(run.summaries)
+    for name in (RUNQ_SHARE, cpu_form(STEP)):
+        assert rebuilt.summaries[name] == run.summaries[name], name
+    assert [r.step_runq_ns for r in rebuilt.records] == [r.step_runq_ns for r in run.records]
+    older = json.loads(path.read_text())
+    del older["cases"][0]["records"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    again = run_from_case(tmp_path / "old.json", read_report(tmp_path / "old.json").cases[0])
+    assert RUNQ_SHARE not in again.summaries and again.summaries[STEP] == rebuilt.summaries[STEP]
 
 
 def test_compare_gives_the_verdicts_the_gate_gives(tmp_path, make_run, reference_fp):

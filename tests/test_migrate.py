@@ -8,11 +8,12 @@ import io
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pytest_specperf.cli import migrate
 from pytest_specperf.judging.baselines import SCHEMA_VERSION
-from pytest_specperf.store.baselines import load_baselines
+from pytest_specperf.store.baselines import BaselineError, load_any_schema, load_baselines
 
 DATA = Path(__file__).resolve().parent / "data"
 V1 = DATA / "baselines-v1-cpu-amd-epyc-2c.yaml"
@@ -26,7 +27,7 @@ def _run(*files: Path, check: bool = False) -> tuple[int, str]:
 
 
 def _metrics(path: Path) -> dict[tuple[str, str], dict[str, float]]:
-    bf = load_baselines(path)
+    bf = load_any_schema(path)
     assert bf is not None
     return {(c.test, c.key): {m: s.value for m, s in c.metrics.items()} for c in bf.all_cases()}
 
@@ -73,3 +74,24 @@ def test_the_command_is_dispatched(tmp_path):
     assert main(["migrate", "--check", str(path)]) == 1
     assert main(["migrate", str(path)]) == 0
     assert main(["migrate", "--check", str(path)]) == 0
+
+
+def test_a_run_refuses_an_older_schema_naming_the_migration(tmp_path):
+    """Outside ``specperf migrate`` a valid file of an older schema is refused, the message
+    naming the command that fixes it; nothing on disk changes. After the migration the
+    same file reads, with the same numbers."""
+    for old, version in ((V1, 1), (V2, 2)):
+        path = tmp_path / old.name
+        shutil.copy(old, path)
+        before = path.read_bytes()
+        with pytest.raises(BaselineError) as e:
+            load_baselines(path)
+        assert f"schema_version is {version}, an older schema" in str(e.value)
+        assert f"specperf migrate {path}" in str(e.value)
+        assert path.read_bytes() == before
+        numbers = _metrics(path)
+        assert _run(path)[0] == 0
+        bf = load_baselines(path)
+        assert bf is not None
+        assert {(c.test, c.key): {m: s.value for m, s in c.metrics.items()}
+                for c in bf.all_cases()} == numbers  # fmt: skip

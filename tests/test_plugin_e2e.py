@@ -210,14 +210,21 @@ def test_a_corrupt_case_is_invalid_naming_file_case_and_field(pytester, recorded
     )
 
 
+#: A valid baseline file of schema 2 (read only by ``specperf migrate``).
+OLDER_SCHEMA = (
+    Path(__file__).resolve().parent / "data" / "baselines-v2-cpu-amd-epyc-2c.yaml"
+).read_text()
+
+
 @pytest.mark.parametrize(
     "text",
     [
         "cases: [not, closed\n",
         "schema_version: 7\ncases: {}\n",
         "schema_version: 1\ncases: !!python/object/apply:os.system ['touch PWNED']\n",
+        OLDER_SCHEMA,
     ],
-    ids=["malformed", "schema", "python-tag"],
+    ids=["malformed", "schema", "python-tag", "older-schema"],
 )
 @pytest.mark.parametrize("update", [False, True], ids=["compare", "update"])
 def test_bad_baseline_file_is_refused_untouched(pytester, text, update):
@@ -230,6 +237,9 @@ def test_bad_baseline_file_is_refused_untouched(pytester, text, update):
     assert "baselines/test-box.yaml" in out or str(path) in out
     assert not (pytester.path / "PWNED").exists()
     assert path.read_bytes() == before
+    if text is OLDER_SCHEMA:  # a valid file of schema 2: the fix is the migration
+        assert "schema_version is 2, an older schema" in out
+        assert "specperf migrate" in out
 
 
 def test_json_report_and_server_teardown(pytester, recorded):

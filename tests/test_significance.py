@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.judge import (
     Case,
     as_baseline,
@@ -33,7 +32,14 @@ from pytest_specperf.judging.significance import (
 from pytest_specperf.judging.stats import Summary, f_sf, satterthwaite, t_quantile, t_sf
 from pytest_specperf.judging.strict import unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
+from pytest_specperf.store.baselines import (
+    BaselineError,
+    case_from_json,
+    case_to_json,
+    load_any_schema,
+    load_baselines,
+    write_baselines,
+)
 from pytest_specperf.store.prior import load_prior, prior_path, write_prior
 
 # -- distributions -----------------------------------------------------------------------
@@ -349,18 +355,19 @@ def test_updates_on_later_days_add_sittings_and_keep_the_last_k(tmp_path, make_r
 
 
 def test_a_v3_file_reads_as_one_sitting(tmp_path, make_run, reference_fp):
-    """The committed baselines are schema 3: their runs carry no sitting."""
+    """A schema-3 file's runs carry no sitting (read by ``specperf migrate``, which keeps
+    them as one sitting)."""
     path = tmp_path / "box.yaml"
     write_baselines(path, {"name": "box"}, [_record(_case(_processes(make_run, [0, 0]),
                                                                reference_fp))])  # fmt: skip
     text = path.read_text().replace("schema_version: 4", "schema_version: 3")
     path.write_text(text)
-    bf = load_baselines(path)
+    bf = load_any_schema(path)
     assert bf.version == 3
     [case] = list(bf.all_cases())
     assert case.sittings == 1 and all(r.sitting is None for r in case.runs)
     path.write_text(text.replace("pid: 100}", "pid: 100, sitting: x}"))
-    [problem] = load_baselines(path).problems()  # a v3 run knows no sitting field
+    [problem] = load_any_schema(path).problems()  # a v3 run knows no sitting field
     assert "unknown field(s) sitting" in problem.message
 
 
@@ -392,12 +399,12 @@ def test_a_recorded_case_keeps_its_sitting_through_json(tmp_path, make_run, refe
     worker's cases travel as JSON to the controller, which writes them)."""
     recorded = _record(_case(_processes(make_run, [0, 0]), reference_fp, sitting="worker"))
     assert [r.sitting for r in recorded.runs] == [None, None]
-    wire = CaseBaseline.from_json(recorded.to_json())
+    wire = case_from_json(case_to_json(recorded))
     path = tmp_path / "box.yaml"
     write_baselines(path, {"name": "box"}, [wire], sitting="controller", host="box")
     [case] = list(load_baselines(path).all_cases())
     assert [r.sitting for r in case.runs] == ["controller", "controller"]
-    again = CaseBaseline.from_json(case.to_json())
+    again = case_from_json(case_to_json(case))
     assert [(r.sitting, r.host) for r in again.runs] == [("controller", "box")] * 2
 
 

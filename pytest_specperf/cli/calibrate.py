@@ -63,7 +63,6 @@ from pytest_specperf.cli.options import (
     add_replaced_options,
     add_tolerance_option,
 )
-from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.calibration import (
     Condition,
     RunOutcome,
@@ -88,6 +87,7 @@ from pytest_specperf.judging.verdict import (
 from pytest_specperf.probe.phases import UNACCOUNTED
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, Attach, ToleranceSpec
+from pytest_specperf.store.baseline_schema import MAX_RUNS
 from pytest_specperf.store.prior import write_prior
 from pytest_specperf.store.report import Report, ReportError, read_report, strict
 

@@ -43,10 +43,10 @@ baseline grown over updates on several days knows its sittings (``judging.noise`
 of older files carry none and read as one sitting.
 
 Files are read and written by ``store.baselines`` through ``store.baseline_io`` (size,
-shape and symlink limits, safe loading only), by ``schema_version``: a v1 file (one
-summary per metric and case) is migrated on read, each case becoming one run; a v2 file
-(every metric on its own line under ``value``) is read as it is; a v3 file's runs read as
-one sitting; all are rewritten as v4 only by an update. File-level problems raise
+shape and symlink limits, safe loading only), by ``schema_version``: a run reads v4
+only; ``specperf migrate`` reads an older file (a v1 file's cases as one run each, a v2
+file's metrics each on its own line under ``value``, runs up to v3 as one sitting) and
+rewrites it as v4. File-level problems raise
 ``BaselineError``; a case that fails validation is a ``CaseProblem`` that the judge
 reports as INVALID, naming file, case and field.
 """
@@ -63,18 +63,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specperf.judging.baseline_schema import (
-    Invalid,
-    NotGated,
-    RunRecord,
-    brief,
-    keeps_blocks,
-    make_run,
-    parse_case,
-    parse_not_gated,
-    split_rows,
+from pytest_specperf import brief
+from pytest_specperf.judging.metrics import (
+    ACCEPT_LEN,
+    DEVICE_BUSY,
+    STEP,
+    STEP_PER_REF,
+    TOKENS_PER_S,
+    center_of,
+    is_rest_form,
 )
+from pytest_specperf.judging.noise import LEGACY_SITTING
 from pytest_specperf.judging.stats import Summary, center_of_centers, stable
+from pytest_specperf.probe.phases import UNACCOUNTED
 
 __all__ = [
     "DEFAULT_KEEP_RUNS",
@@ -93,8 +94,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 4
-#: Versions this reader understands (older ones are migrated on read).
-READABLE_VERSIONS = (1, 2, 3, 4)
 #: Runs kept per case by an update (the last K).
 DEFAULT_KEEP_RUNS = 5
 #: Fingerprint fields that must match for a baseline to be comparable.
@@ -212,6 +211,82 @@ def _fingerprint_changes(base: Mapping[str, Any], now: Mapping[str, Any]) -> str
     return ", ".join(f"{k} {base.get(k)!r} -> {now.get(k)!r}" for k in keys)[:300]
 
 
+# -- stored runs -------------------------------------------------------------------------
+
+#: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
+#: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
+#: accept length, tokens/s, the device-busy share).
+BLOCK_METRICS = frozenset({STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY})
+
+
+def keeps_blocks(metric: str) -> bool:
+    """Whether a stored run keeps ``metric``'s block centers (the verdicts pair them)."""
+    return metric in BLOCK_METRICS or is_rest_form(metric)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One stored run of a case (one server process): per metric its center, and the
+    block centers of the forms the verdicts pair; when and where it was measured (the
+    sitting: one pytest session's servers on one host, by id)."""
+
+    at: str
+    pid: int | None
+    values: Mapping[str, float]
+    blocks: Mapping[str, tuple[float, ...]]
+    sitting: str | None = None
+    host: str | None = None
+
+    @property
+    def sitting_label(self) -> str:
+        """The sitting the noise groups this run by (``LEGACY_SITTING`` when unknown)."""
+        return self.sitting if self.sitting is not None else LEGACY_SITTING
+
+    def summaries(self, steps: int) -> dict[str, Summary]:
+        """The run as compact summaries, one per metric."""
+        return {
+            m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m))
+            for m, v in self.values.items()
+        }
+
+
+def make_run(
+    at: str,
+    pid: int | None,
+    values: Mapping[str, float],
+    blocks: Mapping[str, Any],
+    sitting: str | None = None,
+    host: str | None = None,
+) -> RunRecord:
+    return RunRecord(
+        at=at,
+        pid=pid,
+        values=MappingProxyType(dict(values)),
+        blocks=MappingProxyType({m: tuple(b) for m, b in blocks.items()}),
+        sitting=sitting,
+        host=host,
+    )
+
+
+@dataclass(frozen=True)
+class NotGated:
+    """A case whose server processes disagree beyond any tolerance (bimodal): found when
+    its baseline was recorded, the gates it cannot decide, each with its measured spread
+    between processes (``tau_hat`` of the judged form, log units), and why. ``accepted``:
+    the team accepted it in the file (``--specperf-strict`` then counts the case judged)."""
+
+    gates: Mapping[str, float]
+    reason: str
+    accepted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "gates": {g: float(f"{x:.4g}") for g, x in sorted(self.gates.items())},
+            "reason": self.reason,
+        }
+
+
 # -- cases -------------------------------------------------------------------------------
 
 
@@ -286,32 +361,6 @@ class CaseBaseline:
     def run_metrics(self, index: int) -> dict[str, Summary]:
         """Run ``index``'s metrics (0 is the oldest kept)."""
         return self.runs[index].summaries(self.steps)
-
-    def to_json(self) -> dict[str, Any]:
-        """The case with its full fingerprint, in plain JSON types (a pytest-xdist worker
-        sends the cases it measured for an update to the controller this way)."""
-        # plain dicts only: pytest-xdist's wire (execnet) refuses dict subclasses (FlowMap)
-        case = case_dict(self)
-        return {
-            "test": self.test,
-            "key": self.key,
-            "fingerprint": dict(self.fingerprint),
-            "case": case,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CaseBaseline:
-        """Read ``to_json``'s form, validated as a stored case; ``ValueError`` if unusable."""
-        try:
-            fp = MappingProxyType(dict(d["fingerprint"]))
-            ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
-            mark = parse_not_gated(d["case"].get("not_gated"))
-            test, key = str(d["test"]), str(d["key"])
-        except (Invalid, KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
-        if ref != fingerprint_hash(fp):
-            raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
-        return cls(test, key, identity_of(fp), fp, ref, steps, runs, mark)
 
 
 @dataclass(frozen=True)
@@ -400,22 +449,6 @@ class BaselineFile:
         return n + sum(len(e.broken_tests) for e in self.entries.values()) + len(self.loose)
 
 
-def case_dict(c: CaseBaseline) -> dict[str, Any]:
-    """The stored form of a case (v4 layout) in plain JSON types."""
-    rows, value = split_rows({m: [stable(r.values[m]) for r in c.runs] for m in c.latest.values})
-    return {
-        "fingerprint": c.fingerprint_hash,
-        "steps": c.steps,
-        "runs": [run_meta(r) for r in c.runs],
-        "phases": {part: dict(row) for part, row in rows.items()},
-        "value": value,
-        "blocks": {
-            m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
-        },
-        **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
-    }
-
-
 def run_centers(runs: Sequence[RunRecord]) -> dict[str, float]:
     """Per stored metric, the center over ``runs`` (``stats.center_of_centers``): what a
     verdict against these runs takes as the baseline's value."""
@@ -423,14 +456,3 @@ def run_centers(runs: Sequence[RunRecord]) -> dict[str, float]:
         return {}
     names = runs[-1].values
     return {m: center_of_centers([r.values[m] for r in runs if m in r.values]) for m in names}
-
-
-def run_meta(r: RunRecord) -> dict[str, Any]:
-    """A stored run's when and where: ``at``, ``pid``, and its ``sitting`` and ``host``
-    when known."""
-    meta: dict[str, Any] = {"at": r.at, "pid": r.pid}
-    if r.sitting is not None:
-        meta["sitting"] = r.sitting
-    if r.host is not None:
-        meta["host"] = r.host
-    return meta

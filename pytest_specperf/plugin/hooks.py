@@ -2,7 +2,8 @@
 
 The work is done elsewhere in this wing: ``options`` (flags and ini), ``markers``,
 ``fixtures``, ``cases`` (judging each test's runs), ``benchmark`` (each judged case as a
-pytest-benchmark result), ``finish`` (baselines, reports, summary), ``session`` (state).
+pytest-benchmark result), ``session`` (state); the end of the run (baselines, reports, summary) is
+``run.finish``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,26 @@ import pytest
 from pytest_specperf.plugin import benchmark as _benchmark
 from pytest_specperf.plugin import options as _options
 from pytest_specperf.plugin.cases import judge_item
-from pytest_specperf.plugin.finish import finish, report_header, summary_lines
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
 from pytest_specperf.plugin.progress import Progress
-from pytest_specperf.plugin.session import SESSION_KEY, Gathered, SpecperfSession, get_session
-from pytest_specperf.plugin.xdist import check_controller, gather, pin_worker
+from pytest_specperf.plugin.session import SESSION_KEY, SpecperfSession, get_session
+from pytest_specperf.plugin.xdist import (
+    OUTPUT_KEY,
+    check_controller,
+    gather,
+    order_cases,
+    pin_worker,
+    worker_id,
+    worker_output,
+)
+from pytest_specperf.run.finish import (
+    Gathered,
+    end_run,
+    report_header,
+    server_header,
+    summary_lines,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,8 +108,21 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if SESSION_KEY in session.config.stash:
-        finish(get_session(session.config), session, exitstatus)
+    """Write baselines and reports (a failed write fails the run); in an xdist worker,
+    hand the results to the controller instead."""
+    config = session.config
+    if SESSION_KEY not in config.stash:
+        return
+    sess = get_session(config)
+    if worker_id(config) is not None:
+        workeroutput: dict[str, Any] = config.workeroutput  # type: ignore[attr-defined]
+        workeroutput[OUTPUT_KEY] = worker_output(sess, server_header(sess))
+        return
+    if sess.gathered is not None:
+        sess.cases[:] = order_cases(sess.cases, sess.gathered.order)
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    if not end_run(sess, interrupted=interrupted, commit=lambda: _benchmark.commit_info(config)):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

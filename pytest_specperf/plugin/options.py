@@ -30,7 +30,6 @@ from pytest_specperf.cli.options import (
     add_tolerance_option,
     arg_type,
 )
-from pytest_specperf.judging.baseline_schema import MAX_RUNS
 from pytest_specperf.judging.baselines import DEFAULT_KEEP_RUNS
 from pytest_specperf.judging.budgets import BUDGETS, Budgets
 from pytest_specperf.probe.inject import InjectSpec, parse_inject
@@ -53,6 +52,7 @@ from pytest_specperf.settings import (
     parse_steps,
     parse_tolerance,
 )
+from pytest_specperf.store.baseline_schema import MAX_RUNS
 
 DEFAULT_STEPS = 32
 DEFAULT_WARMUP_STEPS = 8

@@ -2,17 +2,16 @@
 
 One ``SpecperfSession`` per pytest session, stored in ``config.stash``; no globals. The
 verdicts are decided in ``judging.judge`` (called through ``run.cases``), the summary is
-written by ``reporting.terminal`` (called from ``plugin.finish``).
+written by ``reporting.terminal`` (called from ``run.finish``).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,6 +20,7 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.plugin.options import Settings
 from pytest_specperf.plugin.progress import Progress
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.run.finish import Gathered, host_name
 from pytest_specperf.run.inputs import RunInputs, load_inputs, refusal
 from pytest_specperf.store.baselines import WriteResult
 
@@ -32,12 +32,6 @@ if TYPE_CHECKING:
 
 class SpecperfWarning(pytest.PytestWarning):
     """A case that could not be judged (INVALID) or another condition worth a look."""
-
-
-def host_name() -> str:
-    """This machine's name as a baseline run records it (printable, at most 64 chars)."""
-    name = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
-    return name[:64] or "unknown-host"
 
 
 def new_sitting() -> str:
@@ -122,23 +116,6 @@ class SpecperfSession:
         """Why the session must not measure anything (an unusable baseline file, or an
         update into another device's), read before its first server starts."""
         return refusal(self.inputs(), recording=self.settings.update_baselines)
-
-
-@dataclass
-class Gathered:
-    """What the pytest-xdist controller gathered from its workers (state only)."""
-
-    workers: int
-    #: baseline file -> (device as the workers detected it, cases to record there)
-    to_record: dict[Path, tuple[dict[str, Any], list[CaseBaseline]]] = field(default_factory=dict)
-    #: the first worker's device, its baseline file, and that file as shown
-    device: dict[str, Any] | None = None
-    baseline_path: str | None = None
-    baselines: str | None = None
-    backend_notes: list[str] = field(default_factory=list)
-    servers: list[dict[str, Any]] = field(default_factory=list)
-    #: node ids in collection order (the reports list cases in that order)
-    order: list[str] = field(default_factory=list)
 
 
 SESSION_KEY = pytest.StashKey[SpecperfSession]()

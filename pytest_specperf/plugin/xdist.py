@@ -6,9 +6,9 @@ fixture runs once per worker), pinned to its own GPU through ``CUDA_VISIBLE_DEVI
 its NVML sampler and the server it launches all see that one GPU). Workers judge their
 cases as a single process does but never write baselines or reports: at the end each
 sends its cases (``CaseView.to_json``), the cases it measured for an update
-(``CaseBaseline.to_json``) and its notes through xdist's ``workeroutput``; the controller
+(``store.baselines.case_to_json``) and its notes through xdist's ``workeroutput``; the controller
 gathers them (``pytest_testnodedown``), then writes the baselines once, the reports, and
-prints one summary (``plugin.finish``).
+prints one summary (``run.finish``, called from ``plugin.hooks``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.plugin.options import Settings
-from pytest_specperf.plugin.session import Gathered, SpecperfSession
+from pytest_specperf.plugin.session import SpecperfSession
 from pytest_specperf.reporting.view import CaseView
+from pytest_specperf.run.finish import Gathered
+from pytest_specperf.store.baselines import case_from_json, case_to_json
 
 #: The key of our results in a worker's ``workeroutput``.
 OUTPUT_KEY = "specperf"
@@ -109,7 +110,7 @@ def worker_output(sess: SpecperfSession, server: Mapping[str, Any] | None) -> di
     """What a worker sends the controller: plain JSON types only."""
     out: dict[str, Any] = {
         "cases": [c.to_json() for c in sess.cases],
-        "to_record": [b.to_json() for b in sess.to_record],
+        "to_record": [case_to_json(b) for b in sess.to_record],
         "notes": list(sess.notes),
         "errors": list(sess.errors),
         "telemetry_note": sess.telemetry_note,
@@ -124,7 +125,7 @@ def worker_output(sess: SpecperfSession, server: Mapping[str, Any] | None) -> di
 
 
 def _merge_record(g: Gathered, data: Mapping[str, Any]) -> None:
-    records = [CaseBaseline.from_json(b) for b in data.get("to_record") or ()]
+    records = [case_from_json(b) for b in data.get("to_record") or ()]
     if not records:
         return
     path = Path(str(data["baseline_path"]))

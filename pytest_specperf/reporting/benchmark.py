@@ -34,7 +34,7 @@ BENCHMARK_GROUP: Final = "specperf"
 TIMER: Final = "perf_counter_ns in the model server (pytest-specperf probe)"
 #: Fields of a report case left out of the one a benchmark carries: derived from the
 #: rest, or verbose, and not needed to judge the case again or to draw its history.
-_LEFT_OUT: Final = frozenset({"metrics", "bottleneck", "time_went", "cross_check"})
+_LEFT_OUT: Final = frozenset({"metrics", "bottleneck", "time_went", "cross_check", "records"})
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.store.report import case_json, strict
 
 
-def _phase_values(centers: Mapping[str, float]) -> dict[str, float]:
-    return {p: float(centers[p]) for p in ALL_PHASES if p in centers}
+def _phase_values(centers: Mapping[str, Any]) -> dict[str, Any]:
+    return {p: centers[p] for p in ALL_PHASES if p in centers}
 
 
 def _num(x: Any) -> float:
@@ -55,17 +55,11 @@ class CaseView:
     nodeid: str
     test: str
     key: str
-    verdict: Verdict
+    #: the verdict's reasons (the report's ``reasons`` add the judge's notes)
     reasons: tuple[str, ...]
-    recorded: bool
-    injected: str | None
-    step_ms: float
-    base_step_ms: float | None
+    #: the mean accepted length, unrounded (the report's summary is rounded as stored)
     accept_len: float
     metrics: tuple[MetricVerdict, ...]
-    #: phase -> median ms now, and in the baseline (None without one)
-    phases: Mapping[str, float]
-    base_phases: Mapping[str, float] | None
     #: the baseline file as shown to people
     baseline_file: str
     #: the lines that failed the test ("" when it passed)
@@ -76,8 +70,53 @@ class CaseView:
     over_budget: tuple[str, ...] = ()
     #: the diagnosis in words: where the time went, bottleneck, per phase worked or waited
     diagnosis: tuple[str, ...] = ()
-    #: the JSON report's form of the case
+    #: the JSON report's form of the case (``store.report.case_json``): the one record of
+    #: the judged case; the verdict, the recorded flag, the canary and the centers people
+    #: read are taken from it, not copied beside it
     report: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(self.report["verdict"])
+
+    @property
+    def recorded(self) -> bool:
+        return self.report.get("recorded") is True
+
+    @property
+    def injected(self) -> str | None:
+        """The canary the run carried (``labels.inject``), None if none."""
+        labels = self.report.get("labels")
+        inject = labels.get("inject") if isinstance(labels, Mapping) else None
+        return inject if isinstance(inject, str) and inject else None
+
+    def _centers(self, which: str) -> Mapping[str, Any] | None:
+        centers = self.report.get("centers")
+        found = centers.get(which) if isinstance(centers, Mapping) else None
+        return found if isinstance(found, Mapping) else None
+
+    @property
+    def step_ms(self) -> float:
+        """The step's center now (over this measurement's server processes)."""
+        now = self._centers("now") or {}
+        return _num(now.get(STEP))
+
+    @property
+    def base_step_ms(self) -> float | None:
+        """The step's center in the baseline (None without one)."""
+        base = self._centers("base")
+        return None if base is None or STEP not in base else _num(base[STEP])
+
+    @property
+    def phases(self) -> Mapping[str, float]:
+        """Phase -> its center now (ms)."""
+        return _numbers(_phase_values(self._centers("now") or {}))
+
+    @property
+    def base_phases(self) -> Mapping[str, float] | None:
+        """Phase -> its center in the baseline (None without one)."""
+        base = self._centers("base")
+        return None if base is None else _numbers(_phase_values(base))
 
     @property
     def processes(self) -> int:
@@ -108,21 +147,13 @@ class CaseView:
         unjudged: tuple[str, ...] = (),
     ) -> CaseView:
         """The view of a case judged in this process."""
-        base, now = o.base_centers, o.now_centers
         return cls(
             nodeid=o.nodeid,
             test=o.test,
             key=o.key,
-            verdict=o.verdict.verdict,
             reasons=o.verdict.reasons,
-            recorded=o.recorded,
-            injected=o.run.injected,
-            step_ms=now[STEP],
-            base_step_ms=base.get(STEP) if base is not None else None,
             accept_len=o.run.accept_len,
             metrics=o.verdict.metrics,
-            phases=MappingProxyType(_phase_values(now)),
-            base_phases=MappingProxyType(_phase_values(base)) if base is not None else None,
             baseline_file=baseline_file,
             failure=failure,
             unjudged=unjudged,
@@ -138,16 +169,9 @@ class CaseView:
                 "nodeid": self.nodeid,
                 "test": self.test,
                 "key": self.key,
-                "verdict": self.verdict.value,
                 "reasons": list(self.reasons),
-                "recorded": self.recorded,
-                "injected": self.injected,
-                "step_ms": self.step_ms,
-                "base_step_ms": self.base_step_ms,
                 ACCEPT_LEN: self.accept_len,
                 "metrics": [m.to_json() for m in self.metrics],
-                "phases": dict(self.phases),
-                "base_phases": dict(self.base_phases) if self.base_phases is not None else None,
                 "baseline_file": self.baseline_file,
                 "failure": self.failure,
                 "unjudged": list(self.unjudged),
@@ -162,21 +186,14 @@ class CaseView:
     def from_json(cls, d: Mapping[str, Any]) -> CaseView:
         """Read ``to_json``'s form; ``ValueError`` naming the field if it is unusable."""
         try:
-            base_phases = d["base_phases"]
+            Verdict(d["report"]["verdict"])  # the record the view reads is usable
             return cls(
                 nodeid=str(d["nodeid"]),
                 test=str(d["test"]),
                 key=str(d["key"]),
-                verdict=Verdict(d["verdict"]),
                 reasons=tuple(str(r) for r in d["reasons"]),
-                recorded=bool(d["recorded"]),
-                injected=str(d["injected"]) if d["injected"] else None,
-                step_ms=_num(d["step_ms"]),
-                base_step_ms=None if d["base_step_ms"] is None else _num(d["base_step_ms"]),
                 accept_len=_num(d[ACCEPT_LEN]),
                 metrics=tuple(MetricVerdict.from_json(m) for m in d["metrics"]),
-                phases=_numbers(d["phases"]),
-                base_phases=None if base_phases is None else _numbers(base_phases),
                 baseline_file=str(d["baseline_file"]),
                 failure=str(d["failure"]),
                 unjudged=tuple(str(u) for u in d["unjudged"]),

@@ -1,4 +1,5 @@
-"""The baseline file on disk: read (``load_baselines``, every schema version) and written
+"""The baseline file on disk: read (``load_baselines``: the current schema; every older
+one only for ``specperf migrate``) and written
 (``write_baselines``: locked, atomic, appending each recorded case's run).
 
 The records it reads into and writes from (``BaselineFile``, ``CaseBaseline``, ``Identity``)
@@ -16,35 +17,25 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_specperf import brief
 from pytest_specperf.install import install_hint
-from pytest_specperf.judging.baseline_schema import (
-    MAX_RUNS,
-    Invalid,
-    brief,
-    check_run,
-    field_name,
-    parse_case,
-    parse_not_gated,
-    parse_v1_case,
-    split_rows,
-)
 from pytest_specperf.judging.baselines import (
     DEFAULT_KEEP_RUNS,
-    READABLE_VERSIONS,
     SCHEMA_VERSION,
     BaselineFile,
     CaseBaseline,
     CaseProblem,
     Identity,
+    RunRecord,
     _Entry,
     _fingerprint_changes,
-    case_dict,
     fingerprint_hash,
     identity_of,
     plain_str,
     run_centers,
 )
 from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.stats import stable
 from pytest_specperf.judging.verdict import fmt_value
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.store.baseline_io import (
@@ -62,19 +53,95 @@ from pytest_specperf.store.baseline_io import (
     remove_stale_temps,
     resolve_max_bytes,
 )
+from pytest_specperf.store.baseline_schema import (
+    MAX_RUNS,
+    Invalid,
+    check_run,
+    field_name,
+    parse_case,
+    parse_not_gated,
+    parse_v1_case,
+    split_rows,
+)
 
 __all__ = [
     "BaselineError",
     "Migrated",
     "Moved",
     "WriteResult",
+    "case_from_json",
+    "case_to_json",
     "dump_baselines",
     "format_moved",
+    "load_any_schema",
     "load_baselines",
     "migrate_baselines",
+    "older_schema",
     "utc_now",
     "write_baselines",
 ]
+
+
+#: Versions this reader understands: the current one, and the older ones only for
+#: ``specperf migrate`` (``load_any_schema``).
+READABLE_VERSIONS = (1, 2, 3, 4)
+
+
+# -- a case's stored form, and the same on the xdist wire ----------------------------------
+
+
+def case_dict(c: CaseBaseline) -> dict[str, Any]:
+    """The stored form of a case (v4 layout) in plain JSON types."""
+    rows, value = split_rows({m: [stable(r.values[m]) for r in c.runs] for m in c.latest.values})
+    return {
+        "fingerprint": c.fingerprint_hash,
+        "steps": c.steps,
+        "runs": [run_meta(r) for r in c.runs],
+        "phases": {part: dict(row) for part, row in rows.items()},
+        "value": value,
+        "blocks": {
+            m: [[stable(b) for b in r.blocks[m]] for r in c.runs] for m in sorted(c.latest.blocks)
+        },
+        **({"not_gated": c.not_gated.to_dict()} if c.not_gated is not None else {}),
+    }
+
+
+def run_meta(r: RunRecord) -> dict[str, Any]:
+    """A stored run's when and where: ``at``, ``pid``, and its ``sitting`` and ``host``
+    when known."""
+    meta: dict[str, Any] = {"at": r.at, "pid": r.pid}
+    if r.sitting is not None:
+        meta["sitting"] = r.sitting
+    if r.host is not None:
+        meta["host"] = r.host
+    return meta
+
+
+def case_to_json(c: CaseBaseline) -> dict[str, Any]:
+    """The case with its full fingerprint, in plain JSON types (a pytest-xdist worker
+    sends the cases it measured for an update to the controller this way)."""
+    # plain dicts only: pytest-xdist's wire (execnet) refuses dict subclasses (FlowMap)
+    return {
+        "test": c.test,
+        "key": c.key,
+        "fingerprint": dict(c.fingerprint),
+        "case": case_dict(c),
+    }
+
+
+def case_from_json(d: Mapping[str, Any]) -> CaseBaseline:
+    """Read ``case_to_json``'s form, validated as a stored case; ``ValueError`` if
+    unusable."""
+    try:
+        fp = MappingProxyType(dict(d["fingerprint"]))
+        ref, steps, runs = parse_case(d["case"], SCHEMA_VERSION)
+        mark = parse_not_gated(d["case"].get("not_gated"))
+        test, key = str(d["test"]), str(d["key"])
+    except (Invalid, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"not a recorded case ({type(e).__name__}: {e})") from None
+    if ref != fingerprint_hash(fp):
+        raise ValueError(f"recorded case {test} [{key}]: fingerprint hash {ref!r} mismatch")
+    return CaseBaseline(test, key, identity_of(fp), fp, ref, steps, runs, mark)
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -98,11 +165,18 @@ def _only(path: Path, d: dict[Any, Any], allowed: Sequence[str], where: str) -> 
         )
 
 
-def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
-    """Read and validate ``path`` (through a symbolic link); ``None`` if there is no file.
+def older_schema(path: Path, version: int) -> BaselineError:
+    """The refusal of a valid file of an older schema outside ``specperf migrate``."""
+    return BaselineError(
+        path,
+        f"schema_version is {version}, an older schema than this pytest-specperf's "
+        f"{SCHEMA_VERSION}; nothing was read or changed: upgrade the file in place with "
+        f"`specperf migrate {path}` (every case is kept) and commit it",
+    )
 
-    ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
-    """
+
+def _read_versioned(path: Path, max_bytes: int | None) -> tuple[dict[str, Any], int] | None:
+    """The file's plain data and its (readable) ``schema_version``; None if no file."""
     limit = resolve_max_bytes(path, max_bytes)
     text = read_bounded(path, limit)
     if text is None:
@@ -121,6 +195,32 @@ def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile 
             f"the file, upgrade ({install_hint()}, from a newer source); otherwise move the "
             "file away and re-record with --specperf-update-baselines",
         )
+    return data, version
+
+
+def load_baselines(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
+    """Read and validate ``path`` (through a symbolic link); ``None`` if there is no file.
+
+    ``max_bytes``: the size limit (default 8 MiB, or ``SPECPERF_BASELINE_MAX_MB``).
+    Only the current schema is read: a file of an older one is refused before its
+    entries are read (``older_schema``, naming ``specperf migrate``).
+    """
+    read = _read_versioned(path, max_bytes)
+    if read is None:
+        return None
+    data, version = read
+    if version != SCHEMA_VERSION:
+        raise older_schema(path, version)
+    return _from_v2(path, data, version)
+
+
+def load_any_schema(path: Path, *, max_bytes: int | None = None) -> BaselineFile | None:
+    """``load_baselines`` for every readable schema, the older ones upgraded as read (a
+    v1 case as one run): what ``specperf migrate`` rewrites."""
+    read = _read_versioned(path, max_bytes)
+    if read is None:
+        return None
+    data, version = read
     return _from_v1(path, data) if version == 1 else _from_v2(path, data, version)
 
 
@@ -600,7 +700,7 @@ def migrate_baselines(path: Path, *, write: bool = True, max_bytes: int | None =
     if target is None or not target.exists():  # no lock file left beside a missing one
         raise BaselineError(path, "no such file; nothing to migrate")
     with locked(target, lock_timeout):
-        existing = load_baselines(path, max_bytes=limit)
+        existing = load_any_schema(path, max_bytes=limit)
         if existing is None:
             raise BaselineError(path, "no such file; nothing to migrate")
         if existing.version == SCHEMA_VERSION:

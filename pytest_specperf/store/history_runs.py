@@ -24,11 +24,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specperf.judging.baseline_schema import Invalid, check_run, make_run, number
-from pytest_specperf.judging.baselines import fingerprint_hash
+from pytest_specperf.judging.baselines import fingerprint_hash, make_run
 from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Verdict
+from pytest_specperf.store.baseline_schema import Invalid, check_run, number
 from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
 
 #: Reports read, the newest: about two weeks of nightly runs.

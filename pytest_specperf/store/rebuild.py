@@ -1,12 +1,14 @@
 """A saved case back to the run it measured, so that it can be judged again.
 
-A report's case (or the one a pytest-benchmark result carries) keeps every measured step
-in ``samples``: its block (request), step time, time per phase, unaccounted time and
-accept length, on a GPU the device times, and per block the reference read time. From
-them this module rebuilds the step records and hands them to the plugin's own
-``judging.samples.build_run``: the summaries, block centers and drift-free forms that
-come out are those the gate computed when the case was measured, so ``specperf compare``
-judges with the gate's code, not a copy of it.
+A report's case keeps the probe's own step records (``records``, ``StepRecord.to_json``),
+from which the run is rebuilt with every measured field (CPU and run-queue time
+included). An older report's case, and the one a pytest-benchmark result carries, keeps
+the steps in ``samples``: its block (request), step time, time per phase, unaccounted
+time and accept length, on a GPU the device times, and per block the reference read
+time; from them this module rebuilds the step records. Either way the records go to the
+plugin's own ``judging.samples.build_run``: the summaries, block centers and drift-free
+forms that come out are those the gate computed when the case was measured, so
+``specperf compare`` judges with the gate's code, not a copy of it.
 """
 
 from __future__ import annotations
@@ -117,13 +119,25 @@ def _window(case: Mapping[str, Any], reference: dict[int, float]) -> Window:
     )
 
 
+def _probe_records(saved: Any, n: int) -> list[StepRecord]:
+    """The probe's step records as the case saved them (``StepRecord.to_json``)."""
+    if not isinstance(saved, list) or len(saved) != n:
+        raise ValueError(f"records: expected {n} step records, one per measured step")
+    return [StepRecord.from_json(r) for r in saved]
+
+
 def run_from_case(path: Path, case: CaseReport) -> DecodeRun:
     """The ``DecodeRun`` a saved case measured; ``ReportError`` naming the file and the
-    case when its samples are missing or unusable."""
+    case when its samples are missing or unusable. A case that saved the probe's records
+    (``records``) is rebuilt from them, every measured field included; an older one from
+    its sample columns (no CPU or run-queue time)."""
     c = case.data
     try:
         records, blocks, reference = _records(c)
-        _graphs(records, c.get("graphs"))
+        if c.get("records") is not None:
+            records = _probe_records(c["records"], len(blocks))
+        else:
+            _graphs(records, c.get("graphs"))
         return build_run(
             records,
             blocks,
@@ -132,5 +146,5 @@ def run_from_case(path: Path, case: CaseReport) -> DecodeRun:
             layout=KVLayout(str(c["kv_layout"]), float(c["kv_level"])),
             window=_window(c, reference),
         )
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ReportError(path, f"{case.test} {case.key}: {e}") from None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_specperf.judging.baseline_schema import keeps_blocks
+from pytest_specperf.judging.baselines import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
@@ -232,6 +232,9 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "gates": list(o.gates) if o.gates is not None else None,
         "tolerances": o.tolerances.to_json() if o.tolerances is not None else None,
         "samples": _samples_json(run),
+        # the probe's own step records (its wire format, versioned): a rebuilt case
+        # (``store.rebuild``) gets every measured field back, run-queue and CPU time included
+        "records": [r.to_json() for r in run.records],
         "runs": [run_record_json(r) for r in run.processes],
     }
     if run.has_device_times:

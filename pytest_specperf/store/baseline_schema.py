@@ -1,4 +1,5 @@
-"""Validation of one baseline case: plain data in, typed runs or a named problem out.
+"""The baseline file's case entries parsed and validated (store): plain data in, the
+pure records of ``judging.baselines`` (``RunRecord``, ``NotGated``) or a named problem out.
 
 A small typed validator rather than a schema library: the rules that matter here are
 semantic (time medians > 0, a phase's judged form > 0 when the phase is, lists as long as
@@ -17,9 +18,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from pytest_specperf import brief
+from pytest_specperf.judging.baselines import NotGated, RunRecord, keeps_blocks, make_run
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
-    DEVICE_BUSY,
     GATEABLE,
     RUNQ_SHARE,
     STEP,
@@ -60,12 +62,6 @@ REQUIRED_METRICS = (
 POSITIVE_METRICS = frozenset({STEP, STEP_PER_REF})
 #: Metrics that may be negative (the step minus its named phases).
 SIGNED_METRICS = frozenset({UNACCOUNTED})
-#: Metrics whose per-run block centers are stored besides the judged ``<phase>/rest``
-#: forms: what the verdicts pair (step, step/ref, unaccounted + step for the share,
-#: accept length, tokens/s, the device-busy share).
-BLOCK_METRICS = frozenset(
-    {STEP, STEP_PER_REF, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, DEVICE_BUSY}
-)
 _CASE_FIELDS_V2 = ("fingerprint", "steps", "runs", "value", "blocks")
 _CASE_FIELDS_V3 = ("fingerprint", "steps", "runs", "phases", "value", "blocks")
 _CASE_FIELDS_V4 = (*_CASE_FIELDS_V3, "not_gated")
@@ -91,74 +87,12 @@ ROW_OF: Mapping[str, tuple[str, str]] = MappingProxyType(
 _METRIC_OF = MappingProxyType({row: m for m, row in ROW_OF.items()})
 
 
-def keeps_blocks(metric: str) -> bool:
-    """Whether a stored run keeps ``metric``'s block centers (the verdicts pair them)."""
-    return metric in BLOCK_METRICS or is_rest_form(metric)
-
-
 class Invalid(Exception):
     """A case that fails validation; the text names the field."""
 
 
-#: The sitting of a run stored without one (schema 3 and older): all such runs of a case
-#: are taken as one sitting, the conservative reading (the sitting term then comes from
-#: the device prior).
-LEGACY_SITTING = "legacy"
 #: Longest sitting id and host name stored.
 MAX_LABEL = 128
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One stored run of a case (one server process): per metric its center, and the
-    block centers of the forms the verdicts pair; when and where it was measured (the
-    sitting: one pytest session's servers on one host, by id)."""
-
-    at: str
-    pid: int | None
-    values: Mapping[str, float]
-    blocks: Mapping[str, tuple[float, ...]]
-    sitting: str | None = None
-    host: str | None = None
-
-    @property
-    def sitting_label(self) -> str:
-        """The sitting the noise groups this run by (``LEGACY_SITTING`` when unknown)."""
-        return self.sitting if self.sitting is not None else LEGACY_SITTING
-
-    def summaries(self, steps: int) -> dict[str, Summary]:
-        """The run as compact summaries, one per metric."""
-        return {
-            m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m))
-            for m, v in self.values.items()
-        }
-
-
-def make_run(
-    at: str,
-    pid: int | None,
-    values: Mapping[str, float],
-    blocks: Mapping[str, Any],
-    sitting: str | None = None,
-    host: str | None = None,
-) -> RunRecord:
-    return RunRecord(
-        at=at,
-        pid=pid,
-        values=MappingProxyType(dict(values)),
-        blocks=MappingProxyType({m: tuple(b) for m, b in blocks.items()}),
-        sitting=sitting,
-        host=host,
-    )
-
-
-def brief(v: Any) -> str:
-    """A short description of a value, without building the repr of a big one."""
-    if isinstance(v, (dict, list, tuple, set)):
-        return f"a {type(v).__name__} of {len(v)} item(s)"
-    if isinstance(v, str):
-        return repr(v[:60]) + ("..." if len(v) > 60 else "")
-    return repr(v)[:60]
 
 
 def number(v: Any, field: str) -> float:
@@ -432,26 +366,6 @@ def parse_case(raw: Any, version: int) -> tuple[str, int, tuple[RunRecord, ...]]
 
 
 # -- schema v4: a case no setting can decide ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class NotGated:
-    """A case whose server processes disagree beyond any tolerance (bimodal): found when
-    its baseline was recorded, the gates it cannot decide, each with its measured spread
-    between processes (``tau_hat`` of the judged form, log units), and why. ``accepted``:
-    the team accepted it in the file (``--specperf-strict`` then counts the case judged)."""
-
-    gates: Mapping[str, float]
-    reason: str
-    accepted: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "accepted": self.accepted,
-            "gates": {g: float(f"{x:.4g}") for g, x in sorted(self.gates.items())},
-            "reason": self.reason,
-        }
-
 
 #: Longest stored reason of a ``not_gated`` mark.
 MAX_REASON = 500

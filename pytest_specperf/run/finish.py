@@ -1,37 +1,126 @@
-"""End of the session: write the baselines and the reports, and say what happened.
+"""End of the run: write the baselines and the reports, and say what happened.
 
-In a pytest-xdist worker nothing is written: the worker's results go to the controller
-(``plugin.xdist``), which writes the baselines once and every report for all workers.
+No pytest here: the plugin's ``pytest_sessionfinish`` calls ``end_run`` with the session
+(read through the ``RunState`` protocol) once the cases are in collection order, and its
+``pytest_terminal_summary`` prints ``summary_lines``. In a pytest-xdist worker nothing is
+written: the worker's results go to the controller (``plugin.xdist``), which writes the
+baselines once and every report for all workers.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.canary import canary_missed
 from pytest_specperf.judging.verdict import Verdict
-from pytest_specperf.plugin.benchmark import commit_info
-from pytest_specperf.plugin.session import SpecperfSession, host_name
-from pytest_specperf.plugin.xdist import OUTPUT_KEY, order_cases, worker_id, worker_output
 from pytest_specperf.reporting.markdown import append_markdown, markdown_summary, write_markdown
 from pytest_specperf.reporting.plot import write_svg
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
 from pytest_specperf.store.baselines import BaselineError, format_moved, write_baselines
 from pytest_specperf.store.report import payload_of_cases, write_report
 
+if TYPE_CHECKING:
+    from pytest_specperf.probe.inject import InjectSpec
+    from pytest_specperf.reporting.view import CaseView
+    from pytest_specperf.server.model_server import ModelServer
+    from pytest_specperf.store.baselines import WriteResult
+    from pytest_specperf.telemetry.device import DeviceInfo
+
 #: GitHub Actions' step summary file (Markdown appended there is shown on the run's page).
 GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
+def host_name() -> str:
+    """This machine's name as a baseline run records it (printable, at most 64 chars)."""
+    name = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
+    return name[:64] or "unknown-host"
+
+
+@dataclass
+class Gathered:
+    """What the pytest-xdist controller gathered from its workers (state only)."""
+
+    workers: int
+    #: baseline file -> (device as the workers detected it, cases to record there)
+    to_record: dict[Path, tuple[dict[str, Any], list[CaseBaseline]]] = field(default_factory=dict)
+    #: the first worker's device, its baseline file, and that file as shown
+    device: dict[str, Any] | None = None
+    baseline_path: str | None = None
+    baselines: str | None = None
+    backend_notes: list[str] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    #: node ids in collection order (the reports list cases in that order)
+    order: list[str] = field(default_factory=list)
+
+
+class EndSettings(Protocol):
+    """The settings the end of the run reads (``plugin.options.Settings`` has them)."""
+
+    @property
+    def backend(self) -> str: ...
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def step_tolerance(self) -> float: ...
+    @property
+    def processes(self) -> int: ...
+    @property
+    def max_time_s(self) -> float: ...
+    @property
+    def update_baselines(self) -> bool: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def json_path(self) -> Path | None: ...
+    @property
+    def markdown_path(self) -> Path | None: ...
+    @property
+    def keep_runs(self) -> int: ...
+    @property
+    def baseline_max_bytes(self) -> int | None: ...
+    @property
+    def inject(self) -> InjectSpec | None: ...
+
+
+class RunState(Protocol):
+    """What the end of the run reads of the session, and the lists it appends to
+    (``plugin.session.SpecperfSession`` is one)."""
+
+    @property
+    def settings(self) -> EndSettings: ...
+    @property
+    def to_record(self) -> list[CaseBaseline]: ...
+    @property
+    def cases(self) -> list[CaseView]: ...
+    @property
+    def written(self) -> list[WriteResult]: ...
+    @property
+    def errors(self) -> list[str]: ...
+    @property
+    def notes(self) -> list[str]: ...
+    @property
+    def telemetry_note(self) -> str | None: ...
+    @property
+    def gathered(self) -> Gathered | None: ...
+    @property
+    def server(self) -> ModelServer | None: ...
+    @property
+    def sitting(self) -> str: ...
+    @property
+    def baseline_path(self) -> Path: ...
+    def device(self) -> DeviceInfo: ...
+    def display_path(self, path: Path) -> str: ...
+
+
 def _record_groups(
-    sess: SpecperfSession,
+    sess: RunState,
 ) -> list[tuple[Path, dict[str, Any], Sequence[CaseBaseline]]]:
     """Baseline file, device and cases of each file an update writes."""
     groups: list[tuple[Path, dict[str, Any], Sequence[CaseBaseline]]] = []
@@ -42,7 +131,7 @@ def _record_groups(
     return groups
 
 
-def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
+def _write_baselines(sess: RunState, interrupted: bool) -> bool:
     """Write the recorded cases, once per baseline file; False when that failed."""
     groups = _record_groups(sess) if sess.settings.update_baselines else []
     if not groups:
@@ -70,7 +159,7 @@ def _write_baselines(sess: SpecperfSession, interrupted: bool) -> bool:
     return ok
 
 
-def server_header(sess: SpecperfSession) -> dict[str, Any] | None:
+def server_header(sess: RunState) -> dict[str, Any] | None:
     """The JSON report's ``server``: this process's server, if it started one."""
     srv = sess.server
     if srv is None:
@@ -87,14 +176,14 @@ def server_header(sess: SpecperfSession) -> dict[str, Any] | None:
     }
 
 
-def _device(sess: SpecperfSession) -> dict[str, Any]:
+def _device(sess: RunState) -> dict[str, Any]:
     g = sess.gathered
     if g is not None and g.device is not None:
         return g.device
     return sess.device().to_dict()
 
 
-def report_header(sess: SpecperfSession) -> dict[str, Any]:
+def report_header(sess: RunState) -> dict[str, Any]:
     """Everything in the JSON report besides the cases."""
     s, g = sess.settings, sess.gathered
     servers = g.servers if g is not None else [h for h in [server_header(sess)] if h]
@@ -114,14 +203,14 @@ def report_header(sess: SpecperfSession) -> dict[str, Any]:
     }
 
 
-def _write_json(sess: SpecperfSession) -> bool:
+def _write_json(sess: RunState, commit: Callable[[], dict[str, Any] | None]) -> bool:
     path = sess.settings.json_path
     if path is None or not sess.cases:
         return True
     header = {
         **report_header(sess),
         "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "commit_info": commit_info(sess.config),
+        "commit_info": commit(),
     }
     try:
         write_report(path, payload_of_cases(header, [c.report for c in sess.cases]))
@@ -133,7 +222,7 @@ def _write_json(sess: SpecperfSession) -> bool:
     return True
 
 
-def _write_markdown(sess: SpecperfSession) -> bool:
+def _write_markdown(sess: RunState) -> bool:
     path = sess.settings.markdown_path
     step_summary = os.environ.get(GITHUB_STEP_SUMMARY)
     if path is None and not step_summary:
@@ -153,7 +242,7 @@ def _write_markdown(sess: SpecperfSession) -> bool:
     return ok
 
 
-def _check_canary(sess: SpecperfSession, interrupted: bool) -> bool:
+def _check_canary(sess: RunState, interrupted: bool) -> bool:
     """False (the run fails, its summary says why) when an injected slowdown was named
     by no gate of any case, whatever the verdicts."""
     spec = sess.settings.inject
@@ -168,26 +257,19 @@ def _check_canary(sess: SpecperfSession, interrupted: bool) -> bool:
     return False
 
 
-def finish(sess: SpecperfSession, session: pytest.Session, exitstatus: int) -> None:
-    """Write baselines and reports (a failed write fails the run); in an xdist worker,
-    hand the results to the controller instead."""
-    config = session.config
-    if worker_id(config) is not None:
-        workeroutput: dict[str, Any] = config.workeroutput  # type: ignore[attr-defined]
-        workeroutput[OUTPUT_KEY] = worker_output(sess, server_header(sess))
-        return
-    if sess.gathered is not None:
-        sess.cases[:] = order_cases(sess.cases, sess.gathered.order)
-    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+def end_run(
+    sess: RunState, *, interrupted: bool, commit: Callable[[], dict[str, Any] | None]
+) -> bool:
+    """Write baselines and reports; False when a write failed (the run fails, its summary
+    says why). ``commit``: the commit the JSON report names (asked only when it is
+    written)."""
     ok = _write_baselines(sess, interrupted)
-    ok = _write_json(sess) and ok
+    ok = _write_json(sess, commit) and ok
     ok = _check_canary(sess, interrupted) and ok
-    ok = _write_markdown(sess) and ok
-    if not ok:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return _write_markdown(sess) and ok
 
 
-def _written_lines(sess: SpecperfSession) -> tuple[str, ...]:
+def _written_lines(sess: RunState) -> tuple[str, ...]:
     """``baselines written: ...``, what moved per recorded case, and the store's notes."""
     lines: list[str] = []
     for w in sess.written:
@@ -200,7 +282,7 @@ def _written_lines(sess: SpecperfSession) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def device_slug(sess: SpecperfSession) -> str:
+def device_slug(sess: RunState) -> str:
     """The device the cases ran on (as the xdist workers detected it, under xdist)."""
     g = sess.gathered
     if g is not None:
@@ -208,13 +290,13 @@ def device_slug(sess: SpecperfSession) -> str:
     return sess.device().slug
 
 
-def _backend_notes(sess: SpecperfSession) -> tuple[str, ...]:
+def _backend_notes(sess: RunState) -> tuple[str, ...]:
     if sess.gathered is not None:
         return tuple(sess.gathered.backend_notes)
     return tuple(sess.server.backend.notes()) if sess.server is not None else ()
 
 
-def run_summary_of(sess: SpecperfSession) -> RunSummary:
+def run_summary_of(sess: RunState) -> RunSummary:
     """What the summary says besides the cases."""
     s, g = sess.settings, sess.gathered
     json_ok = s.json_path is not None and not any(e.startswith("JSON") for e in sess.errors)
@@ -239,7 +321,7 @@ def run_summary_of(sess: SpecperfSession) -> RunSummary:
     )
 
 
-def summary_lines(sess: SpecperfSession) -> list[str]:
+def summary_lines(sess: RunState) -> list[str]:
     """The lines printed after pytest's own summary."""
     if not sess.cases and not sess.errors:
         return []
