@@ -119,11 +119,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def pool(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    models: dict[str, Path],
-) -> Iterator[live.Pool]:
+def pool(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[live.Pool]:
     p = live.Pool(tmp_path_factory.mktemp("servers"), models)
     try:
         yield p
