@@ -108,7 +108,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[live.LiveServer
         mp.delenv("SGLANG_PLUGINS", raising=False)
         srv = live.start("iteration", live.algorithm_args("STANDALONE", models), work)
     try:
-        srv.generate(PROMPT[:200], 8, "iteration-warm-up")  # torch.compile of the draft
+        srv.generate(PROMPT[:200], 8, "iteration-warm-up")  # first speculative request
         yield srv
     finally:
         srv.proc.stop()
