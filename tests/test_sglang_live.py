@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPT = live.prompt(1000)
 NEW_TOKENS = 24
 #: Hooks each worker gets from the 0.5.23 map (SGLANG-CPU.md measured the same numbers).
-HOOKS = {"STANDALONE": 20, "EAGLE": 27, "EAGLE3": 27}
+HOOKS = {"STANDALONE": 26, "EAGLE": 33, "EAGLE3": 33}
 #: The perf_tests case the attach/launch runs measure: 8k tokens, contiguous and fragmented.
 CASE = "test_decode.py::test_decode"
 #: perf_tests' test_decode at 2048 tokens (contiguous and fragmented KV) for the attach-mode
