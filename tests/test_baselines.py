@@ -390,7 +390,7 @@ def _set(field, metric, value):
         (_set("value", "tokens_per_s", [-3.0]), "value.tokens_per_s: must be >= 0, got -3"),
         (
             lambda c: c["phases"].update(speculate={"ms": [1.0]}),
-            "phases: unknown step part 'speculate' (expected schedule,",
+            "phases: unknown step part 'speculate' (expected ingest, schedule,",
         ),
         (
             lambda c: c["phases"]["verify"].update(wall=[1.0]),

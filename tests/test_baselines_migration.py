@@ -16,7 +16,7 @@ import yaml
 from pytest_specperf.judging.baselines import CaseBaseline, CaseProblem, Identity, keeps_blocks
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Tolerances, case_disturbance, judge_gate, noisiest_phase
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.probe.phases import CORE_PHASES, UNACCOUNTED
 from pytest_specperf.store.baselines import (
     BaselineError,
     dump_baselines,
@@ -33,7 +33,7 @@ V1 = Path(__file__).resolve().parent / "data" / "baselines-v1-cpu-amd-epyc-2c.ya
 V2 = Path(__file__).resolve().parent / "data" / "baselines-v2-cpu-amd-epyc-2c.yaml"
 REF = Identity("reference", "tiny", None, "DFLASH")
 #: Every gate a default or marker-chosen verdict can use on a CPU case.
-GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *PHASES)
+GATES = ("step", UNACCOUNTED, "accept_len", "tokens_per_s", *CORE_PHASES)
 
 
 def _v1_cases() -> list[tuple[str, str, dict[str, Summary]]]:

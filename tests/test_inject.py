@@ -26,7 +26,7 @@ def test_parse_wait_spec():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("verfy=1.1", "unknown phase 'verfy'; choose one of: schedule, draft"),
+    ("verfy=1.1", "unknown phase 'verfy'; choose one of: ingest, schedule, launch, draft"),
     ("verfy_wait=3", "unknown phase 'verfy_wait'"),
     ("unaccounted_wait=3", "unknown phase 'unaccounted_wait'"),
     ("verify_wait=0", "verify_wait: 0 ms must be in (0, 10000]"),

@@ -132,13 +132,17 @@ def test_record_version_mismatch_is_explained(tmp_path):
 
 def test_phase_vocabulary_is_the_designed_one():
     assert PHASES == (
+        "ingest",  # a serving scheduler's host work (issue 29): SGLang times these
         "schedule",
+        "launch",
         "draft",
         "build_verify_input",
         "prepare_for_verify",
         "verify",
         "accept",
         "kv_commit",
+        "postprocess",
+        "output",
     )
 
 

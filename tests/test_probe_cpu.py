@@ -9,10 +9,11 @@ import pytest
 
 from pytest_specperf.judging.metrics import ACTIVE_SHARE, RUNQ_SHARE, STEP, active_form, cpu_form
 from pytest_specperf.judging.samples import build_run
-from pytest_specperf.probe import PHASES, StepProbe
+from pytest_specperf.probe import StepProbe
 from pytest_specperf.probe.inject import Injector, parse_inject
 from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, PhaseKernels
 from pytest_specperf.probe.layout import KVLayout
+from pytest_specperf.probe.phases import CORE_PHASES
 from pytest_specperf.probe.record import RECORD_VERSION, StepRecord
 
 
@@ -77,11 +78,11 @@ def test_run_queue_time_is_read_where_linux_reports_it():
 
 
 def _v2_record(**kw) -> StepRecord:
-    host = dict.fromkeys(PHASES, 1_000_000)
+    host = dict.fromkeys(CORE_PHASES, 1_000_000)  # an engine step: no scheduler phases
     fields = dict(
         step=0, wall_ns=1, mode="decode", rids=["r"], context_len=8, batch_size=1,
         accepted_tokens=2, step_ns=8_000_000, host_ns=host, unaccounted_ns=1_000_000,
-        cpu_ns=dict.fromkeys(PHASES, 400_000), step_cpu_ns=3_000_000, step_runq_ns=500_000,
+        cpu_ns=dict.fromkeys(CORE_PHASES, 400_000), step_cpu_ns=3_000_000, step_runq_ns=500_000,
     )  # fmt: skip
     fields.update(kw)
     return StepRecord(**fields)
@@ -127,7 +128,7 @@ def test_cpu_run_samples_cpu_time_as_the_active_time():
 
 
 def test_gpu_run_takes_active_time_from_the_sampled_steps_only():
-    dev = dict.fromkeys(PHASES, 900_000)
+    dev = dict.fromkeys(CORE_PHASES, 900_000)
     sample = KernelSample(
         "cuda",
         {

@@ -25,7 +25,7 @@ from pytest_specperf.engines.sglang.check import (
 )
 from pytest_specperf.engines.sglang.phase_map import example_fork_map_path
 from pytest_specperf.engines.sglang.source import sglang_root
-from pytest_specperf.probe.phases import PHASES
+from pytest_specperf.probe.phases import PHASES, SCHEDULER_PHASES
 
 FORK = Path(__file__).parent / "data" / "sglang_ddtree_fork"
 FORK_WORKER = "sglang.srt.speculative.dflash_worker.DFlashWorker"
@@ -65,7 +65,7 @@ def test_unit_fork_with_the_example_map_is_complete(fork_report: CheckReport) ->
 def test_unit_fork_step_phases_and_the_calls_no_phase_covers(fork_report: CheckReport) -> None:
     s = step(fork_report, f"{FORK_WORKER}.forward_batch_generation")
     assert s.where == "sglang/srt/speculative/dflash_worker.py:14"
-    assert set(s.phases_reached) == set(PHASES) - {"schedule"}
+    assert set(s.phases_reached) == set(PHASES) - set(SCHEDULER_PHASES)
     assert s.phases_reached["prepare_for_verify"] == "verify_input.prepare_for_verify (line 21)"
     assert s.phases_reached["build_verify_input"] == "self._build_ddtree_verify_input (line 20)"
     uncovered = {c.where: c for c in s.calls if c.status == "uncovered"}
@@ -128,7 +128,7 @@ def test_cli_on_the_fork(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "sglang-check: SGLang 0.5.9+ddtree at" in out
-    assert "Map entries: 15 checked, 0 missing, 0 with other parameters" in out
+    assert "Map entries: 21 checked, 0 missing, 0 with other parameters" in out
     assert "sglang/srt/speculative/dflash_worker.py:24" in out and "_update_acceptance_stats" in out
     assert out.rstrip().endswith("OK")
     data = json.loads(cli("--source", str(FORK), "--phase-map", EXAMPLE, "--algorithm",
@@ -169,7 +169,7 @@ def test_installed_sglang_matches_the_built_in_map() -> None:
     assert rows[("EAGLE3", "enable_multi_layer_eagle=True")]["worker"].endswith(
         "MultiLayerEagleWorkerV2")
     for s in r.steps:
-        expected = set(PHASES) - {"schedule"}
+        expected = set(PHASES) - set(SCHEDULER_PHASES)
         if s.target.endswith("DFlashWorkerV2.forward_batch_generation"):
             expected -= {"build_verify_input"}  # chain verification upstream
         assert set(s.phases_reached) == expected, s.target

@@ -173,7 +173,8 @@ class FakeEagleWorker:
         eagle_sample(batch)
 
     def _draft_extend_for_decode(self, batch: Any, batch_result: Any) -> None:
-        busy()
+        prepare_for_draft_extend(batch)  # KV locations: kv_commit
+        busy()  # the draft model's forward over the accepted tokens: draft
 
 
 def build_eagle_verify_input(batch: Any) -> None:
@@ -263,6 +264,7 @@ def hooked(rt: ProbeRuntime, monkeypatch: pytest.MonkeyPatch) -> ProbeRuntime:
         ("eagle_prepare_for_verify", "speculative.eagle_utils.eagle_prepare_for_verify"),
         ("eagle_sample", "speculative.eagle_utils.eagle_sample"),
         ("release_kv_cache", "mem_cache.common.release_kv_cache"),
+        ("prepare_for_draft_extend", "speculative.eagle_worker_common.prepare_for_draft_extend"),
     ):
         monkeypatch.setitem(g, name, around(g[name], make_hook(entry(suffix), rt)))
     for cls, name, suffix in (
@@ -349,9 +351,10 @@ def test_unit_batch_of_two_finishing_at_different_steps(hooked: ProbeRuntime,
     a, b = read_records(tmp_path, rids={"a"}), read_records(tmp_path, rids={"b"})
     assert len(a) == 2 and len(b) == 4
     # step 3 was launched for both before "a" was known to be finished (overlap): the
-    # batch really had 2 rows and produced 4 tokens, but it is no step of "a" any more
+    # batch really had 2 rows, but it is no step of "a" any more, and of its 4 tokens
+    # SGLang keeps only b's 2 (it skips a finished row): those are the step's
     assert [r.batch_size for r in b] == [2, 2, 2, 1]
-    assert [r.accepted_tokens for r in b] == [4, 4, 4, 2]
+    assert [r.accepted_tokens for r in b] == [4, 4, 2, 2]
     assert [r.rids for r in b] == [["a", "b"], ["a", "b"], ["b"], ["b"]]
     assert b[0].context_len == 64  # the longest request of the batch
 

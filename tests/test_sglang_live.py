@@ -7,9 +7,11 @@ else is SGLang's own: scheduler, model runner, STANDALONE/EAGLE/EAGLE3 workers, 
 loader that runs our entry point in the scheduler, HookRegistry. Skipped, saying so, where
 SGLang's CPU dependency set is not installed (.ci/run installs it).
 
-Servers are shared between the tests (``sglang_cpu.live.Pool``, two at a time at most), and
-contexts stay at or below 8k (the stand-in attention is plain torch): the whole file takes a
-few minutes on a loaded two-core box.
+Servers are shared between the tests (``sglang_cpu.live.Pool``, two at a time at most): each
+configuration starts once, two start side by side, and the next ones start ahead of the test
+that needs them (:func:`_plan`: never while a test whose timings are judged is still to come
+before them); a server no later test needs is stopped at once. Contexts stay at or below 8k
+(the stand-in attention is plain torch).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from e2e import SHORT_RUN
@@ -39,8 +41,9 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = live.prompt(1000)
 NEW_TOKENS = 24
-#: Hooks each worker gets from the 0.5.23 map (SGLANG-CPU.md measured the same numbers).
-HOOKS = {"STANDALONE": 20, "EAGLE": 27, "EAGLE3": 27}
+#: Hooks each worker gets from the 0.5.23 map: the scheduler's iteration and host phases add 6 to
+#: the 20 (STANDALONE) and 27 (EAGLE, EAGLE3) that SGLANG-CPU.md counted before them.
+HOOKS = {"STANDALONE": 26, "EAGLE": 33, "EAGLE3": 33}
 #: The perf_tests case the attach/launch runs measure: 8k tokens, contiguous and fragmented.
 CASE = "test_decode.py::test_decode"
 #: perf_tests' test_decode at 2048 tokens (contiguous and fragmented KV) for the attach-mode
@@ -59,6 +62,56 @@ def test_decode(specperf, fragmented_kv, context_len):
 PERF_RUN = (*SHORT_RUN, "--specperf-json=report.json", "-rA")
 
 _greedy: dict[str, list[int]] = {}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def uses(*servers: str | None, judged: bool = False) -> Callable[[F], F]:
+    """The pool servers a test uses (None: plain decoding; a parametrized ``algorithm`` is
+    added), and whether its timings are judged (no server starts beside it then)."""
+
+    def mark(fn: F) -> F:
+        fn.live_servers = servers  # type: ignore[attr-defined]
+        fn.live_judged = judged  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def _servers_of(item: pytest.Item) -> list[str | None]:
+    fn = getattr(item, "function", None)
+    out = [s for s in getattr(fn, "live_servers", ()) if s is not None or "ids" not in _greedy]
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "algorithm" in callspec.params:
+        out.append(callspec.params["algorithm"])
+    return out
+
+
+def _plan(pool: live.Pool, later: Sequence[pytest.Item]) -> None:
+    """Stop the servers no later test uses; start ahead the first ones later tests use (as
+    many as the pool keeps), except those first needed after a test whose timings are
+    judged: a server starting beside it would take its CPU."""
+    order: list[str | None] = []
+    blocked: set[str | None] = set()
+    judged_before = False
+    for item in later:
+        for server in _servers_of(item):
+            if server not in order:
+                order.append(server)
+                if judged_before:
+                    blocked.add(server)
+        judged_before = judged_before or getattr(
+            getattr(item, "function", None), "live_judged", False
+        )
+    pool.stop(*[s for s in pool.names() if s not in order])
+    pool.prestart(*[s for s in order[: pool.keep] if s not in blocked])
+
+
+def _later(request: pytest.FixtureRequest, *, current: bool) -> list[pytest.Item]:
+    """The selected tests of this module from the current one (``current``) or after it."""
+    items = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    if request.node not in items:
+        return items
+    return items[items.index(request.node) + (0 if current else 1) :]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +122,25 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> Iterator[live.Pool]:
     p = live.Pool(tmp_path_factory.mktemp("servers"), models)
-    yield p
-    p.close()
-    for name, seconds in p.startups.items():
-        print(f"live sglang {name}: ready in {seconds:.1f} s")
+    try:
+        yield p
+    finally:
+        p.close()
+        for name, seconds in p.startups.items():
+            print(f"live sglang {name}: ready in {seconds:.1f} s")
+
+
+@pytest.fixture(autouse=True)
+def _servers_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Around each test that uses the pool: before it, start its servers and the next ones
+    (two side by side); after it, stop what no later test uses and start what comes next."""
+    if "pool" not in request.fixturenames:
+        yield
+        return
+    pool: live.Pool = request.getfixturevalue("pool")
+    _plan(pool, _later(request, current=True))
+    yield
+    _plan(pool, _later(request, current=False))
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +155,7 @@ def _plain_greedy(pool: live.Pool) -> list[int]:
     return _greedy["ids"]
 
 
+@uses(None)
 def test_plain_decoding_on_real_sglang(pool: live.Pool) -> None:
     server = pool.get(None)
     ids = _plain_greedy(pool)
@@ -97,8 +166,7 @@ def test_plain_decoding_on_real_sglang(pool: live.Pool) -> None:
     assert "spec_verify_ct" not in again["meta_info"] or not again["meta_info"]["spec_verify_ct"]
 
 
-@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "STANDALONE"])
-def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
+def _speculative_equals_plain_greedy_and_hooks_match_the_decode_log(
     pool: live.Pool, algorithm: str
 ) -> None:
     expected = _plain_greedy(pool)
@@ -141,6 +209,13 @@ def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
         assert verify_ct < NEW_TOKENS - 1
 
 
+@uses(None, "STANDALONE")
+def test_standalone_output_equals_plain_greedy_and_hooks_match_the_decode_log(
+    pool: live.Pool,
+) -> None:
+    _speculative_equals_plain_greedy_and_hooks_match_the_decode_log(pool, "STANDALONE")
+
+
 def _perf(
     pytester: pytest.Pytester,
     *args: str,
@@ -168,6 +243,24 @@ def _attach(server: live.LiveServer) -> tuple[str, ...]:
     )
 
 
+@uses("STANDALONE")
+def test_strict_mode_fails_an_unjudged_case(
+    pytester: pytest.Pytester, pool: live.Pool, tmp_path: Path
+) -> None:
+    server = pool.get("STANDALONE")
+    result, report = _perf(
+        pytester,
+        *_attach(server),
+        f"--specperf-baselines={tmp_path}",
+        "--specperf-strict",
+        k="contiguous",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*--specperf-strict: *was not judged*"])
+    assert report is not None and report["cases"][0]["verdict"] == "NO_BASELINE"
+
+
+@uses("STANDALONE", judged=True)
 def test_perf_tests_attach_mode_records_then_judges(
     pytester: pytest.Pytester, pool: live.Pool, baselines: Path
 ) -> None:
@@ -204,6 +297,7 @@ def test_perf_tests_attach_mode_records_then_judges(
     )
 
 
+@uses("STANDALONE", judged=True)
 def test_canary_in_an_attached_server_fails_naming_the_phase(
     pytester: pytest.Pytester, pool: live.Pool, baselines: Path
 ) -> None:
@@ -231,22 +325,15 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
     assert case["culprit"] in ("verify", "step"), case["culprit"]
 
 
-def test_strict_mode_fails_an_unjudged_case(
-    pytester: pytest.Pytester, pool: live.Pool, tmp_path: Path
+@uses(None)
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(
+    pool: live.Pool, algorithm: str
 ) -> None:
-    server = pool.get("STANDALONE")
-    result, report = _perf(
-        pytester,
-        *_attach(server),
-        f"--specperf-baselines={tmp_path}",
-        "--specperf-strict",
-        k="contiguous",
-    )
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*--specperf-strict: *was not judged*"])
-    assert report is not None and report["cases"][0]["verdict"] == "NO_BASELINE"
+    _speculative_equals_plain_greedy_and_hooks_match_the_decode_log(pool, algorithm)
 
 
+@uses()
 def test_perf_tests_launch_mode_on_the_cpu(
     pytester: pytest.Pytester,
     pool: live.Pool,
@@ -254,7 +341,7 @@ def test_perf_tests_launch_mode_on_the_cpu(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pool.close()  # the launched server gets the cores
+    pool.close()  # the launched server gets the cores (_plan stopped them all already)
     server_args = [
         f"--specperf-server-arg={a}"
         for a in (
@@ -265,8 +352,8 @@ def test_perf_tests_launch_mode_on_the_cpu(
         )
     ]
     env = live.server_env(None)
-    for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE", "SGLANG_CACHE_DIR"):  # the server's
-        monkeypatch.setenv(key, env[key])
+    for key in ("PYTHONPATH", "SGLANG_CACHE_DIR", *live.SERVER_ENV):  # the launcher passes
+        monkeypatch.setenv(key, env[key])  # its environment on to the server
     result, report = _perf(
         pytester,
         "--specperf-backend=sglang",

@@ -222,21 +222,54 @@ class ScheduleBatch:
 def release_kv_cache(req, tree_cache, *, checkpoint=False):
     return None
 ''',
+    S + "managers.scheduler_components.output_streamer": _BUSY + '''
+class SchedulerOutputStreamer:
+    def stream_output(self, reqs, return_logprob, skip_req=None):
+        busy()
+''',
     S + "managers.scheduler_components.batch_result_processor": '''
 from sglang.srt.mem_cache.common import release_kv_cache
+from sglang.srt.managers.scheduler_components.output_streamer import SchedulerOutputStreamer
 
 class SchedulerBatchResultProcessor:
     def __init__(self, finish_at):
         self.finish_at = finish_at
+        self.output_streamer = SchedulerOutputStreamer()
     def process_batch_result_decode(self, batch, result):
         for req, n in zip(batch.reqs, result.accept_lens):
             req.output_ids += [1] * n
             if len(req.output_ids) >= self.finish_at:
                 req.done = True
                 release_kv_cache(req, None, checkpoint=False)
+        self.output_streamer.stream_output(batch.reqs, False)
 ''',
-    S + "managers.scheduler": '''
+    S + "managers.scheduler": _BUSY + '''
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+
 class Scheduler:
+    """event_loop_normal's calls, each with 0.5.23's signature."""
+    def __init__(self, worker, proc, req):
+        self.worker, self.proc, self.req, self.prefilled = worker, proc, req, False
+    def ingest_requests(self, stop_at_pause=False):
+        busy()
+        return []
+    def get_next_batch_to_run(self, running_batch, last_batch):
+        if not self.prefilled:
+            self.prefilled = True
+            return ScheduleBatch([self.req], "extend")
+        if self.req.done:
+            return None
+        batch = ScheduleBatch([self.req], "decode")
+        batch.prepare_for_decode()
+        return batch
+    def run_batch(self, batch, pp_proxy_tensors=None):
+        busy()
+        return self.worker.forward_batch_generation(batch)
+    def launch_batch_sample_if_needed(self, batch_result, cur_batch):
+        return None
+    def process_batch_result(self, batch, result):
+        if not batch.forward_mode.is_extend():
+            self.proc.process_batch_result_decode(batch, result)
     def flush_cache(self, empty_cache=True):
         return True
     def on_idle(self):
@@ -267,7 +300,7 @@ def install_stubs(sglang_dir: str) -> None:
 
 def _drive(steps: int) -> None:
     """What the scheduler does for one request: prefill, decode steps, finish, idle."""
-    from sglang.srt.managers.schedule_batch import ScheduleBatch, StandinReq
+    from sglang.srt.managers.schedule_batch import StandinReq
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.scheduler_components.batch_result_processor import (
         SchedulerBatchResultProcessor,
@@ -277,12 +310,14 @@ def _drive(steps: int) -> None:
     worker = EAGLEWorkerV2()
     req = StandinReq("r1", 64)
     proc = SchedulerBatchResultProcessor(finish_at=steps * EAGLEWorkerV2.accept)
-    worker.forward_batch_generation(ScheduleBatch([req], "extend"))
-    for _ in range(steps):
-        batch = ScheduleBatch([req], "decode")
-        batch.prepare_for_decode()
-        proc.process_batch_result_decode(batch, worker.forward_batch_generation(batch))
-    Scheduler().on_idle()
+    sched = Scheduler(worker, proc, req)
+    while True:  # Scheduler.event_loop_normal
+        sched.ingest_requests()
+        batch = sched.get_next_batch_to_run(None, None)
+        if batch is None:
+            sched.on_idle()
+            return
+        sched.process_batch_result(batch, sched.run_batch(batch))
 
 
 def run_scheduler_process(

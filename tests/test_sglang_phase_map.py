@@ -26,14 +26,17 @@ from pytest_specperf.probe.phases import PHASES
 def test_unit_builtin_map_covers_every_phase_and_the_required_families() -> None:
     pm = load_builtin("0.5.23")
     phases = {e.phase for e in pm.active() if e.role == "phase"}
-    assert phases == set(PHASES)
+    assert phases | {"ingest"} == set(PHASES)  # the iteration entry times ingest
+    assert [e.target for e in pm.active() if e.role == "iteration"] == [
+        "sglang.srt.managers.scheduler.Scheduler.ingest_requests"
+    ]
     steps = {e.target.rsplit(".", 2)[-2] for e in pm.active() if e.role == "step"}
     assert {"EAGLEWorkerV2", "DFlashWorkerV2", "DFlashWorker"} <= steps
     graphs = {e.target.rsplit(".", 2)[-2] for e in pm.active() if e.role == "graph"}
     assert {"DecodeCudaGraphRunner", "EAGLEDraftCudaGraphRunner",
             "EAGLEDraftExtendCudaGraphRunner", "EagerRunner"} <= graphs
     roles = {e.role for e in pm.active()}
-    assert {"step_result", "kv_release", "kv_flush", "idle"} <= roles
+    assert {"step_result", "kv_release", "kv_flush", "idle", "iteration"} <= roles
     forks = [e.target for e in pm.active() if e.optional]
     assert any(t.endswith("DFlashWorker._build_ddtree_verify_input") for t in forks)
 

@@ -92,7 +92,7 @@ def test_a_missing_target_and_a_changed_signature_refuse_with_the_list(tmp_path:
     msg = str(err.value)
     assert (
         "missing: sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker."
-        "_draft_extend_for_decode (kv_commit" in msg
+        "_draft_extend_for_decode (draft" in msg
     )
     assert "did you mean '_draft_extend_for_decode_v2' (line " in msg  # the renamed method
     assert "signature: sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode" in msg

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pytest_specperf.probe.kernels import STEP_KEY
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED, VERIFY
+from pytest_specperf.probe.phases import PHASES, SCHEDULER_PHASES, UNACCOUNTED, VERIFY
 from pytest_specperf.telemetry.summary import (
     DRAM_UTIL,
     GPU_UTIL,
@@ -145,6 +145,8 @@ class StepFigures:
     context_len: int | None = None
     #: time per step the probe's thread was runnable without a CPU (a busy machine), ms
     runq_ms: float | None = None
+    #: the device's idle time between consecutive steps' forwards (SGLang on a GPU), ms
+    device_gap_ms: float | None = None
 
     def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
         """Copy with the utilization medians of ``summary`` filled in (where measured)."""
@@ -231,6 +233,21 @@ class Bottleneck:
         return ", ".join(parts)
 
 
+def scheduler_clause(host_ms: Mapping[str, float], step: float) -> str | None:
+    """The serving scheduler's own host work in the step (SGLang: taking in requests,
+    building and launching the batch, processing results, streaming output), largest
+    first; None when the backend times none of it (the embedded engine)."""
+    parts = sorted(
+        ((p, host_ms[p]) for p in SCHEDULER_PHASES if host_ms.get(p, 0.0) > 0),
+        key=lambda kv: -kv[1],
+    )
+    if not parts or step <= 0:
+        return None
+    total = sum(ms for _, ms in parts)
+    named = ", ".join(f"{p} {ms:.1f} ms" for p, ms in parts)
+    return f"the scheduler's own host work {total:.1f} ms ({_pct(total / step)}): {named}"
+
+
 def _largest_phase(label: str, phase_ms: Mapping[str, float], step: float) -> str:
     name, ms = max(phase_ms.items(), key=lambda kv: kv[1])
     return f"{label}: {name} {ms:.1f} ms ({_pct(ms / step)})"
@@ -287,6 +304,9 @@ def _host_only(figures: StepFigures, unacc: float, out: dict[str, float]) -> Bot
     ]
     if figures.host_ms:
         reasons.append(_largest_phase("largest phase", figures.host_ms, step))
+    sched = scheduler_clause(figures.host_ms, step)
+    if sched is not None:
+        reasons.append(sched)
     return Bottleneck("unknown", reasons, out)
 
 
@@ -303,6 +323,9 @@ class _Device:
 
 def _device_figures(figures: StepFigures, busy: float, out: dict[str, float]) -> _Device:
     out["device_busy_ms"] = sum(figures.device_ms.values())
+    gap = _finite(figures.device_gap_ms)
+    if gap is not None:
+        out["device_gap_ms"] = gap
     out["device_busy_share"] = busy
     for name, ms in figures.device_ms.items():
         out[f"device_ms.{name}"] = ms
@@ -341,6 +364,15 @@ def _host_bound(figures: StepFigures, d: _Device, unacc: float, t: Thresholds) -
         )
     elif figures.host_ms:
         reasons.append(_largest_phase("largest host phase", figures.host_ms, step))
+    sched = scheduler_clause(figures.host_ms, step)
+    gap = _finite(figures.device_gap_ms)
+    if gap is not None and gap > 0:
+        reasons.append(
+            f"device idle {gap:.1f} ms ({_pct(gap / step)}) between one step's forward and "
+            f"the next" + (f", while {sched}" if sched is not None else "")
+        )
+    elif sched is not None:  # what the host did while the GPU waited
+        reasons.append(sched)
     return reasons
 
 
@@ -605,7 +637,7 @@ def cpu_activity(
 
 
 def _runq_clause(figures: StepFigures, span: float, active: float) -> str:
-    """", about X ms waiting for a CPU (a busy machine)" when the run-queue part of ``span``
+    """ ", about X ms waiting for a CPU (a busy machine)" when the run-queue part of ``span``
     is worth a line, else ""."""
     runq = _runq_part(figures, span, active)
     if runq >= MIN_LINE_SHARE * span:

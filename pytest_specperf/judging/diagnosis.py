@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,7 +94,15 @@ def figures_of(
         top_kernel=top,
         context_len=run.context_len,
         runq_ms=_runq_ms(s),
+        device_gap_ms=_device_gap_ms(run),
     ).with_telemetry(run.telemetry)
+
+
+def _device_gap_ms(run: DecodeRun) -> float | None:
+    """Median device idle time between consecutive steps' forwards (records that have it:
+    SGLang on a GPU), ms; None where not measured."""
+    gaps = [r.device_gap_ns for r in run.records if r.device_gap_ns is not None]
+    return statistics.median(gaps) / 1e6 if gaps else None
 
 
 def diagnose(

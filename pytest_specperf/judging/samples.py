@@ -21,7 +21,6 @@ from pytest_specperf.judging.metrics import (
     DEVICE_STEP,
     RUNQ_SHARE,
     STEP,
-    STEP_PARTS,
     STEP_PER_REF,
     TOKENS_PER_S,
     UTIL_DRAM,
@@ -37,7 +36,7 @@ from pytest_specperf.judging.metrics import (
 from pytest_specperf.judging.stats import Summary, summarize
 from pytest_specperf.probe.kernels import STEP_KEY, TOP_KERNELS
 from pytest_specperf.probe.layout import KVLayout
-from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
+from pytest_specperf.probe.phases import ALL_PHASES, CORE_PHASES, HOST_PHASES, PHASES, UNACCOUNTED
 from pytest_specperf.probe.record import StepRecord
 
 if TYPE_CHECKING:
@@ -146,6 +145,7 @@ class DecodeRun:
     def processes(self) -> tuple[DecodeRun, ...]:
         """This run and its siblings: one run per server process."""
         return (self, *self.siblings)
+
     #: what ``active.<phase>`` measures: ``device`` (GPU kernel samples), ``cpu`` (the
     #: thread's CPU time) or None (version 1 records)
     active_source: str | None = None
@@ -191,19 +191,28 @@ class DecodeRun:
         return self.summaries.get(name) or self.utilizations.get(name)
 
 
+def measured_phases(records: Sequence[StepRecord]) -> tuple[str, ...]:
+    """The phases a run has metrics for: every core phase, and a serving scheduler's host
+    phases (``HOST_PHASES``) only where some step timed them (the embedded engine has none:
+    its baselines stay as they were)."""
+    timed = {p for p in HOST_PHASES if any(r.host_ns.get(p) for r in records)}
+    return tuple(p for p in PHASES if p in CORE_PHASES or p in timed)
+
+
 def _empty_samples(
-    device: bool, use_ref: bool, cpu: bool, active: str | None
+    device: bool, use_ref: bool, cpu: bool, active: str | None, phases: tuple[str, ...]
 ) -> dict[str, list[float]]:
-    names = [STEP, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, *PHASES, *map(rest_form, PHASES)]
+    names = [STEP, UNACCOUNTED, ACCEPT_LEN, TOKENS_PER_S, *phases, *map(rest_form, phases)]
     if device:
-        names += [device_form(p) for p in PHASES] + [rest_form(device_form(p)) for p in PHASES]
+        names += [device_form(p) for p in phases] + [rest_form(device_form(p)) for p in phases]
         names += [DEVICE_STEP, DEVICE_BUSY]
     if use_ref:
         names.append(STEP_PER_REF)
+    parts = (*phases, UNACCOUNTED, STEP)
     if cpu:
-        names += [cpu_form(p) for p in STEP_PARTS] + [RUNQ_SHARE]
+        names += [cpu_form(p) for p in parts] + [RUNQ_SHARE]
     if active is not None:
-        names += [active_form(p) for p in STEP_PARTS] + [ACTIVE_SHARE]
+        names += [active_form(p) for p in parts] + [ACTIVE_SHARE]
     return {n: [] for n in names}
 
 
@@ -217,17 +226,17 @@ def active_source(records: Sequence[StepRecord], device: bool) -> str | None:
     return "device" if any(r.kernels is not None for r in records) else None
 
 
-def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
+def _add_cpu(out: dict[str, list[float]], r: StepRecord, phases: tuple[str, ...]) -> None:
     """The thread's CPU time per phase, outside every phase, and over the step (ms; NaN on
     a step that did not read it)."""
     if r.cpu_ns is None:
-        for name in [*(cpu_form(p) for p in STEP_PARTS), RUNQ_SHARE]:
+        for name in [*(cpu_form(p) for p in (*phases, UNACCOUNTED, STEP)), RUNQ_SHARE]:
             out[name].append(math.nan)
         return
     cpu = r.cpu_ns
     total = sum(cpu.get(p, 0) for p in PHASES)
     step = r.step_cpu_ns or 0
-    for p in PHASES:
+    for p in phases:
         out[cpu_form(p)].append(cpu.get(p, 0) / 1e6)
     # one thread's CPU time cannot exceed the wall time it lies in (clock reads aside)
     out[cpu_form(UNACCOUNTED)].append(max(min(step - total, r.unaccounted_ns), 0) / 1e6)
@@ -237,10 +246,12 @@ def _add_cpu(out: dict[str, list[float]], r: StepRecord) -> None:
     out[RUNQ_SHARE].append(min(runq / off, 1.0) if runq is not None and off > 0 else math.nan)
 
 
-def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None:
+def _add_active(
+    out: dict[str, list[float]], r: StepRecord, source: str, phases: tuple[str, ...]
+) -> None:
     """Active ms per part of the step and the step's active share (NaN: not sampled)."""
     if source == "cpu":
-        for p in STEP_PARTS:
+        for p in (*phases, UNACCOUNTED, STEP):
             out[active_form(p)].append(out[cpu_form(p)][-1])
         if r.step_cpu_ns is None or not r.step_ns:
             out[ACTIVE_SHARE].append(math.nan)
@@ -248,7 +259,7 @@ def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None
             out[ACTIVE_SHARE].append(min(r.step_cpu_ns / r.step_ns, 1.0))
         return
     k = r.kernels
-    for p in ALL_PHASES:
+    for p in (*phases, UNACCOUNTED):
         out[active_form(p)].append(k.active_ns(p) / 1e6 if k is not None else math.nan)
     step = k.active_ns(STEP_KEY) if k is not None else None
     out[active_form(STEP)].append(step / 1e6 if step is not None else math.nan)
@@ -256,10 +267,12 @@ def _add_active(out: dict[str, list[float]], r: StepRecord, source: str) -> None
     out[ACTIVE_SHARE].append(min(share, 1.0) if math.isfinite(share) else share)
 
 
-def _add_phases(out: dict[str, list[float]], times: Mapping[str, int], prefix: str) -> int:
+def _add_phases(
+    out: dict[str, list[float]], times: Mapping[str, int], prefix: str, phases: tuple[str, ...]
+) -> int:
     """Append each phase's ms and its ratio to the rest of the step; return the total ns."""
     total = sum(times.get(p, 0) for p in PHASES)
-    for p in PHASES:
+    for p in phases:
         ns = times.get(p, 0)
         name = f"{prefix}{p}"
         out[name].append(ns / 1e6)
@@ -289,23 +302,24 @@ def samples_from_records(
     use_ref = bool(reference) and blocks is not None and all(b in (reference or {}) for b in blocks)
     cpu = any(r.cpu_ns is not None for r in records)
     active = active_source(records, device)
-    out = _empty_samples(device, use_ref, cpu, active)
+    phases = measured_phases(records)
+    out = _empty_samples(device, use_ref, cpu, active, phases)
     for i, r in enumerate(records):
         out[STEP].append(r.step_ns / 1e6)
         out[UNACCOUNTED].append(r.unaccounted_ns / 1e6)
-        _add_phases(out, r.host_ns, "")
+        _add_phases(out, r.host_ns, "", phases)
         if use_ref and blocks is not None and reference is not None:
             out[STEP_PER_REF].append(r.step_ns / 1e6 / reference[blocks[i]])
         out[ACCEPT_LEN].append(r.accepted_tokens / max(r.batch_size, 1))
         out[TOKENS_PER_S].append(r.accepted_tokens / (r.step_ns / 1e9) if r.step_ns else 0.0)
         if device and r.device_ns is not None:
-            busy = _add_phases(out, r.device_ns, device_form(""))
+            busy = _add_phases(out, r.device_ns, device_form(""), phases)
             out[DEVICE_STEP].append((r.device_step_ns or 0) / 1e6)
             out[DEVICE_BUSY].append(busy / r.step_ns if r.step_ns else 0.0)
         if cpu:
-            _add_cpu(out, r)
+            _add_cpu(out, r, phases)
         if active is not None:
-            _add_active(out, r, active)
+            _add_active(out, r, active, phases)
     return out
 
 
@@ -319,9 +333,7 @@ def summarize_present(
     return summarize([v for _, v in kept], [b for b, _ in kept], center=center)
 
 
-def kernel_view(
-    records: Sequence[StepRecord], span_ms: Mapping[str, float]
-) -> KernelView | None:
+def kernel_view(records: Sequence[StepRecord], span_ms: Mapping[str, float]) -> KernelView | None:
     """Top kernels per phase over the sampled steps, per sampled step, with their share of
     the phase's median time (``span_ms``)."""
     sampled = [r.kernels for r in records if r.kernels is not None]

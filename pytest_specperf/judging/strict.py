@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.metrics import STEP
 from pytest_specperf.judging.verdict import Verdict
-from pytest_specperf.probe.phases import PHASES
+from pytest_specperf.probe.phases import HOST_PHASES, PHASES
 
 #: Verdicts that decide a case; every other verdict leaves it unjudged.
 DECIDED = (Verdict.SAME, Verdict.FASTER, Verdict.SLOWER)
@@ -38,8 +39,10 @@ def silent_phases(outcome: CaseOutcome, mapped: Iterable[str]) -> list[str]:
     for p in PHASES:
         if p not in mapped:
             continue
-        samples = run.samples.get(p, ())
-        if samples and not any(samples):
+        samples = run.samples.get(p)
+        if samples is None and p in HOST_PHASES and run.samples.get(STEP):
+            out.append(p)  # a scheduler host phase gets samples only where some step timed it
+        elif samples and not any(samples):
             out.append(p)
     return out
 

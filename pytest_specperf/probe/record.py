@@ -38,7 +38,9 @@ class StepRecord:
     ``step_cpu_ns`` over the whole step: wall minus CPU time is time the thread waited
     (``None`` in version 1 records); ``step_runq_ns`` is the part of that wait the thread
     was runnable but had no CPU (a busy machine; Linux schedstat, else None). ``kernels``
-    is set on sampled steps only.
+    is set on sampled steps only. ``device_gap_ns`` (GPU, SGLang) is the device's idle time
+    between the previous step's forward (its step method's call) and this step's: CUDA
+    events on the stream current at both calls; None where not measured.
     """
 
     step: int
@@ -61,6 +63,7 @@ class StepRecord:
     step_cpu_ns: int | None = None
     step_runq_ns: int | None = None
     kernels: KernelSample | None = None
+    device_gap_ns: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class StepRecord:
             "step_cpu_ns": self.step_cpu_ns,
             "step_runq_ns": self.step_runq_ns,
             "kernels": self.kernels.to_json() if self.kernels is not None else None,
+            "device_gap_ns": self.device_gap_ns,
         }
 
     @classmethod
@@ -96,9 +100,7 @@ class StepRecord:
                 f"{', '.join(map(str, READABLE_RECORD_VERSIONS))}); the server and the plugin "
                 "come from different pytest-specperf versions"
             )
-        graphs = {
-            str(k): GraphCount(*(int(x) for x in v[:3])) for k, v in data["graphs"].items()
-        }
+        graphs = {str(k): GraphCount(*(int(x) for x in v[:3])) for k, v in data["graphs"].items()}
         device = data.get("device_ns")
         return cls(
             step=int(data["step"]),
@@ -135,7 +137,9 @@ def _v2_fields(data: dict[str, Any]) -> dict[str, Any]:
     step_cpu = data.get("step_cpu_ns")
     runq = data.get("step_runq_ns")
     kernels = data.get("kernels")
+    gap = data.get("device_gap_ns")
     return {
+        "device_gap_ns": None if gap is None else int(gap),
         "cpu_ns": None if cpu is None else {str(k): int(v) for k, v in cpu.items()},
         "step_cpu_ns": None if step_cpu is None else int(step_cpu),
         "step_runq_ns": None if runq is None else int(runq),

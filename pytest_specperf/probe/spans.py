@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_specperf.probe.inject import CONTROL_EVERY_STEPS, INJECT_ERROR_LABEL, INJECT_LABEL
 from pytest_specperf.probe.kernel_sampler import KernelSampler
 from pytest_specperf.probe.kernels import KernelSample
-from pytest_specperf.probe.phases import PHASES
+from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
 from pytest_specperf.probe.record import GraphCount, StepRecord
 
 if TYPE_CHECKING:
@@ -90,7 +90,13 @@ class _RunQueue:
             if fd is not None:
                 os.close(fd)
         self._fds.clear()
+
+
 _INDEX = {name: i for i, name in enumerate(PHASES)}
+#: Index of the unnamed frame (:meth:`StepProbe.unnamed`): a span whose own time is
+#: ``unaccounted`` (a step method's inline work inside an enclosing host phase).
+_HIDDEN = len(PHASES)
+_NAMES = (*PHASES, UNACCOUNTED)
 
 
 class PhaseInjector(Protocol):
@@ -184,9 +190,11 @@ RawStep = tuple[Any, ...]
 
 
 def build_record(raw: RawStep) -> StepRecord:
-    """The ``StepRecord`` of a step's raw figures."""
+    """The ``StepRecord`` of a step's raw figures (the lists may carry the unnamed frame's
+    time last: it is left out, so it counts as ``unaccounted``)."""
     (step, wall, mode, rids, ctx, batch, accepted, step_ns, host_list, graphs, rank, pid,
      labels, cpu_list, step_cpu_ns, runq_ns, kernels) = raw  # fmt: skip
+    named = host_list[:_HIDDEN]
     return StepRecord(
         step=step,
         wall_ns=wall,
@@ -196,8 +204,8 @@ def build_record(raw: RawStep) -> StepRecord:
         batch_size=batch,
         accepted_tokens=accepted,
         step_ns=step_ns,
-        host_ns=dict(zip(PHASES, host_list)),
-        unaccounted_ns=step_ns - sum(host_list),
+        host_ns=dict(zip(PHASES, named)),
+        unaccounted_ns=step_ns - sum(named),
         graphs=graphs,
         rank=rank,
         pid=pid,
@@ -233,8 +241,9 @@ class StepProbe:
         self._labels = dict(labels or {})
         self._injector = injector
         self._control = control
-        self._until_control = 1  # steps until the control file is looked at (first: now)
-        self._spans = [_Span(self, i) for i in range(len(PHASES))]
+        self._until_control = CONTROL_EVERY_STEPS  # decode steps until the next look
+        self._control_due = control is not None  # look at the next step's start (first: now)
+        self._spans = [_Span(self, i) for i in range(len(_NAMES))]
         self._by_name = dict(zip(PHASES, self._spans))
         self._torch: Any = None
         self._nvtx: Any = None
@@ -245,7 +254,10 @@ class StepProbe:
             if nvtx:
                 self._nvtx = torch.cuda.nvtx  # one range per phase, for Nsight Systems
         self._event_pool: list[Any] = []
-        self._pending: list[tuple[StepRecord, list[_DeviceSpan], Any, Any]] = []
+        # (record, device spans, step start event, step end event, the previous step's
+        # unnamed-frame end event: the start of the device gap before this step's)
+        self._pending: list[tuple[StepRecord, list[_DeviceSpan], Any, Any, Any]] = []
+        self._gap_from: Any = None  # end event of the last step's unnamed frame
         self._completed: list[StepRecord] = []
         self._step_no = 0
         self._in_step = 0
@@ -260,42 +272,82 @@ class StepProbe:
 
     # -- step lifecycle -------------------------------------------------------------
     def _reset(self) -> None:
-        self._host = [0] * len(PHASES)
-        self._cpu = [0] * len(PHASES)
-        self._depth = [0] * len(PHASES)
+        self._host = [0] * len(_NAMES)
+        self._cpu = [0] * len(_NAMES)
+        self._depth = [0] * len(_NAMES)
         # [index, t_enter, child_ns, device_span_pos, cpu_enter, child_cpu_ns, annotation]
         self._stack: list[list[Any]] = []
         self._dev_spans: list[_DeviceSpan] = []
         self._graphs: dict[str, GraphCount] = {}
+        self._described = False
+        self._worker_end: Any = None
 
     def begin_step(
-        self, *, context_len: int, batch_size: int, rids: list[str], mode: str = "decode"
+        self,
+        *,
+        context_len: int = 0,
+        batch_size: int = 0,
+        rids: list[str] | None = None,
+        mode: str | None = "decode",
     ) -> None:
+        """Start a step's clock. ``mode=None`` opens a step whose batch is not known yet
+        (a scheduler iteration, timed from its start): :meth:`describe` names it once the
+        batch is known, and :meth:`abort_step` drops it if no batch ran."""
         self._in_step += 1
         if self._in_step > 1:
             return  # a nested step hook (a worker calling another hooked worker)
         if self._control is not None:
-            self._until_control -= 1
-            if self._until_control <= 0:
+            if mode is not None:
+                self._until_control -= 1
+                self._control_due = self._control_due or self._until_control <= 0
+            if self._control_due:
+                self._control_due = False
                 self._until_control = CONTROL_EVERY_STEPS
                 self._apply_control(self._control)
         self._reset()
         self._ctx = context_len
         self._batch = batch_size
-        self._rids = rids
-        self._mode = mode
+        self._rids = list(rids or ())
+        self._mode = mode or "decode"
         self._wall = time.time_ns()
         if self._nvtx is not None:
             self._nvtx.range_push(f"specperf.step ctx={context_len} bs={batch_size}")
         if self._sampler is not None and mode == "decode":
             self._start_sampling()
         self._step_ev0 = self._event() if self._torch is not None else None
-        n = self._decode_steps if mode == "decode" else -1
+        # an iteration counts as a decode step for the CPU-clock cadence until described
+        n = self._decode_steps if mode in ("decode", None) else -1
         self._decode_steps += mode == "decode"
         self._cpu_on = n >= 0 and n % CPU_EVERY == 0
         self._q0 = self._runq.wait_ns() if n >= 0 and n % RUNQ_EVERY == 0 else None
         self._t0 = self._last_t = _perf_ns()
         self._c0 = self._last_c = _thread_ns() if self._cpu_on else 0
+
+    def describe(self, *, context_len: int, batch_size: int, rids: list[str], mode: str) -> None:
+        """Name the batch of a step opened with ``begin_step(mode=None)`` (the first call
+        wins; the records' kernel sampling of a decode step starts here)."""
+        if not self._in_step or self._described:
+            return
+        self._described = True
+        self._ctx = context_len
+        self._batch = batch_size
+        self._rids = rids
+        self._mode = mode
+        if mode == "decode":
+            self._decode_steps += 1
+            if self._control is not None:
+                self._until_control -= 1
+                self._control_due = self._control_due or self._until_control <= 0
+            if self._sampler is not None:
+                self._start_sampling()
+        elif self._cpu_on:  # the CPU clock is read on decode steps only
+            self._cpu_on = False
+            self._cpu = [0] * len(_NAMES)
+
+    def unnamed(self) -> _Span:
+        """A span whose own time is ``unaccounted``: a step method's inline work nested in
+        a named host phase (its named phases inside it are timed as usual)."""
+        return self._spans[_HIDDEN]
 
     def _apply_control(self, control: InjectControl) -> None:
         """Switch the injection and the records' labels if the control file changed."""
@@ -342,7 +394,7 @@ class StepProbe:
 
     def _annotate(self, index: int) -> Any:
         assert self._sampler is not None
-        return self._sampler.annotate(PHASES[index])
+        return self._sampler.annotate(_NAMES[index])
 
     def _stop_sampling(self) -> KernelSample | None:
         """End the step's annotation and the profiler (after the step's clock stopped)."""
@@ -391,7 +443,12 @@ class StepProbe:
             return
         record = build_record(raw)
         step_ev1 = self._event()
-        self._pending.append((record, self._dev_spans, self._step_ev0, step_ev1))
+        # the device gap runs from the last step's unnamed frame (the worker's forward) to
+        # this step's: both on the stream current at the worker call
+        gap_from = self._gap_from if self._worker_end is not None else None
+        if self._worker_end is not None:
+            self._gap_from = self._worker_end
+        self._pending.append((record, self._dev_spans, self._step_ev0, step_ev1, gap_from))
         self._resolve(block=False)
 
     def _raw(
@@ -426,11 +483,17 @@ class StepProbe:
         if self._depth[index]:
             self._depth[index] += 1
             return
-        if self._injector is not None and not self._stack:
+        # before a phase entered outside every named phase (directly in the step, or in
+        # the unnamed frame of a step method: time that counts as unaccounted)
+        if (
+            self._injector is not None
+            and index != _HIDDEN
+            and (not self._stack or self._stack[-1][0] == _HIDDEN)
+        ):
             self._injector.before_phase(PHASES[index])
         self._depth[index] = 1
         if self._nvtx is not None:
-            self._nvtx.range_push(PHASES[index])
+            self._nvtx.range_push(_NAMES[index])
         pos = -1
         if self._torch is not None:
             parent = self._stack[-1][3] if self._stack else -1
@@ -448,7 +511,7 @@ class StepProbe:
         self._depth[index] -= 1
         if self._depth[index]:
             return
-        if self._injector is not None and now is None:
+        if self._injector is not None and now is None and index != _HIDDEN:
             frame = next(f for f in reversed(self._stack) if f[0] == index)
             self._injector.stretch(PHASES[index], _perf_ns() - frame[1] - frame[2])
         if now is None:  # the clocks at the phase's end; a short phase counts as busy
@@ -476,6 +539,8 @@ class StepProbe:
             self._depth[idx] = 0
             if pos >= 0:
                 self._dev_spans[pos].end = self._event()
+                if idx == _HIDDEN:
+                    self._worker_end = self._dev_spans[pos].end
             if annotation is not None:
                 KernelSampler.end(annotation)
             if self._nvtx is not None:
@@ -509,9 +574,14 @@ class StepProbe:
         ev.record()
         return ev
 
-    def _resolve(self, *, block: bool) -> None:
+    def _resolve(self, *, block: bool, through: int | None = None) -> None:
+        """Resolve pending steps in order; ``through``: only those up to that step
+        number (a later one, still running on the device, is neither waited for nor
+        resolved)."""
         while self._pending:
-            record, spans, ev0, ev1 = self._pending[0]
+            record, spans, ev0, ev1, gap_from = self._pending[0]
+            if through is not None and record.step > through:
+                return
             if block:
                 ev1.synchronize()
             elif not ev1.query():
@@ -523,16 +593,23 @@ class StepProbe:
                 if s.parent >= 0:
                     excl[s.parent] -= t
             device = dict.fromkeys(PHASES, 0)
+            gap_to = None
             for s, t in zip(spans, excl):
-                device[PHASES[s.index]] += round(t)
+                if s.index == _HIDDEN:
+                    gap_to = gap_to or s.start
+                else:
+                    device[PHASES[s.index]] += round(t)
+            if gap_from is not None and gap_to is not None:
+                record.device_gap_ns = max(round(gap_from.elapsed_time(gap_to) * 1e6), 0)
+                self._event_pool.append(gap_from)
             record.device_ns = device
             if self._injector is not None:
                 self._injector.observe_step(device)
             record.device_step_ns = round(ev0.elapsed_time(ev1) * 1e6)
             for s in spans:
                 self._event_pool.append(s.start)
-                if s.end is not None:
-                    self._event_pool.append(s.end)
+                if s.end is not None and s.index != _HIDDEN:
+                    self._event_pool.append(s.end)  # an unnamed frame's end: a gap's start
             self._event_pool.extend((ev0, ev1))
             self._emit(record)
 
@@ -543,12 +620,14 @@ class StepProbe:
             self._completed.append(record)
 
     # -- after the measured window -------------------------------------------------------
-    def flush(self) -> None:
-        """Resolve pending device times (may wait for the GPU) and write them out.
+    def flush(self, through: int | None = None) -> None:
+        """Resolve pending device times (may wait for the GPU) and write them out;
+        ``through``: only the steps up to that number (never waits on a later one, such as
+        the step the overlap scheduler already launched).
 
         Call only outside the measured window, for example after a request completes.
         """
-        self._resolve(block=True)
+        self._resolve(block=True, through=through)
         if self._sink is not None:
             self._sink.flush()
 

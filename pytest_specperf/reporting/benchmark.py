@@ -100,7 +100,9 @@ def extra_info(o: CaseOutcome) -> dict[str, Any]:
     KV fragmentation, verdict, engine fingerprint) and the whole case under ``specperf``."""
     run = o.run
     out: dict[str, Any] = {f"{STEP}_ms": stable(run.summaries[STEP].median)}
-    out.update({f"{p}_ms": stable(run.summaries[p].median) for p in ALL_PHASES})
+    out.update(
+        {f"{p}_ms": stable(run.summaries[p].median) for p in ALL_PHASES if p in run.summaries}
+    )
     out[ACCEPT_LEN] = stable(run.summaries[ACCEPT_LEN].value)
     out[TOKENS_PER_S] = stable(run.summaries[TOKENS_PER_S].value)
     out["kv_fragmentation"] = run.fragmentation

@@ -19,7 +19,20 @@ from pytest_specperf.reporting.view import CaseView
 COLOURS = dict(
     zip(
         ALL_PHASES,
-        ("#8dd3c7", "#80b1d3", "#bebada", "#fdb462", "#fb8072", "#b3de69", "#fccde5", "#9e9e9e"),
+        (
+            "#ffffb3",
+            "#8dd3c7",
+            "#d9d9d9",
+            "#80b1d3",
+            "#bebada",
+            "#fdb462",
+            "#fb8072",
+            "#b3de69",
+            "#fccde5",
+            "#bc80bd",
+            "#ccebc5",
+            "#9e9e9e",
+        ),
         strict=True,
     )
 )

@@ -38,7 +38,7 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
+from pytest_specperf.probe.phases import CORE_PHASES, PHASES, UNACCOUNTED
 
 _GATE_NAMES = frozenset(GATEABLE)
 #: Most runs kept per case (``keep_runs`` may not exceed it).
@@ -55,8 +55,8 @@ REQUIRED_METRICS = (
     UNACCOUNTED,
     ACCEPT_LEN,
     TOKENS_PER_S,
-    *PHASES,
-    *(rest_form(p) for p in PHASES),
+    *CORE_PHASES,
+    *(rest_form(p) for p in CORE_PHASES),
 )
 #: Metrics whose every value must be > 0 (a time that a ratio is taken against).
 POSITIVE_METRICS = frozenset({STEP, STEP_PER_REF})

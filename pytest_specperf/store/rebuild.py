@@ -20,7 +20,7 @@ from typing import Any
 from pytest_specperf.judging.metrics import ACCEPT_LEN
 from pytest_specperf.judging.samples import DecodeRun, Window, build_run
 from pytest_specperf.probe.layout import KVLayout
-from pytest_specperf.probe.phases import PHASES
+from pytest_specperf.probe.phases import CORE_PHASES, PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
 from pytest_specperf.store.report import CaseReport, ReportError
 from pytest_specperf.telemetry.summary import TelemetrySummary
@@ -43,7 +43,8 @@ def _phase_lists(s: Mapping[str, Any], name: str, n: int) -> dict[str, list[floa
         return None
     if not isinstance(d, Mapping):
         raise ValueError(f"samples.{name}: expected an object")
-    return {p: _numbers(d, p, n) for p in PHASES}
+    # a serving scheduler's host phases are there only where some step timed them
+    return {p: _numbers(d, p, n) for p in PHASES if p in d or p in CORE_PHASES}
 
 
 def _ns(ms: float) -> int:
@@ -66,9 +67,9 @@ def _record(i: int, s: Columns, host: Columns, device: Columns | None,
         batch_size=bs,
         accepted_tokens=round(s[ACCEPT_LEN][i] * bs),
         step_ns=_ns(s["step_ms"][i]),
-        host_ns={p: _ns(host[p][i]) for p in PHASES},
+        host_ns={p: _ns(host[p][i]) for p in host},
         unaccounted_ns=_ns(s["unaccounted_ms"][i]),
-        device_ns=None if device is None else {p: _ns(device[p][i]) for p in PHASES},
+        device_ns=None if device is None else {p: _ns(device[p][i]) for p in device},
         device_step_ns=_ns(s["device_step_ms"][i]) if "device_step_ms" in s else None,
         labels={str(k): str(v) for k, v in (case.get("labels") or {}).items()},
     )

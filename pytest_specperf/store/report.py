@@ -88,15 +88,17 @@ def _samples_json(run: DecodeRun) -> dict[str, Any]:
         "step_ms": _ms(run.samples[STEP]),
         "unaccounted_ms": _ms(run.samples[UNACCOUNTED]),
         ACCEPT_LEN: list(run.samples[ACCEPT_LEN]),
-        "phases_ms": {p: _ms(run.samples[p]) for p in PHASES},
+        "phases_ms": {p: _ms(run.samples[p]) for p in PHASES if p in run.samples},
         "reference_ms": list(run.reference_ms),
     }
     if run.has_device_times:
-        out["device_phases_ms"] = {p: _ms(run.samples[device_form(p)]) for p in PHASES}
+        out["device_phases_ms"] = {
+            p: _ms(run.samples[device_form(p)]) for p in PHASES if device_form(p) in run.samples
+        }
         out["device_step_ms"] = _ms(run.samples[device_form(STEP)])
     for key, form in (("cpu_ms", cpu_form), ("active_ms", active_form)):
         if form(STEP) in run.samples:  # null: a step that was not sampled
-            out[key] = {p: list(run.samples[form(p)]) for p in STEP_PARTS}
+            out[key] = {p: list(run.samples[form(p)]) for p in STEP_PARTS if form(p) in run.samples}
     return out
 
 
@@ -107,6 +109,8 @@ def _activity_json(run: DecodeRun) -> dict[str, Any] | None:
         return None
     parts: dict[str, Any] = {}
     for p in STEP_PARTS:
+        if p not in s and p in PHASES:
+            continue  # a scheduler host phase this engine does not have
         span_name = device_form(p) if run.active_source == "device" and p in PHASES else p
         span = s[span_name].median if span_name in s else None
         cpu = s.get(cpu_form(p))
@@ -235,7 +239,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "warmup_steps": run.warmup_steps,
         "wall_s": round(run.wall_s, 3),
         "step_ms": run.summaries[STEP].to_dict(),
-        "phases": {p: _summary_json(run.summaries[p]) for p in ALL_PHASES},
+        "phases": {p: _summary_json(run.summaries[p]) for p in ALL_PHASES if p in run.summaries},
         # the one source of the numbers people read: per step part, the center over this
         # measurement's server processes and over the baseline's runs (the verdict's raw
         # base and now; the headline, phase table, summary and Markdown show these)
@@ -267,7 +271,11 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "ab": _ab_json(o),
     }
     if run.has_device_times:
-        out["device_phases"] = {p: _summary_json(run.summaries[device_form(p)]) for p in PHASES}
+        out["device_phases"] = {
+            p: _summary_json(run.summaries[device_form(p)])
+            for p in PHASES
+            if device_form(p) in run.summaries
+        }
         out["device_step_ms"] = run.summaries[device_form(STEP)].to_dict()
     return out
 

@@ -67,6 +67,26 @@ READY_S = 300.0
 #: points HOME at each test's own directory, which would recompile the draft's
 #: torch.compile'd helpers (about 30 s) in every server a test starts.
 CACHE_DIR = os.environ.get("SGLANG_CACHE_DIR") or os.path.expanduser("~/.cache/sglang")
+#: The server's environment beyond the stand-ins' PYTHONPATH (also what a launch-mode test
+#: hands its inner pytest, whose launcher passes its environment on to the server):
+SERVER_ENV = {
+    # SGLang's CPU engine (without it RoPE imports vllm's CUDA ops)
+    "SGLANG_USE_CPU_ENGINE": "1",
+    # one compute thread per server: the models are tiny, and torch's default of one
+    # spinning OpenMP worker per core made every step many times slower on a shared
+    # two-core box (gpu-check's rehearsal found the same); two servers run side by side
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    # the one helper SGLang compiles on this path (spec_utils._select_top_k_tokens_later,
+    # the draft loop's top-k bookkeeping; no hook target) runs eagerly: inductor on a CPU
+    # builds C++ for it in every server, once per graph (EAGLE's and STANDALONE's differ),
+    # 25-50 s before the first speculative step on a loaded box
+    "TORCH_COMPILE_DISABLE": "1",
+    # no py-spy/coredump diagnostics when the tests stop a server: SGLang sleeps 5 s for
+    # them when its process group gets SIGTERM (the detokenizer's exit reads as a crash)
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
 
 
 def missing() -> str | None:
@@ -87,7 +107,7 @@ def server_env(run_dir: Path | None, *, base: dict[str, str] | None = None) -> d
     env = dict(os.environ if base is None else base)
     path = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(STAND_IN) + (os.pathsep + path if path else "")
-    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env.update(SERVER_ENV)
     env["SGLANG_CACHE_DIR"] = CACHE_DIR
     env.pop("SPECPERF_SGLANG_PLUGIN", None)
     env.pop("SPECPERF_RUN_DIR", None)
@@ -163,7 +183,36 @@ class LiveServer:
         return data
 
 
-def start(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) -> LiveServer:
+@dataclass
+class Starting:
+    """A server launched and not yet waited for (:func:`launch`; :meth:`ready` waits)."""
+
+    name: str
+    proc: ServerProcess
+    client: ServerClient
+    run_dir: Path | None
+    log_path: Path
+    t0: float
+
+    def ready(self) -> LiveServer:
+        """Wait until the server answers ``/health_generate``; stop it if it never does."""
+        try:
+            self.proc.wait_ready(self.client, deadline_s=READY_S)
+        except BaseException:
+            self.proc.stop()
+            raise
+        return LiveServer(
+            self.name,
+            self.proc,
+            self.client,
+            self.run_dir,
+            self.log_path,
+            time.monotonic() - self.t0,
+        )
+
+
+def launch(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) -> Starting:
+    """Start a live server without waiting for it (several can start side by side)."""
     run_dir = work / f"run-{name}" if plugin else None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -181,13 +230,12 @@ def start(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) ->
     proc = ServerProcess(cmd, log_path=log, env=server_env(run_dir), name=f"sglang {name}")
     t0 = time.monotonic()
     proc.start()
-    client = ServerClient(f"http://127.0.0.1:{port}")
-    try:
-        proc.wait_ready(client, deadline_s=READY_S)
-    except BaseException:
-        proc.stop()
-        raise
-    return LiveServer(name, proc, client, run_dir, log, time.monotonic() - t0)
+    return Starting(name, proc, ServerClient(f"http://127.0.0.1:{port}"), run_dir, log, t0)
+
+
+def start(name: str, args: Sequence[str], work: Path, *, plugin: bool = True) -> LiveServer:
+    """Start a live server and wait until it is ready."""
+    return launch(name, args, work, plugin=plugin).ready()
 
 
 def _python() -> str:
@@ -196,36 +244,87 @@ def _python() -> str:
     return sys.executable
 
 
+def stop_all(procs: Sequence[ServerProcess]) -> None:
+    """Stop servers side by side (each stop waits for its process group to exit)."""
+    if len(procs) <= 1:
+        for proc in procs:
+            proc.stop()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(lambda proc: proc.stop(), procs))
+
+
 class Pool:
-    """Servers started on first use and kept for later tests, at most ``keep`` at once
-    (the least recently used one is stopped first: two cores do not carry many)."""
+    """Servers started on first use (or ahead of it, :meth:`prestart`) and kept for later
+    tests, at most ``keep`` at once, starting ones included (the least recently used one is
+    stopped first: two cores and a CI runner's memory do not carry many; a server is three
+    processes of about 0.6 GB each)."""
 
     def __init__(self, work: Path, models: dict[str, Path], keep: int = 2) -> None:
         self.work = work
         self.models = models
         self.keep = keep
         self._live: dict[str, LiveServer] = {}
+        self._starting: dict[str, Starting] = {}
         self.startups: dict[str, float] = {}
+
+    def _make_room(self, wanted: int) -> None:
+        while self._live and len(self._live) + len(self._starting) + wanted > self.keep:
+            self._live.pop(next(iter(self._live))).proc.stop()
+
+    def _launch(self, algorithm: str | None) -> Starting:
+        name = algorithm or "plain"
+        return launch(
+            name,
+            algorithm_args(algorithm, self.models),
+            self.work,
+            plugin=algorithm is not None,
+        )
+
+    def prestart(self, *algorithms: str | None) -> None:
+        """Launch the servers of ``algorithms`` (None: plain) now, side by side, without
+        waiting for them; :meth:`get` waits. Ones already live or starting are kept; no more
+        than ``keep`` are launched."""
+        todo = [a for a in dict.fromkeys(algorithms) if (a or "plain") not in self._live]
+        todo = [a for a in todo if (a or "plain") not in self._starting][: self.keep]
+        self._make_room(len(todo))
+        for algorithm in todo:
+            if len(self._live) + len(self._starting) < self.keep:
+                self._starting[algorithm or "plain"] = self._launch(algorithm)
 
     def get(self, algorithm: str | None) -> LiveServer:
         name = algorithm or "plain"
         server = self._live.pop(name, None)
         if server is None:
-            while len(self._live) >= self.keep:
-                self._live.pop(next(iter(self._live))).proc.stop()
-            server = start(
-                name,
-                algorithm_args(algorithm, self.models),
-                self.work,
-                plugin=algorithm is not None,
-            )
-            self.startups[name] = server.started_s
+            starting = self._starting.pop(name, None)
+            if starting is None:
+                self._make_room(1)
+                starting = self._launch(algorithm)
+            try:
+                server = starting.ready()
+            finally:
+                self.startups[name] = time.monotonic() - starting.t0
         self._live[name] = server  # most recently used last
         return server
 
+    def names(self) -> list[str | None]:
+        """The servers live or starting (None: plain decoding)."""
+        return [None if n == "plain" else n for n in (*self._live, *self._starting)]
+
+    def stop(self, *algorithms: str | None) -> None:
+        """Stop these servers (live or starting) now, side by side."""
+        names = [a or "plain" for a in algorithms]
+        procs = [self._live.pop(n).proc for n in names if n in self._live]
+        procs += [self._starting.pop(n).proc for n in names if n in self._starting]
+        stop_all(procs)
+
     def close(self) -> None:
-        while self._live:
-            self._live.pop(next(iter(self._live))).proc.stop()
+        procs = [s.proc for s in self._live.values()] + [s.proc for s in self._starting.values()]
+        self._live.clear()
+        self._starting.clear()
+        stop_all(procs)
 
 
 _DECODE = re.compile(r"Decode batch.*?#running-req: (\d+).*?accept len: ([0-9.]+)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.engines.env import probe_env
-from pytest_specperf.probe.phases import BUILD_VERIFY_INPUT, DRAFT, PHASES
+from pytest_specperf.probe.phases import BUILD_VERIFY_INPUT, CORE_PHASES, DRAFT
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.server.client import ServerClient
 from pytest_specperf.server.protocol import (
@@ -175,12 +175,13 @@ class ReferenceBackend(RunDirBinding):
         return float(value)
 
     def mapped_phases(self, server_info: dict[str, Any]) -> frozenset[str] | None:
-        """Every phase with a drafter; without one (``NONE``) no draft or tree build."""
+        """Every engine phase with a drafter (no serving scheduler: no ``HOST_PHASES``);
+        without one (``NONE``) no draft or tree build."""
         fp = server_info.get("fingerprint") or {}
         algorithm = str(fp.get("speculative_algorithm") or "NONE").upper()
         if algorithm == "NONE":
-            return frozenset(PHASES) - {DRAFT, BUILD_VERIFY_INPUT}
-        return frozenset(PHASES)
+            return frozenset(CORE_PHASES) - {DRAFT, BUILD_VERIFY_INPUT}
+        return frozenset(CORE_PHASES)
 
     def notes(self) -> list[str]:
         return []

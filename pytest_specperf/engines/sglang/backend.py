@@ -421,7 +421,7 @@ class SGLangBackend(RunDirBinding):
             for r in reports
             for h in r.get("installed", [])
             if isinstance(h, dict)
-            and h.get("role") == "phase"
+            and h.get("role") in ("phase", "iteration")
             and h.get("phase") in PHASES
             and not h.get("optional")
         )

@@ -20,6 +20,7 @@ step method exists, 1 when not, 2 for bad input (no source there, a bad phase ma
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from pytest_specperf.engines.sglang.phase_map import (
 )
 from pytest_specperf.engines.sglang.source import SourceLookupError, SourceTree
 from pytest_specperf.engines.sglang.spec_workers import SpecInfoError, worker_choices
+from pytest_specperf.probe.phases import INGEST, SCHEDULER_PHASES
 
 ENV_PHASE_MAP = "SPECPERF_PHASE_MAP"
 #: Name fragments -> suggested phase, first match wins (a guess for the user to check).
@@ -106,6 +108,10 @@ class CheckReport:
     entries: list[EntryStatus]
     algorithms: list[dict[str, Any]]
     steps: list[StepReport]
+    #: the scheduler's event loops (with an ``iteration`` entry in the map): what each
+    #: iteration calls and which host phase covers it; an uncovered call is
+    #: ``unaccounted`` time of the iteration's record
+    loops: list[StepReport] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -424,6 +430,7 @@ def build_report(
     src = SourceTree(root)
     graph = CallGraph(src)
     phases = [e for e in active if e.role == "phase"]
+    iteration = [e for e in active if e.role == "iteration"]
     steps = {e.target: e.family for e in active if e.role == "step"}
     steps |= {s: None for s in extra_steps if s not in steps}
     return CheckReport(
@@ -439,7 +446,31 @@ def build_report(
             for s, family in steps.items()
             if _present(graph, s, pm)
         ],
+        loops=analyse_loops(graph, phases, iteration),
     )
+
+
+#: SGLang's scheduler event loops (0.5.23): every iteration starts with ingest_requests.
+EVENT_LOOPS = (
+    "sglang.srt.managers.scheduler.Scheduler.event_loop_normal",
+    "sglang.srt.managers.scheduler.Scheduler.event_loop_overlap",
+)
+
+
+def analyse_loops(
+    graph: CallGraph, phases: list[HookEntry], iteration: list[HookEntry]
+) -> list[StepReport]:
+    """The event loops of the source, as steps whose phases are the scheduler's host phases
+    (the ``iteration`` entry counts as ``ingest``); none without an ``iteration`` entry."""
+    if not iteration:
+        return []
+    host = [e for e in phases if e.phase in SCHEDULER_PHASES]
+    host += [dataclasses.replace(e, role="phase", phase=INGEST) for e in iteration]
+    return [
+        analyse_step(graph, loop, host)
+        for loop in EVENT_LOOPS
+        if graph.definition(loop) is not None
+    ]
 
 
 def _present(graph: CallGraph, step: str, pm: PhaseMap) -> bool:
@@ -462,6 +493,8 @@ def render_text(r: CheckReport, *, show_all: bool = False) -> str:
     lines += ["", *_entry_lines(r.entries), "", *_algorithm_lines(r.algorithms)]
     for step in r.steps:
         lines += ["", *_step_lines(step, show_all=show_all)]
+    for loop in r.loops:
+        lines += ["", *_step_lines(loop, show_all=show_all, what="Scheduler loop")]
     lines += ["", "OK" if r.ok else "PROBLEMS FOUND (see MISSING / PARAMETERS / step above)"]
     return "\n".join(lines)
 
@@ -504,8 +537,8 @@ def _algorithm_lines(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _step_lines(s: StepReport, *, show_all: bool = False) -> list[str]:
-    out = [f"Step {s.target}" + (f" ({s.where})" if s.where else "")]
+def _step_lines(s: StepReport, *, show_all: bool = False, what: str = "Step") -> list[str]:
+    out = [f"{what} {s.target}" + (f" ({s.where})" if s.where else "")]
     if s.error:
         return [*out, f"  ERROR: {s.error}"]
     out.append("  phases reached:")

@@ -6,8 +6,14 @@ writing them, and the few counters the hooks need. :func:`make_hook` turns one
 :class:`~pytest_specperf.engines.sglang.phase_map.HookEntry` into an AROUND hook for
 ``HookRegistry`` (signature ``hook(original_fn, *args, **kwargs)``).
 
-A decode step is one call of the speculative worker's ``forward_batch_generation`` (role
-``step``). Its record is completed from two places SGLang reaches later:
+A record is one iteration of the scheduler's event loop that ran a batch through the
+speculative worker's ``forward_batch_generation`` (role ``step``): it opens when an
+iteration starts (role ``iteration``, ``Scheduler.ingest_requests``, timed as ``ingest``)
+and ends when the next one starts. The scheduler's own work in it is timed by host-phase
+entries (``schedule``, ``launch``, ``postprocess``, ``output``); the worker call's own time
+outside its phases is ``unaccounted`` (the probe's unnamed frame, so that it is not counted
+in the enclosing ``launch``). Iterations that ran no batch make no record. A map without an
+``iteration`` entry gets the former records, one per worker call, completed from:
 
 - ``schedule``: ``ScheduleBatch.prepare_for_decode`` runs in the scheduler loop *before*
   the worker call; its host time is carried into the next step's ``schedule`` phase and
@@ -16,20 +22,24 @@ A decode step is one call of the speculative worker's ``forward_batch_generation
   time is not carried: it runs on the schedule stream). That next step is a
   decode step, or an extend step when mixed chunked prefill merged the decode batch into
   a prefill batch; either way the carry is consumed by the step it preceded, never by a
-  later one;
-- accepted tokens: known on the host only when the scheduler processes the step's result
-  (``process_batch_result_decode``, after the next step was launched under the overlap
-  scheduler). Decode records are held until then, and written (and flushed to the OS)
-  when a request finishes, before SGLang streams the final output, so the plugin finds
-  every record of a request as soon as its ``/generate`` call returns.
+  later one.
+
+Accepted tokens are known on the host only when the scheduler processes the step's result
+(``process_batch_result_decode``, after the next step was launched under the overlap
+scheduler). Decode records are held until then. When a request finishes, its records are
+written through its last step, and only through it (never waiting on a step the overlap
+loop already launched): at once without iterations, at the start of the next iteration
+with them (its last step's record ends there).
 
 Under the overlap scheduler SGLang runs one more step for a request after its last one
 (the batch was launched before the finish was known); that step's record drops the
-finished request from ``rids`` (it produced nothing for it).
+finished request from ``rids`` (it produced nothing for it) and counts none of its tokens
+(SGLang skips that row).
 
 Hot path: a wrapper that is not in a step, or whose condition is false, costs one or two
 attribute tests before calling through; a timed phase adds the probe's span (two
-``perf_counter_ns`` and, on a GPU, two CUDA-event records). Nothing here synchronizes
+``perf_counter_ns`` and, on a GPU, two CUDA-event records); every scheduler iteration,
+idle ones too, opens a record (and drops it when no batch ran). Nothing here synchronizes
 with the GPU inside a step; flushing (which resolves CUDA events) happens when a request
 finishes or the scheduler is idle. A failure in our own code is recorded (``errors``
 report in the run directory, one log line) and never propagates into SGLang.
@@ -48,6 +58,7 @@ from typing import Any
 from pytest_specperf.engines.sglang import kv_fragment
 from pytest_specperf.engines.sglang.phase_map import HookEntry
 from pytest_specperf.probe.inject import InjectControl
+from pytest_specperf.probe.phases import INGEST
 from pytest_specperf.probe.record import StepRecord
 from pytest_specperf.probe.sink import RunDirSink
 from pytest_specperf.probe.spans import PhaseInjector, StepProbe
@@ -78,7 +89,7 @@ class DeferredSink(RunDirSink):
         super().__init__(run_dir, rank=rank)
         self.max_hold = max_hold
         self._held: dict[int, StepRecord] = {}
-        self._accepted: dict[int, int] = {}
+        self._accepted: dict[int, tuple[int, int | None]] = {}
         self._carry: dict[int, tuple[int, int]] = {}
         self._finished: dict[str, int | None] = {}
         self._newest = -1
@@ -90,13 +101,17 @@ class DeferredSink(RunDirSink):
         wall, cpu = self._carry.get(step, (0, 0))
         self._carry[step] = (wall + host_ns, cpu + cpu_ns)
 
-    def set_accepted(self, step: int, tokens: int) -> None:
+    def set_accepted(self, step: int, tokens: int, context_len: int | None = None) -> None:
+        """``step`` produced ``tokens``; ``context_len``: its context as known only now
+        (read from the requests when the batch had no host copy of its lengths)."""
         rec = self._held.pop(step, None)
         if rec is None:
-            self._accepted[step] = tokens
+            self._accepted[step] = (tokens, context_len)
             self._trim(self._accepted)
             return
         rec.accepted_tokens = tokens
+        if context_len is not None:
+            rec.context_len = context_len
         super().write(rec)
 
     def request_finished(self, rid: str, last_step: int | None) -> None:
@@ -132,9 +147,11 @@ class DeferredSink(RunDirSink):
         if self._finished:
             record.rids = [r for r in record.rids if not self._ran_past_finish(r, record.step)]
         self._newest = max(self._newest, record.step)
-        tokens = self._accepted.pop(record.step, None)
-        if tokens is not None:
-            record.accepted_tokens = tokens
+        known = self._accepted.pop(record.step, None)
+        if known is not None:
+            record.accepted_tokens = known[0]
+            if known[1] is not None:
+                record.context_len = known[1]
             super().write(record)
         else:
             self._held[record.step] = record
@@ -160,7 +177,7 @@ class DeferredSink(RunDirSink):
         self.release_through(None)
         super().close()
 
-    def _trim(self, d: dict[int, int]) -> None:
+    def _trim(self, d: dict[int, Any]) -> None:
         while len(d) > 256:
             d.pop(min(d))
 
@@ -205,6 +222,14 @@ class ProbeRuntime:
         self.cur_carry = 0
         self.cur_carry_cpu = 0
         self.processing_step: int | None = None
+        # the scheduler's iteration (role ``iteration``): a record is open from one
+        # iteration's start to the next's; ``in_worker`` while the step method runs
+        self.iterating = False
+        self.in_worker = 0
+        self.worker_seen = False
+        self.flush_due = False
+        self.flush_through: int | None = None
+        self._late_ctx: set[int] = set()
         self.dirty = False
         self.kv_layout: dict[str, Any] | None = None
         self.errors: dict[str, list[Any]] = {}
@@ -259,29 +284,67 @@ class ProbeRuntime:
                 {k: {"count": v[0], "first": v[1]} for k, v in self.errors.items()},
             )
 
+    # -- iterations ----------------------------------------------------------------------
+    def next_iteration(self) -> None:
+        """A scheduler iteration starts: the last one's record ends here (none if it ran
+        no batch), a flush a finished request asked for runs (between records, never
+        waiting on a later step), and the new iteration's clock starts."""
+        if self.iterating:
+            self.iterating = False
+            self.step_depth = self.phase_depth = self.graph_depth = 0
+            if self.worker_seen:
+                self.end(None)
+            else:
+                self.probe.abort_step()
+        if self.flush_due:
+            self.flush_due = False
+            self.flush(self.flush_through)
+        self.probe.begin_step(mode=None)
+        self.iterating = True
+        self.worker_seen = False
+        self.step_depth = 1
+
+    def describe(self, entry: HookEntry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """The iteration's step method was called: name its batch in the record. False:
+        an idle (DP padding) batch, which makes no record."""
+        found = _batch_mode(entry, args, kwargs)
+        if found is None:
+            return False
+        batch, mode = found
+        reqs = batch.reqs
+        rids = [str(r.rid) for r in reqs]
+        ctx, exact = _context_len_of(batch, reqs)
+        if not exact and mode == "decode":
+            self._late_ctx.add(self.step_no)  # read again when its result is processed
+            while len(self._late_ctx) > 64:
+                self._late_ctx.discard(min(self._late_ctx))
+        self.probe.describe(context_len=ctx, batch_size=len(rids), rids=rids, mode=mode)
+        self.cur_mode = mode
+        self.worker_seen = True
+        return True
+
+    def worker_done(self, result: Any) -> None:
+        """The iteration's step method returned: its result carries the number the
+        iteration's record will have (records end in order, one step method a record)."""
+        if self.cur_mode == "decode" and result is not None:
+            self._tag(result, self.step_no)
+
     # -- steps -------------------------------------------------------------------------
     def begin(self, entry: HookEntry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Open a step for the worker call; False: not a step we record (idle, unknown)."""
-        batch = kwargs.get("batch")
-        if batch is None:
-            idx = entry.arg_index("batch")
-            i = 1 if idx is None else idx
-            batch = args[i] if len(args) > i else None
-        if batch is None:
-            return False
-        fm = batch.forward_mode
-        if fm.is_extend() or getattr(batch, "is_extend_in_batch", False):
-            mode = "extend"  # a mixed batch (decode merged into a prefill) too
-        elif fm.is_idle():
+        found = _batch_mode(entry, args, kwargs)
+        if found is None:
             self.carry_ns = self.carry_cpu_ns = 0  # belongs to no recorded step
             return False
-        else:
-            mode = "decode"
+        batch, mode = found
         reqs = batch.reqs
         rids = [str(r.rid) for r in reqs]
-        self.probe.begin_step(
-            context_len=_context_len(batch, reqs), batch_size=len(rids), rids=rids, mode=mode
-        )
+        ctx, exact = _context_len_of(batch, reqs)
+        if not exact and mode == "decode":
+            self._late_ctx.add(self.step_no)
+            while len(self._late_ctx) > 64:
+                self._late_ctx.discard(min(self._late_ctx))
+        self.probe.begin_step(context_len=ctx, batch_size=len(rids), rids=rids, mode=mode)
         self.step_depth = 1
         self.cur_mode = mode
         # prepare_for_decode ran for this batch (mixed into a prefill batch when extend)
@@ -301,12 +364,15 @@ class ProbeRuntime:
         self.probe.end_step(accepted_tokens=0)
         self.dirty = True
         if self.cur_mode == "decode" and result is not None:
-            try:
-                setattr(result, _STEP_ATTR, step)
-            except (AttributeError, TypeError):
-                self._result_steps[id(result)] = step
-                while len(self._result_steps) > 64:
-                    self._result_steps.pop(next(iter(self._result_steps)))
+            self._tag(result, step)
+
+    def _tag(self, result: Any, step: int) -> None:
+        try:
+            setattr(result, _STEP_ATTR, step)
+        except (AttributeError, TypeError):
+            self._result_steps[id(result)] = step
+            while len(self._result_steps) > 64:
+                self._result_steps.pop(next(iter(self._result_steps)))
 
     def step_of(self, result: Any) -> int | None:
         step = getattr(result, _STEP_ATTR, None)
@@ -315,14 +381,25 @@ class ProbeRuntime:
         return step if isinstance(step, int) else None
 
     # -- results, finishes, flushes --------------------------------------------------------
-    def on_result(self, result: Any) -> int | None:
-        """A decode step's result is being processed: record its accepted tokens."""
+    def on_result(self, result: Any, batch: Any = None) -> int | None:
+        """A decode step's result is about to be processed: record its accepted tokens
+        (of the requests SGLang will take them for: not those that finished before, which
+        under overlap ride one extra step) and, where the step's context was read from
+        the requests, its context now that the previous step's tokens are in."""
         step = self.step_of(result)
         if step is None or self.sink is None:
             return step
-        tokens = accepted_tokens(result)
+        reqs = getattr(batch, "reqs", None)
+        live = _live_rows(reqs) if reqs is not None else None
+        tokens = accepted_tokens(result, live)
+        ctx = None
+        if step in self._late_ctx and reqs is not None:
+            self._late_ctx.discard(step)
+            ctx = max(
+                (_req_len(r) for i, r in enumerate(reqs) if live is None or i in live), default=0
+            )
         if tokens is not None:
-            self.sink.set_accepted(step, tokens)
+            self.sink.set_accepted(step, tokens, ctx)
         return step
 
     def on_release(self, req: Any, tree_cache: Any) -> None:
@@ -338,12 +415,25 @@ class ProbeRuntime:
                 self.note_error("kv_measure", e)
         if self.sink is not None:
             self.sink.request_finished(rid, self.processing_step)
-        self.flush(self.processing_step)
+        if not self.iterating:
+            self.flush(self.processing_step)
+            return
+        # the request's last step may be this iteration's (still open): flush when the
+        # iteration ends, through the latest step a finished request asked for
+        through = self.processing_step
+        if self.flush_due and (self.flush_through is None or through is None):
+            through = None
+        elif self.flush_due and self.flush_through is not None and through is not None:
+            through = max(through, self.flush_through)
+        self.flush_due, self.flush_through = True, through
 
     def flush(self, through: int | None = None) -> None:
-        """Resolve device times (waits for the GPU) and write records up to ``through``."""
+        """Resolve device times (waits for the GPU) and write records up to ``through``
+        (all if None). Only steps up to ``through`` are waited for: under the overlap
+        scheduler the next step is already running when a request finishes, and waiting
+        for it would drain the pipeline."""
         if self._probe is not None:
-            self._probe.flush()
+            self._probe.flush(through)
         if self.sink is not None:
             self.sink.release_through(through)
             self.sink.flush()
@@ -426,18 +516,61 @@ class ProbeRuntime:
         return label
 
 
-def _context_len(batch: Any, reqs: Any) -> int:
+def _batch_mode(
+    entry: HookEntry, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, str] | None:
+    """The step method's batch and the record's mode; None: no batch, or an idle one."""
+    batch = kwargs.get("batch")
+    if batch is None:
+        idx = entry.arg_index("batch")
+        i = 1 if idx is None else idx
+        batch = args[i] if len(args) > i else None
+    if batch is None:
+        return None
+    fm = batch.forward_mode
+    if fm.is_extend() or getattr(batch, "is_extend_in_batch", False):
+        return batch, "extend"  # a mixed batch (decode merged into a prefill) too
+    if fm.is_idle():
+        return None
+    return batch, "decode"
+
+
+def _req_len(req: Any) -> int:
+    return len(req.origin_input_ids) + len(req.output_ids)
+
+
+def _context_len_of(batch: Any, reqs: Any) -> tuple[int, bool]:
+    """The batch's longest context and whether it is exact now: the host copy of the
+    sequence lengths (fresh at the step method: SGLang resolves it just before), else the
+    requests' token lists, which under the overlap scheduler lack the previous step's
+    tokens (its result is processed after this step is launched): False then."""
     lens = getattr(batch, "seq_lens_cpu", None)
     if lens is not None:
         try:
-            return int(lens.max()) if len(lens) else 0
+            return (int(lens.max()) if len(lens) else 0), True
         except (TypeError, ValueError, RuntimeError):
             pass
-    return max((len(r.origin_input_ids) + len(r.output_ids) for r in reqs), default=0)
+    return max((_req_len(r) for r in reqs), default=0), False
 
 
-def accepted_tokens(result: Any) -> int | None:
-    """Tokens a processed decode step produced (accepted drafts plus bonus), host-side only.
+def _context_len(batch: Any, reqs: Any) -> int:
+    return _context_len_of(batch, reqs)[0]
+
+
+def _live_rows(reqs: Any) -> set[int] | None:
+    """Rows of the batch SGLang will process: under overlap a request that finished (or
+    was retracted) in an earlier step rides one more step and is skipped. None: all."""
+    skip = set()
+    for i, r in enumerate(reqs):
+        finished = getattr(r, "finished", None)
+        if (callable(finished) and finished()) or getattr(r, "is_retracted", False):
+            skip.add(i)
+    return None if not skip else set(range(len(reqs))) - skip
+
+
+def accepted_tokens(result: Any, rows: set[int] | None = None) -> int | None:
+    """Tokens a processed decode step produced (accepted drafts plus bonus), host-side only;
+    ``rows``: only those rows of the batch (None: all).
 
     Waits on the result's ``copy_done`` event first, which the scheduler does anyway at the
     top of ``process_batch_result_decode``; never copies a device tensor itself.
@@ -448,7 +581,9 @@ def accepted_tokens(result: Any) -> int | None:
     lens = getattr(result, "accept_lens", None)
     if lens is None or getattr(lens, "is_cuda", False):
         return None
-    return int(lens.sum())
+    if rows is None:
+        return int(lens.sum())
+    return sum(int(lens[i]) for i in sorted(rows) if i < len(lens))
 
 
 # -- hook factories ----------------------------------------------------------------------------
@@ -464,6 +599,10 @@ def _step_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     where = f"step:{entry.target}"
 
     def step_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if rt.in_worker:
+            return original(*args, **kwargs)  # a worker calling another hooked worker
+        if rt.iterating:
+            return _iteration_step(original, args, kwargs)
         if rt.step_depth:
             return original(*args, **kwargs)
         try:
@@ -484,7 +623,61 @@ def _step_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
                 rt.step_depth = 0
                 rt.note_error(where, e)
 
+    def _iteration_step(original: Hook, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Inside an iteration: name the record's batch; the call's own time (outside the
+        named phases nested in it) is ``unaccounted``, not the enclosing ``launch``."""
+        if rt.worker_seen:
+            return original(*args, **kwargs)  # a second step method in one iteration
+        try:
+            opened = rt.describe(entry, args, kwargs)
+        except Exception as e:
+            rt.note_error(where, e)
+            opened = False
+        if not opened:
+            return original(*args, **kwargs)
+        span = rt.probe.unnamed()
+        rt.in_worker = 1
+        span.__enter__()
+        result = None
+        try:
+            result = original(*args, **kwargs)
+            return result
+        finally:
+            span.__exit__(None, None, None)
+            rt.in_worker = 0
+            try:
+                rt.worker_done(result)
+            except Exception as e:
+                rt.note_error(where, e)
+
     return step_hook
+
+
+def _iteration_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
+    """The first call of every scheduler iteration (``Scheduler.ingest_requests``): ends
+    the last iteration's record, starts this one's, and is timed as ``ingest``."""
+    where = f"iteration:{entry.target}"
+
+    def iteration_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
+        if rt.in_worker:
+            return original(*args, **kwargs)
+        try:
+            rt.next_iteration()
+        except Exception as e:
+            rt.iterating = False
+            rt.step_depth = 0
+            rt.note_error(where, e)
+            return original(*args, **kwargs)
+        span = rt.probe.phase(INGEST)
+        rt.phase_depth += 1
+        span.__enter__()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            span.__exit__(None, None, None)
+            rt.phase_depth -= 1
+
+    return iteration_hook
 
 
 Condition = Callable[[tuple[Any, ...], dict[str, Any]], bool]
@@ -574,6 +767,8 @@ def _result_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     where = f"step_result:{entry.target}"
     idx = entry.arg_index("result")
     pos = 2 if idx is None else idx
+    bidx = entry.arg_index("batch")
+    bpos = 1 if bidx is None else bidx
 
     def result_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
         result = (
@@ -581,8 +776,11 @@ def _result_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
         )
         step = None
         if result is not None:
+            batch = (
+                kwargs["batch"] if "batch" in kwargs else (args[bpos] if len(args) > bpos else None)
+            )
             try:
-                step = rt.on_result(result)
+                step = rt.on_result(result, batch)
             except Exception as e:
                 rt.note_error(where, e)
         prev, rt.processing_step = rt.processing_step, step
@@ -628,7 +826,7 @@ def _idle_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     where = f"idle:{entry.target}"
 
     def idle_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
-        if rt.dirty and not rt.step_depth:
+        if rt.dirty and not rt.in_worker and (rt.iterating or not rt.step_depth):
             try:
                 rt.flush(None)
             except Exception as e:
@@ -641,6 +839,7 @@ def _idle_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
 
 _FACTORIES: dict[str, Callable[[HookEntry, ProbeRuntime], Hook]] = {
     "step": _step_hook,
+    "iteration": _iteration_hook,
     "phase": _phase_hook,
     "graph": _graph_hook,
     "step_result": _result_hook,

@@ -14,10 +14,11 @@ are refused)::
     sglang_version: "0.5.23"       # optional: the release the map was written against
     entries:                       # required: a list of mappings
       - target: sglang.srt.speculative.dflash_worker.DFlashWorker._build_ddtree_verify_input
-        role: phase                # step | phase | graph | step_result | kv_release
-                                   #   | kv_flush | idle | disabled
-        phase: build_verify_input  # role phase: schedule, draft, build_verify_input,
-                                   #   prepare_for_verify, verify, accept, kv_commit
+        role: phase                # step | iteration | phase | graph | step_result
+                                   #   | kv_release | kv_flush | idle | disabled
+        phase: build_verify_input  # role phase: ingest, schedule, launch, draft,
+                                   #   build_verify_input, prepare_for_verify, verify,
+                                   #   accept, kv_commit, postprocess, output
         params: [self, batch]      # optional: parameter names as written in the source
                                    #   (bare "*" starts keyword-only ones); checked in CI
                                    #   for the built-in map, and used to find arguments
@@ -40,7 +41,12 @@ are refused)::
 patches SGLang (or a fork of it) and nothing else. A user entry whose target is already in
 the built-in map replaces that entry; ``role: disabled`` removes it. Within one file a
 target appears once. Roles: ``step`` marks the speculative worker's
-``forward_batch_generation`` (one record per call; the batch is its ``batch`` argument);
+``forward_batch_generation`` (the batch is its ``batch`` argument; its own time outside
+the phases nested in it is ``unaccounted``); ``iteration`` marks the first call of every
+scheduler event-loop iteration (``Scheduler.ingest_requests``, timed as ``ingest``): with
+it a record spans one iteration that ran a step, from its start to the next iteration's
+start, and the scheduler's own work in it is timed by the host-phase entries (``schedule``,
+``launch``, ``postprocess``, ``output``); without it a record is the step call alone;
 ``phase`` times the call as that phase; ``graph`` counts a replay or an eager forward of a
 runner; the remaining roles are the scheduler plumbing (accepted tokens, request finish,
 ``/flush_cache``, idle) and expect the signatures of the 0.5.23 functions they are
@@ -59,7 +65,17 @@ from typing import Any
 from pytest_specperf.probe.phases import PHASES
 
 SCHEMA_VERSION = 1
-ROLES = ("step", "phase", "graph", "step_result", "kv_release", "kv_flush", "idle", "disabled")
+ROLES = (
+    "step",
+    "iteration",
+    "phase",
+    "graph",
+    "step_result",
+    "kv_release",
+    "kv_flush",
+    "idle",
+    "disabled",
+)
 #: Roles whose entries may carry a ``when`` condition.
 CONDITIONAL_ROLES = ("phase", "graph")
 WHEN_KEYS = ("self_attr", "arg", "not_arg")

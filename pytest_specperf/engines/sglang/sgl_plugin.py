@@ -361,6 +361,8 @@ def _describe(entry: HookEntry, **extra: Any) -> dict[str, Any]:
     }
     if entry.phase:
         d["phase"] = entry.phase
+    elif entry.role == "iteration":
+        d["phase"] = "ingest"  # the iteration hook times its call as ingest
     if entry.family:
         d["family"] = entry.family
     d.update(extra)
