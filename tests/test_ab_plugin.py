@@ -152,7 +152,7 @@ def test_calibrate_measures_ab_power_against_two_running_servers(
     work, out = tmp_path / "cal", tmp_path / "cal.json"
     url = side_a.base_url
     cmd = [sys.executable, "-m", "pytest_specperf", "calibrate", "--repetitions", "1",
-           "--inject", "verify=2", "--host-stall-share", "0", "--attach", side_b.base_url,
+           "--inject", "verify=3", "--host-stall-share", "0", "--attach", side_b.base_url,
            "--ab", f"url={url}", "--tolerance", "30%", "--work-dir", str(work),
            "--json", str(out), "--", "test_case.py", *SHORT_RUN]  # fmt: skip
     proc = subprocess.run(cmd, cwd=pytester.path, capture_output=True, text=True, timeout=240)
@@ -161,11 +161,11 @@ def test_calibrate_measures_ab_power_against_two_running_servers(
     summary = json.loads(out.read_text())
     assert summary["comparison"] == {"mode": "ab", "reference": f"url={url}"}
     rows = {r["condition"]: r for r in summary["conditions"]}
-    assert set(rows) == {"A/A", "verify=2"} and all(r["runs"] == 1 for r in rows.values())
-    assert rows["verify=2"]["detected"] == 1 and rows["A/A"]["slower_runs"] == 0
+    assert set(rows) == {"A/A", "verify=3"} and all(r["runs"] == 1 for r in rows.values())
+    assert rows["verify=3"]["detected"] == 1 and rows["A/A"]["slower_runs"] == 0
     assert not (work / "baselines").exists()  # A/B mode records none
     logs = {p.name: p.read_text() for p in (work / "raw").glob("*.log")}
-    assert "canary injection active: verify=2" in logs["rep00-verify_2.log"]
+    assert "canary injection active: verify=3" in logs["rep00-verify_3.log"]
     assert "starting reference server" not in "".join(logs.values())  # never relaunched
 
 
