@@ -181,12 +181,15 @@ def test_sleep_in_result_processing_is_postprocess_not_unaccounted(
     assert len(slept) == int(meta["spec_verify_ct"]) > 3, (len(slept), meta)
     print(_show("no sleep", plain))
     print(_show(f"{SLEEP_MS:g} ms sleep in process_batch_result_decode", slept))
-    grew = {p: _median_ms(slept, p) - _median_ms(plain, p) for p in ("postprocess", "step")}
+    grew = _median_ms(slept, "postprocess") - _median_ms(plain, "postprocess")
     # a sleep is at least as long as asked; the rest of a loaded box's noise is far smaller
-    assert grew["postprocess"] >= 0.9 * SLEEP_MS, grew
-    assert grew["step"] >= 0.9 * SLEEP_MS, grew
+    assert grew >= 0.9 * SLEEP_MS, grew
     for r in slept:
         assert r["host_ns"]["postprocess"] >= SLEEP_MS * 1e6, r
+        # inside the step: the step is its phases and what no hook saw, sleep included. (Not
+        # the step's median growth against the plain run: on a loaded box the other phases'
+        # medians moved by tens of ms between the two runs, 44 ms growth for a 60 ms sleep.)
+        assert sum(r["host_ns"].values()) + r["unaccounted_ns"] == r["step_ns"], r
     unacc = _median_ms(slept, "unaccounted") - _median_ms(plain, "unaccounted")
     assert unacc < 0.5 * SLEEP_MS, (unacc, _show("plain", plain), _show("slept", slept))
     assert _median_ms(slept, "output") < 0.5 * SLEEP_MS  # the sleep is outside streaming
