@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,16 @@ def make_case(make_run):
 def reference_fp():
     """A reference engine's fingerprint as the server reports it (a fresh copy)."""
     return dict(REFERENCE_FP)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_outer_xdist_environment() -> Iterator[None]:
+    """Under ``pytest tests -n 2`` each worker has ``PYTEST_XDIST_WORKER`` & co. in its
+    environment, and the suite's inner pytest runs (pytester subprocesses, module fixtures
+    that run pytest) would inherit them: pytest-benchmark then turns itself off ("a
+    parallelized environment") in a run that is not parallel. Every inner run sees the
+    environment of a plain run; xdist itself reads its worker input, not these."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            mp.delenv(name, raising=False)
+        yield
