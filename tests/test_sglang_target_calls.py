@@ -185,3 +185,32 @@ def test_unit_counting_costs_an_increment(tmp_path: Path) -> None:
     hook(sample, None)
     assert rt.calls[SAMPLE] == n + 1
     assert per_call_us < 1.0, per_call_us
+
+
+def test_unit_may_not_fire_entries_are_not_required(tmp_path: Path) -> None:
+    """The built-in map marks the overlap loop's delayed sampling and DFlash's alternative
+    draft samplers ``may_not_fire``; the hook report says so and strict skips them."""
+    from pytest_specperf.engines.sglang.sgl_plugin import _describe
+
+    launch = MAP[S + "managers.scheduler.Scheduler.launch_batch_sample_if_needed"]
+    assert launch.may_not_fire and not launch.optional
+    assert not entry(SAMPLE).may_not_fire
+    b = SGLangBackend()
+    b.bind(tmp_path)
+    report = {"installed": [_describe(launch), _describe(entry(SAMPLE))]}
+    (tmp_path / "hooks-pid1-rank0.json").write_text(json.dumps(report))
+    assert b.required_targets() == {SAMPLE: "accept"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [("may_not_fire: yes please", "'may_not_fire' must be true or false"),
+     ("may_not_fire: true\n    replay: true", "'may_not_fire' is only valid with role 'phase'")],
+)  # fmt: skip
+def test_unit_a_bad_may_not_fire_is_refused(extra: str, problem: str) -> None:
+    from pytest_specperf.engines.sglang.phase_map import PhaseMapError, load_text, parse_map
+
+    role = "graph" if "replay" in extra else "phase\n    phase: draft"
+    text = f"schema: 1\nentries:\n  - target: sglang.a.B.c\n    role: {role}\n    {extra}\n"
+    with pytest.raises(PhaseMapError, match=problem):
+        parse_map(*load_text(text, "m.yaml")[:1], "m.yaml")

@@ -432,7 +432,8 @@ class SGLangBackend(RunDirBinding):
 
     def required_targets(self) -> dict[str, str]:
         """The installed phase and iteration targets that must time something in every
-        measured window (optional ones excepted), with their phase."""
+        measured window (``optional`` ones and those the map marks ``may_not_fire``
+        excepted), with their phase."""
         return {
             str(h["target"]): str(h["phase"])
             for r in self.hook_reports()
@@ -441,6 +442,7 @@ class SGLangBackend(RunDirBinding):
             and h.get("role") in ("phase", "iteration")
             and h.get("phase") in PHASES
             and not h.get("optional")
+            and not h.get("may_not_fire")
         }
 
     def hook_calls(self) -> dict[str, int] | None:
