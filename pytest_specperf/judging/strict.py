@@ -66,8 +66,8 @@ def _silent_targets_problem(calls: Mapping[tuple[str, str], int], steps: int) ->
         f"hook target(s) installed and required by the phase map timed 0 calls during the "
         f"measured window ({steps} steps): {named}. The code they time did not run, or runs "
         "under another name in this SGLang: run `specperf sglang-check` to see what the step "
-        "calls instead, and map it (or mark the entry `optional: true` / `role: disabled` in "
-        "your SPECPERF_PHASE_MAP if that path is not taken on this configuration)",
+        "calls instead, and map it (or mark the entry `may_not_fire: true` or `role: disabled` "
+        "in your SPECPERF_PHASE_MAP if this configuration never takes that path)",
     )
 
 
