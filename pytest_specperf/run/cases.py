@@ -210,6 +210,11 @@ def _mapped_phases(server: ModelServer) -> frozenset[str] | None:
     return mapped(server.server_info) if mapped is not None else None
 
 
+def _target_calls(server: ModelServer) -> Mapping[tuple[str, str], int] | None:
+    calls = getattr(server.backend, "target_calls", None)  # only the sglang backend counts them
+    return calls(server.server_info) if calls is not None else None
+
+
 def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
               key: str, shown: str, policy: Policy, telemetry_note: str | None,
               cases: int = 1) -> Judged:  # fmt: skip
@@ -226,6 +231,7 @@ def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run:
         problems = unjudged(
             outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
             recording=policy.record, telemetry_note=telemetry_note,
+            target_calls=_target_calls(server),
         )  # fmt: skip
     if problems:  # strict: an incomplete run is not recorded
         outcome = dataclasses.replace(outcome, recorded=False)
@@ -323,6 +329,6 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
     if policy.strict:
         problems = unjudged(
             outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
-            recording=False, telemetry_note=telemetry_note,
+            recording=False, telemetry_note=telemetry_note, target_calls=_target_calls(server),
         )  # fmt: skip
     return Judged(case, outcome, problems, None, None, telemetry_note)

@@ -179,6 +179,10 @@ class SGLangBackend(RunDirBinding):
         self._vocab_size: int | None = None
         self._version: str | None = None
         self._layout_requested = False
+        # the hook-call counts when the last measured window began, and each required
+        # target's calls over that window (``target_calls``)
+        self._calls_before: dict[str, int] | None = None
+        self._window_calls: dict[tuple[str, str], int] | None = None
 
     # -- before launch -------------------------------------------------------------------
     def check(self, settings: BackendSettings) -> None:
@@ -426,10 +430,52 @@ class SGLangBackend(RunDirBinding):
             and not h.get("optional")
         )
 
+    def required_targets(self) -> dict[str, str]:
+        """The installed phase and iteration targets that must time something in every
+        measured window (``optional`` ones and those the map marks ``may_not_fire``
+        excepted), with their phase."""
+        return {
+            str(h["target"]): str(h["phase"])
+            for r in self.hook_reports()
+            for h in r.get("installed", [])
+            if isinstance(h, dict)
+            and h.get("role") in ("phase", "iteration")
+            and h.get("phase") in PHASES
+            and not h.get("optional")
+            and not h.get("may_not_fire")
+        }
+
+    def hook_calls(self) -> dict[str, int] | None:
+        """Calls each phase/iteration target timed inside a step so far, summed over the
+        schedulers (``calls-*.json``, written at every flush); None when none wrote one."""
+        total: dict[str, int] = {}
+        found = False
+        for path in sorted(self.run_dir.glob("calls-*.json")):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            calls = data.get("calls") if isinstance(data, dict) else None
+            if not isinstance(calls, dict):
+                continue
+            found = True
+            for target, n in calls.items():
+                if isinstance(n, int) and not isinstance(n, bool):
+                    total[str(target)] = total.get(str(target), 0) + n
+        return total if found else None
+
+    def target_calls(self, server_info: dict[str, Any]) -> dict[tuple[str, str], int] | None:
+        """Each required target (with its phase) and the calls it timed during the last
+        measured window (``metrics_before`` to ``metrics_check``); None when the schedulers
+        report no counts. ``--specperf-strict`` fails a case where one of them is 0."""
+        return self._window_calls
+
     def notes(self) -> list[str]:
         return self.describe_hooks()
 
     def metrics_before(self, client: ServerClient) -> Any:
+        self._calls_before = self.hook_calls()
+        self._window_calls = None
         try:
             return metrics.scrape(client)
         except (metrics.MetricsParseError, ServerHTTPError, ServerUnreachable):
@@ -438,6 +484,13 @@ class SGLangBackend(RunDirBinding):
     def metrics_check(
         self, client: ServerClient, before: Any, records: Sequence[StepRecord], wall_s: float
     ) -> list[str]:
+        calls = self.hook_calls()
+        if calls is not None:
+            was = self._calls_before or {}
+            self._window_calls = {
+                (target, phase): calls.get(target, 0) - was.get(target, 0)
+                for target, phase in self.required_targets().items()
+            }
         if before is None:
             return ["sglang metrics unavailable (start the server with --enable-metrics)"]
         try:

@@ -96,6 +96,24 @@ class CallGraph:
             return None
         return Definition(target, module, owner, found.path, node)
 
+    def locate(self, target: str) -> str | None:
+        """Where ``target`` resolves at run time: itself when defined there; else, for a
+        function re-exported or a class imported into the named module from another one
+        (``from elsewhere import Class``), its definition there (the method looked up along
+        the class's bases, as ``getattr`` does). None when it resolves nowhere."""
+        if self.definition(target) is not None:
+            return target
+        followed = self._follow(target)
+        if followed != target and self.definition(followed) is not None:
+            return followed
+        owner, _, name = target.rpartition(".")
+        moved = self._follow(owner) if owner else owner
+        if moved != owner and self.class_node(moved) is not None:
+            found = self.find_method(moved, name)
+            if found is not None and self.definition(found) is not None:
+                return found
+        return None
+
     def class_node(self, cls: str) -> ast.ClassDef | None:
         module, _, name = cls.rpartition(".")
         path = module_file(self.src.root, module)

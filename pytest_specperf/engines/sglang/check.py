@@ -75,6 +75,9 @@ class EntryStatus:
     expected: list[str] | None = None
     actual: list[str] | None = None
     reason: str | None = None
+    #: where the target is defined when that is not where the map names it (a class
+    #: moved to another module and imported back): it resolves there at run time
+    lives: str | None = None
 
 
 @dataclass
@@ -90,12 +93,25 @@ class CallStatus:
 
 
 @dataclass
+class Renamed:
+    """A mapped phase whose target is gone from the source, and the call the step makes
+    in its place (same class or module, a name or parameters like the old one's)."""
+
+    phase: str
+    old: str  # the map's target
+    new: str  # the definition the step calls now
+    call: str  # the call as written
+    where: str  # file:line of the call
+
+
+@dataclass
 class StepReport:
     target: str
     where: str | None
     phases_reached: dict[str, str] = field(default_factory=dict)  # phase -> how
     calls: list[CallStatus] = field(default_factory=list)
     error: str | None = None
+    renamed: list[Renamed] = field(default_factory=list)
 
 
 @dataclass
@@ -186,17 +202,30 @@ def effective_map(version: str | None, user_file: str | None) -> PhaseMap:
 
 
 # -- map entries ---------------------------------------------------------------------------------
-def check_entries(src: SourceTree, entries: list[HookEntry]) -> list[EntryStatus]:
-    """Each entry found in the source, missing, or with other parameters than recorded."""
+def check_entries(
+    src: SourceTree, entries: list[HookEntry], graph: CallGraph | None = None
+) -> list[EntryStatus]:
+    """Each entry found in the source, missing, or with other parameters than recorded.
+    A target not defined where the map names it but imported there (a class moved to
+    another module) is found where it lives, as SGLang's hook registry resolves it."""
     out = []
     for e in entries:
         st = EntryStatus(e.target, e.role, e.phase, e.optional, e.where(), "found")
         try:
             found = src.find_callable(e.target)
         except (SourceLookupError, SyntaxError, OSError, UnicodeDecodeError) as err:
-            st.status, st.reason = "missing", str(err)
-            out.append(st)
-            continue
+            graph = graph or CallGraph(src)
+            lives = graph.locate(e.target)
+            if lives is None:
+                st.status, st.reason = "missing", str(err)
+                out.append(st)
+                continue
+            found = src.find_callable(lives)
+            st.lives = lives
+            st.reason = (
+                f"not defined in {e.target.rsplit('.', 2)[0]}, imported there: resolves to "
+                f"{lives} at run time"
+            )
         st.where = _rel(src.root, found.path, found.lineno)
         st.actual = list(found.params)
         if e.params is not None and tuple(e.params) != found.params:
@@ -254,6 +283,13 @@ def analyse_step(
         return StepReport(target, None, error="step method not found in the source")
     rep = StepReport(target, _rel(graph.src.root, d.path, d.line))
     by_target = {e.target: e for e in phases}
+    gone = []
+    for e in phases:  # a target found through an import is covered where it lives
+        lives = graph.locate(e.target)
+        if lives is None:
+            gone.append(e)
+        elif lives != e.target:
+            by_target.setdefault(lives, e)
     by_name: dict[str, list[HookEntry]] = {}
     module = target.rsplit(".", 2)[0]
     for e in sorted(phases, key=lambda e: (e.family != family, not e.target.startswith(module))):
@@ -266,13 +302,54 @@ def analyse_step(
     for st in covered:  # direct coverage is named first, then what nests inside it
         rep.phases_reached.setdefault(st.phases[0], _how(st))
     for st in covered:
-        for t in graph.reach(st.entry or "", by_target, max_depth=4, accept=_accepts(by_target)):
+        start = graph.locate(st.entry or "") or st.entry or ""
+        for t in graph.reach(start, by_target, max_depth=4, accept=_accepts(by_target)):
             rep.phases_reached.setdefault(by_target[t].phase or "", f"inside {_how(st)}")
     for st in rep.calls:
         if st.status == "reaches":
             for phase in st.phases:
                 rep.phases_reached.setdefault(phase, f"via {_how(st)}")
+    rep.renamed = _renamed(graph, d, gone, rep.calls)
     return rep
+
+
+#: How alike a new callee must be to a gone target to be named as its rename: the names'
+#: similarity (difflib ratio), plus ``PARAMS_BONUS`` when the parameter lists are equal.
+RENAME_CUTOFF = 0.75
+PARAMS_BONUS = 0.3
+
+
+def _renamed(
+    graph: CallGraph, step: Definition, gone: list[HookEntry], calls: list[CallStatus]
+) -> list[Renamed]:
+    """For each required phase entry whose target is gone, of the step's own class (or
+    its bases) or module: the uncovered call of the step most like it (name, parameters),
+    if alike enough. That call is where the step now does what the old target did."""
+    import difflib
+
+    mro = set(graph.mro(step.owner)) if step.owner else set()
+    out = []
+    for e in gone:
+        owner = e.target.rpartition(".")[0]
+        if e.optional or e.role != "phase" or not (owner in mro or owner == step.module):
+            continue
+        old = e.target.rsplit(".", 1)[1]
+        best: tuple[float, CallStatus] | None = None
+        for c in calls:
+            new = c.definition
+            d = graph.definition(new) if new else None
+            if c.status != "uncovered" or new is None or d is None:
+                continue
+            score = difflib.SequenceMatcher(None, old, new.rsplit(".", 1)[1]).ratio()
+            if e.params is not None and tuple(e.params) == source.signature_params(d.node):
+                score += PARAMS_BONUS
+            if score >= RENAME_CUTOFF and (best is None or score > best[0]):
+                best = (score, c)
+        if best is not None:
+            c = best[1]
+            out.append(Renamed(e.phase or "", e.target, c.definition or "", c.call, c.where))
+            c.detail += f" [renamed from {e.target}? map it as {e.phase}]"
+    return out
 
 
 def _accepts(by_target: dict[str, HookEntry]) -> Any:
@@ -439,7 +516,7 @@ def build_report(
         phase_map=list(pm.sources),
         algorithm=algorithm,
         skipped_for_algorithm=len(pm.active()) - len(active),
-        entries=check_entries(src, active),
+        entries=check_entries(src, active, graph),
         algorithms=algorithm_rows(graph, pm, version),
         steps=[
             analyse_step(graph, s, phases, family)
@@ -516,6 +593,13 @@ def _entry_lines(entries: list[EntryStatus]) -> list[str]:
         )
     for e in optional:
         out.append(f"  optional    {e.target} ({e.phase or e.role}): not in this source")
+    for e in entries:
+        if e.lives is not None:
+            out.append(
+                f"  via import  {e.target} ({e.phase or e.role}): defined as {e.lives} at "
+                f"{e.where} and imported into {e.target.rsplit('.', 2)[0]}; hooked there at "
+                "run time"
+            )
     return out
 
 
@@ -543,6 +627,13 @@ def _step_lines(s: StepReport, *, show_all: bool = False, what: str = "Step") ->
         return [*out, f"  ERROR: {s.error}"]
     out.append("  phases reached:")
     out += [f"    {p:<20} {how}" for p, how in s.phases_reached.items()] or ["    none"]
+    if s.renamed:
+        out.append("  mapped phases whose target is gone; the step calls in its place:")
+        out += [
+            f"    {r.phase:<20} {r.old} is not in the source: the step calls {r.call} "
+            f"({r.where}), defined as {r.new}: map `target: {r.new}` as {r.phase}"
+            for r in s.renamed
+        ]
     groups = (
         ("uncovered", "calls no phase covers (their time is 'unaccounted'):"),
         ("reaches", "calls that reach phases only further down (the rest is 'unaccounted'):"),

@@ -235,6 +235,9 @@ class ProbeRuntime:
         self.errors: dict[str, list[Any]] = {}
         self._runner_labels: dict[tuple[type, bool], str] = {}
         self._result_steps: dict[int, int] = {}
+        #: per phase/iteration target: the calls it timed inside a step (zero from
+        #: install); written beside the records at every flush (``write_calls``)
+        self.calls: dict[str, int] = {}
 
     # -- probe -----------------------------------------------------------------------
     @property
@@ -283,6 +286,14 @@ class ProbeRuntime:
                 f"errors-{self.meta_suffix}",
                 {k: {"count": v[0], "first": v[1]} for k, v in self.errors.items()},
             )
+
+    def write_calls(self) -> None:
+        """``calls-<pid>-rank<R>.json``: how often each phase/iteration target timed a call
+        inside a step since the hooks were installed (``--specperf-strict`` reads it)."""
+        if self.sink is None or not self.calls:
+            return
+        with contextlib.suppress(OSError):
+            self.sink.write_meta(f"calls-{self.meta_suffix}", {"calls": dict(self.calls)})
 
     # -- iterations ----------------------------------------------------------------------
     def next_iteration(self) -> None:
@@ -434,6 +445,7 @@ class ProbeRuntime:
         for it would drain the pipeline."""
         if self._probe is not None:
             self._probe.flush(through)
+        self.write_calls()  # before the records: a reader that sees them sees these counts
         if self.sink is not None:
             self.sink.release_through(through)
             self.sink.flush()
@@ -657,6 +669,8 @@ def _iteration_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     """The first call of every scheduler iteration (``Scheduler.ingest_requests``): ends
     the last iteration's record, starts this one's, and is timed as ``ingest``."""
     where = f"iteration:{entry.target}"
+    key, calls = entry.target, rt.calls
+    calls[key] = 0
 
     def iteration_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
         if rt.in_worker:
@@ -668,6 +682,7 @@ def _iteration_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
             rt.step_depth = 0
             rt.note_error(where, e)
             return original(*args, **kwargs)
+        calls[key] += 1
         span = rt.probe.phase(INGEST)
         rt.phase_depth += 1
         span.__enter__()
@@ -709,6 +724,8 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
     carry = phase == "schedule"
     when = condition(entry)
     outermost = entry.outermost
+    key, calls = entry.target, rt.calls
+    calls[key] = 0
 
     def phase_hook(original: Hook, *args: Any, **kwargs: Any) -> Any:
         if not rt.step_depth:
@@ -726,6 +743,7 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
             return original(*args, **kwargs)
         if when is not None and not when(args, kwargs):
             return original(*args, **kwargs)
+        calls[key] += 1
         span = rt.probe.phase(phase)
         rt.phase_depth += 1
         span.__enter__()

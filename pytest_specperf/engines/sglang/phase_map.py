@@ -32,6 +32,8 @@ are refused)::
         label: MyRunner            # optional (graph): counter name (default: the
                                    #   runner's class name, "[draft]" for draft runners)
         optional: true             # optional: expected to be missing in some versions
+        may_not_fire: true         # optional (phase): on a path some configurations never
+                                   #   take; --specperf-strict does not require it to fire
         family: dflash-fork        # optional: shown in reports; entries of the built-in
                                    #   families (see algorithms.py) are skipped when the
                                    #   server's --speculative-algorithm cannot use them
@@ -91,6 +93,7 @@ _KEYS = {
     "replay",
     "label",
     "optional",
+    "may_not_fire",
     "family",
     "note",
 }
@@ -120,6 +123,9 @@ class HookEntry:
     replay: bool | None = None
     label: str | None = None
     optional: bool = False
+    #: on a path some configurations never take (e.g. only the overlap loop calls it):
+    #: ``--specperf-strict`` does not require it to time a call
+    may_not_fire: bool = False
     family: str | None = None
     note: str | None = None
     source: str = "builtin"
@@ -328,6 +334,13 @@ class _EntryReader:
         optional = self.raw.get("optional", False)
         if not isinstance(optional, bool):
             raise self.fail(f"'optional' must be true or false, got {optional!r}", "optional")
+        may_not_fire = self.raw.get("may_not_fire", False)
+        if not isinstance(may_not_fire, bool):
+            raise self.fail(
+                f"'may_not_fire' must be true or false, got {may_not_fire!r}", "may_not_fire"
+            )
+        if may_not_fire and role != "phase":
+            raise self.fail("'may_not_fire' is only valid with role 'phase'", "may_not_fire")
         for key in ("family", "note"):
             if self.raw.get(key) is not None and not isinstance(self.raw.get(key), str):
                 raise self.fail(f"'{key}' must be a string", key)
@@ -364,6 +377,7 @@ def _entry(raw: Any, i: int, source: str, lines: Lines | None = None) -> HookEnt
         replay=replay,
         label=label,
         optional=optional,
+        may_not_fire=bool(raw.get("may_not_fire", False)),
         family=raw.get("family"),
         note=raw.get("note"),
         source=source,

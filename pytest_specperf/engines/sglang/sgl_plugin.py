@@ -359,6 +359,8 @@ def _describe(entry: HookEntry, **extra: Any) -> dict[str, Any]:
         "source": entry.source,
         "optional": entry.optional,
     }
+    if entry.may_not_fire:
+        d["may_not_fire"] = True
     if entry.phase:
         d["phase"] = entry.phase
     elif entry.role == "iteration":
