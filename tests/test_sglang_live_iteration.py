@@ -28,6 +28,8 @@ import pytest
 from sglang_cpu import live
 from sglang_cpu.models import write_models
 
+from pytest_specperf.engines.sglang.backend import SGLangBackend
+from pytest_specperf.judging.strict import silent_targets
 from pytest_specperf.probe.phases import SCHEDULER_PHASES
 
 REASON = live.missing()
@@ -200,3 +202,38 @@ def test_device_gap_is_not_measured_on_a_cpu(server: live.LiveServer) -> None:
     reports it on a GPU; not run on one yet)."""
     recs, _ = _run(server, "iteration-gap")
     assert recs and all(r.get("device_gap_ns") is None for r in recs)
+
+
+def _decode_steps(srv: live.LiveServer, rid: str, want: int) -> int:
+    deadline = time.monotonic() + 10.0  # the records (and counts) follow within an iteration
+    while True:
+        n = sum(1 for r in srv.records() if r["mode"] == "decode" and rid in r["rids"])
+        if n >= want or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
+def test_every_required_target_times_calls_in_a_measured_window(
+    server: live.LiveServer,
+) -> None:
+    """Per-target hook-call counts (issue 29, item 4): every required phase/iteration target
+    the plugin installs times at least one call in a measured window, so
+    ``--specperf-strict`` (which fails a case where one timed none) passes on a healthy
+    server."""
+    assert server.run_dir is not None
+    b = SGLangBackend()
+    b.bind(server.run_dir)
+    required = b.required_targets()
+    assert len(required) >= 10, required  # the iteration's and STANDALONE's phase targets
+    before = b.metrics_before(server.client)
+    out = server.generate(PROMPT, NEW_TOKENS, "calls-window")
+    steps = int(out["meta_info"]["spec_verify_ct"])
+    assert _decode_steps(server, "calls-window", steps) == steps > 2
+    b.metrics_check(server.client, before, [], 1.0)
+    calls = b.target_calls({})
+    assert calls is not None and set(calls) == set(required.items())
+    for (target, phase), n in sorted(calls.items()):
+        print(f"{n:6d}  {phase:<20} {target}")
+    assert silent_targets(calls) == [], calls
+    # each decode step runs each iteration phase at least once
+    assert calls[("sglang.srt.managers.scheduler.Scheduler.ingest_requests", "ingest")] >= steps
