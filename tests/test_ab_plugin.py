@@ -162,7 +162,14 @@ def test_calibrate_measures_ab_power_against_two_running_servers(
     assert summary["comparison"] == {"mode": "ab", "reference": f"url={url}"}
     rows = {r["condition"]: r for r in summary["conditions"]}
     assert set(rows) == {"A/A", "verify=3"} and all(r["runs"] == 1 for r in rows.values())
-    assert rows["verify=3"]["detected"] == 1 and rows["A/A"]["slower_runs"] == 0
+    assert rows["A/A"]["slower_runs"] == 0
+    # One repetition decides nothing about power: A/B's noise on this CPU leaves even a
+    # 3x verify canary UNSTABLE in some runs (a CI run: detected 0 of 1). The canary went
+    # into B and showed against A: the verify gate moved up, and was never judged FASTER.
+    (case,) = json.loads((work / "rep00-verify_3.json").read_text())["cases"]
+    m = _verify(case)
+    assert m["change"] > 0.5 and m["verdict"] in ("SLOWER", "UNSTABLE"), m
+    assert rows["verify=3"]["detected"] == (m["verdict"] == "SLOWER")
     assert not (work / "baselines").exists()  # A/B mode records none
     logs = {p.name: p.read_text() for p in (work / "raw").glob("*.log")}
     assert "canary injection active: verify=3" in logs["rep00-verify_3.log"]
