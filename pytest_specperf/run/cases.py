@@ -215,6 +215,24 @@ def _target_calls(server: ModelServer) -> Mapping[tuple[str, str], int] | None:
     return calls(server.server_info) if calls is not None else None
 
 
+def _strict_check(
+    outcome: CaseOutcome, server: ModelServer, policy: Policy, telemetry_note: str | None,
+    *, recording: bool,
+) -> tuple[tuple[Unjudged, ...], str | None]:
+    """Why ``outcome`` is not judged under ``policy.strict`` (empty otherwise), and the
+    telemetry note, updated when this run's telemetry says why it is missing."""
+    t = outcome.run.telemetry
+    if t is not None and not t.available:
+        telemetry_note = t.reason
+    if not policy.strict:
+        return (), telemetry_note
+    problems = unjudged(
+        outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run, recording=recording,
+        telemetry_note=telemetry_note, target_calls=_target_calls(server),
+    )  # fmt: skip
+    return problems, telemetry_note
+
+
 def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
               key: str, shown: str, policy: Policy, telemetry_note: str | None,
               cases: int = 1) -> Judged:  # fmt: skip
@@ -223,16 +241,9 @@ def judge_one(inputs: RunInputs, request: CaseRequest, server: ModelServer, run:
     ``cases``: the test's measured runs."""
     case = case_of(inputs, request, server, run, key, cases)
     outcome = judge(inputs, case, shown, record=policy.record)
-    t = outcome.run.telemetry
-    if t is not None and not t.available:
-        telemetry_note = t.reason
-    problems: tuple[Unjudged, ...] = ()
-    if policy.strict:
-        problems = unjudged(
-            outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
-            recording=policy.record, telemetry_note=telemetry_note,
-            target_calls=_target_calls(server),
-        )  # fmt: skip
+    problems, telemetry_note = _strict_check(
+        outcome, server, policy, telemetry_note, recording=policy.record
+    )
     if problems:  # strict: an incomplete run is not recorded
         outcome = dataclasses.replace(outcome, recorded=False)
     recording = policy.record and not problems
@@ -322,13 +333,7 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
     differ = engine_differences(reference.server.fingerprint, server.fingerprint)
     notes = (*outcome.notes, *([differ] if differ else []))
     outcome = dataclasses.replace(outcome, reference=reference.label, ab_order=order, notes=notes)
-    t = outcome.run.telemetry
-    if t is not None and not t.available:
-        telemetry_note = t.reason
-    problems: tuple[Unjudged, ...] = ()
-    if policy.strict:
-        problems = unjudged(
-            outcome, mapped=_mapped_phases(server), gpu_run=policy.gpu_run,
-            recording=False, telemetry_note=telemetry_note, target_calls=_target_calls(server),
-        )  # fmt: skip
+    problems, telemetry_note = _strict_check(
+        outcome, server, policy, telemetry_note, recording=False
+    )
     return Judged(case, outcome, problems, None, None, telemetry_note)
