@@ -683,16 +683,23 @@ def _iteration_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
             rt.note_error(where, e)
             return original(*args, **kwargs)
         calls[key] += 1
-        span = rt.probe.phase(INGEST)
-        rt.phase_depth += 1
-        span.__enter__()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            span.__exit__(None, None, None)
-            rt.phase_depth -= 1
+        return _in_phase(rt, INGEST, original, args, kwargs)
 
     return iteration_hook
+
+
+def _in_phase(
+    rt: ProbeRuntime, phase: str, original: Hook, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``original`` called inside a span of ``phase`` (a counted, timed hook call)."""
+    span = rt.probe.phase(phase)
+    rt.phase_depth += 1
+    span.__enter__()
+    try:
+        return original(*args, **kwargs)
+    finally:
+        span.__exit__(None, None, None)
+        rt.phase_depth -= 1
 
 
 Condition = Callable[[tuple[Any, ...], dict[str, Any]], bool]
@@ -744,14 +751,7 @@ def _phase_hook(entry: HookEntry, rt: ProbeRuntime) -> Hook:
         if when is not None and not when(args, kwargs):
             return original(*args, **kwargs)
         calls[key] += 1
-        span = rt.probe.phase(phase)
-        rt.phase_depth += 1
-        span.__enter__()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            span.__exit__(None, None, None)
-            rt.phase_depth -= 1
+        return _in_phase(rt, phase, original, args, kwargs)
 
     return phase_hook
 
