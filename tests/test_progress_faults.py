@@ -216,3 +216,7 @@ def test_waiting_for_a_cpu_counts_as_progress_a_still_tree_does_not(tmp_path):
     stalled = watch.stalled_for()
     assert stalled is not None and stalled >= 0.3, watch.describe()
     assert "0.00 s on or waiting for a CPU in the stall" in watch.describe(), watch.describe()
+    fault_table.row("server process runnable without a CPU (run-queue wait growing, no step, "
+                    "no CPU) for twice the stall time, then still (a /proc stand-in)", 1,
+                    "never stalled while waiting for a CPU; stalled once nothing ran or "
+                    "waited", True)  # fmt: skip

@@ -40,6 +40,10 @@ def test_decode(specperf):
 #: The reference side's extra server argument: SGLang's decode log every 40 batches
 #: instead of every batch (live.CPU_FLAGS) - other arguments, the same decode step.
 REFERENCE_ARGS = "--decode-log-interval=40"
+#: Both sides: an idle SGLang scheduler sleeps in a poll of its sockets instead of polling
+#: them in a busy loop. A/B alternates its sides, so one side's server is always idle while
+#: the other is measured (and while the other starts): busy, it took a core from it.
+IDLE_ARG = "--sleep-on-idle"
 
 
 def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arguments(
@@ -58,6 +62,7 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
             "--speculative-algorithm=STANDALONE",
             *live.CHAIN,
             *live.SPEC_BACKEND,
+            IDLE_ARG,
         )
     ]
     pytester.makepyfile(test_case=CASE)
@@ -82,3 +87,41 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
     assert verify["verdict"] == "SLOWER"
     # the canary slowed B's verify only: A's is the unslowed one
     assert case["centers"]["now"]["verify"] > 2 * case["centers"]["base"]["verify"]
+
+
+AA_CASE = """
+import pytest
+
+@pytest.mark.specperf(gate=["verify"])
+def test_decode(specperf):
+    run = specperf.decode(context_len=1024)
+    assert run.rounds == 2 and not run.injected
+"""
+
+
+def test_a_a_on_one_running_server_does_not_fail(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """A/A: one running STANDALONE server is both sides (B attached, A ``url=`` of the same
+    server), no canary: nothing differs, so the case must not fail (the canary test above
+    is the one that must). One server start, no launch."""
+    models = write_models(tmp_path / "models")
+    args = (*live.algorithm_args("STANDALONE", models), IDLE_ARG)
+    server = live.start("aa", args, tmp_path)
+    where = f"{server.url},run-dir={server.run_dir}"
+    try:
+        pytester.makepyfile(test_case=AA_CASE)
+        result = pytester.runpytest_subprocess(
+            "test_case.py", *SHORT_RUN, "--specperf-backend=sglang",
+            f"--specperf-attach={where}", f"--specperf-ab=url={where}",
+            "--specperf-processes=1", "--specperf-tolerance=30%", "--specperf-json=r.json",
+            timeout=400,
+        )  # fmt: skip
+    finally:
+        server.proc.stop()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*A/B in this run: B (this build) against A (url={where})*"])
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["comparison"] == {"mode": "ab", "reference": f"url={where}"}
+    [case] = report["cases"]
+    assert case["ab"]["order"] == ["A1 B1 B1 A1"]
+    [verify] = [m for m in case["metrics"] if m["metric"] == "verify"]
+    assert verify["verdict"] != "SLOWER", verify
