@@ -1,5 +1,7 @@
 """A/B in one run on real SGLang 0.5.23 on this CPU (marked ``live_sglang``): the same
-build with other server arguments as the reference side, a canary on the tested side.
+build with other server arguments as the reference side, a canary on the tested side. (The
+A/A run on one running server, which needs no server of its own, is in
+``test_sglang_live.py``, on its shared STANDALONE server.)
 
 The plugin launches both sides (``--specperf-backend sglang``): B with the test's server
 arguments, A with ``--specperf-ab args=...`` appended (a longer decode-log interval: a
@@ -87,41 +89,3 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
     assert verify["verdict"] == "SLOWER"
     # the canary slowed B's verify only: A's is the unslowed one
     assert case["centers"]["now"]["verify"] > 2 * case["centers"]["base"]["verify"]
-
-
-AA_CASE = """
-import pytest
-
-@pytest.mark.specperf(gate=["verify"])
-def test_decode(specperf):
-    run = specperf.decode(context_len=1024)
-    assert run.rounds == 2 and not run.injected
-"""
-
-
-def test_a_a_on_one_running_server_does_not_fail(pytester: pytest.Pytester, tmp_path: Path) -> None:
-    """A/A: one running STANDALONE server is both sides (B attached, A ``url=`` of the same
-    server), no canary: nothing differs, so the case must not fail (the canary test above
-    is the one that must). One server start, no launch."""
-    models = write_models(tmp_path / "models")
-    args = (*live.algorithm_args("STANDALONE", models), IDLE_ARG)
-    server = live.start("aa", args, tmp_path)
-    where = f"{server.url},run-dir={server.run_dir}"
-    try:
-        pytester.makepyfile(test_case=AA_CASE)
-        result = pytester.runpytest_subprocess(
-            "test_case.py", *SHORT_RUN, "--specperf-backend=sglang",
-            f"--specperf-attach={where}", f"--specperf-ab=url={where}",
-            "--specperf-processes=1", "--specperf-tolerance=30%", "--specperf-json=r.json",
-            timeout=400,
-        )  # fmt: skip
-    finally:
-        server.proc.stop()
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"*A/B in this run: B (this build) against A (url={where})*"])
-    report = json.loads((pytester.path / "r.json").read_text())
-    assert report["comparison"] == {"mode": "ab", "reference": f"url={where}"}
-    [case] = report["cases"]
-    assert case["ab"]["order"] == ["A1 B1 B1 A1"]
-    [verify] = [m for m in case["metrics"] if m["metric"] == "verify"]
-    assert verify["verdict"] != "SLOWER", verify
