@@ -4,11 +4,14 @@ A/A run on one running server, which needs no server of its own, is in
 ``test_sglang_live.py``, on its shared STANDALONE server.)
 
 The plugin launches both sides (``--specperf-backend sglang``): B with the test's server
-arguments, A with ``--specperf-ab args=...`` appended (a longer decode-log interval: a
-knob that leaves the decode step alone, so the comparison is A/A but for the canary). One
-process a side (``A1 B1 B1 A1``), one small case gated on verify. The server helpers and
-the tiny dummy-weight models are ``sglang_cpu``'s (see ``test_sglang_live.py``). Skipped,
-saying why, where SGLang's CPU dependency set is not installed.
+arguments (``live.CPU_FLAGS``: ``--sleep-on-idle`` among them, which matters here: A/B
+alternates its sides, so one side's server is always idle while the other is measured or
+starts, and an idle SGLang scheduler otherwise polls its sockets in a busy loop), A with
+``--specperf-ab args=...`` appended (a longer decode-log interval: a knob that leaves the
+decode step alone, so the comparison is A/A but for the canary). One process a side (``A1
+B1 B1 A1``), one small case gated on verify. The server helpers and the tiny dummy-weight
+models are ``sglang_cpu``'s (see ``test_sglang_live.py``). Skipped, saying why, where
+SGLang's CPU dependency set is not installed.
 """
 
 from __future__ import annotations
@@ -42,10 +45,6 @@ def test_decode(specperf):
 #: The reference side's extra server argument: SGLang's decode log every 40 batches
 #: instead of every batch (live.CPU_FLAGS) - other arguments, the same decode step.
 REFERENCE_ARGS = "--decode-log-interval=40"
-#: Both sides: an idle SGLang scheduler sleeps in a poll of its sockets instead of polling
-#: them in a busy loop. A/B alternates its sides, so one side's server is always idle while
-#: the other is measured (and while the other starts): busy, it took a core from it.
-IDLE_ARG = "--sleep-on-idle"
 
 
 def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arguments(
@@ -64,7 +63,6 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
             "--speculative-algorithm=STANDALONE",
             *live.CHAIN,
             *live.SPEC_BACKEND,
-            IDLE_ARG,
         )
     ]
     pytester.makepyfile(test_case=CASE)
