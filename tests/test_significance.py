@@ -320,12 +320,19 @@ def test_holm_lets_a_second_clear_change_through():
 def test_the_gate_level_follows_the_family():
     base = _run(30.0, 10.0, seed=1)
     now = _run(30.3, 10.0, seed=2)
-    tight = compare(base, _Run(now), ["verify"], Tolerances(0.05, 0.25), prior=EXACT,
-                    family=Family(tests=10, looks=4))  # fmt: skip
-    loose = compare(base, _Run(now), ["verify"], Tolerances(0.05, 0.25), prior=EXACT)
-    assert tight.metrics[0].alpha == pytest.approx(0.05 / 40)
-    assert tight.metrics[0].critical > loose.metrics[0].critical
-    assert critical(0.05 / 40, tight.metrics[0].df) == pytest.approx(tight.metrics[0].critical)
+    def at(family):
+        return compare(base, _Run(now), ["verify"], Tolerances(0.05, 0.25), prior=EXACT,
+                       family=family).metrics[0]  # fmt: skip
+
+    loose = at(LONE)
+    looks = [at(Family(tests=10, looks=4, look=k)) for k in range(1, 5)]
+    assert [m.alpha for m in looks] == pytest.approx(
+        [look_level(0.05 / 10, k, 4) for k in range(1, 5)]
+    )
+    assert looks[0].alpha == pytest.approx(pocock_spending(0.05 / 10, 0.25))
+    for m in looks:
+        assert m.critical > loose.critical
+        assert critical(m.alpha, m.df) == pytest.approx(m.critical)
 
 
 # -- bimodal cases, sittings, the prior file ----------------------------------------------
