@@ -5,9 +5,10 @@ in the baseline file and the device prior beside it. Named synthetic data, no ti
 from __future__ import annotations
 
 import dataclasses
-import functools
+import importlib.util
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -139,54 +140,14 @@ def test_the_family_wise_rate_of_a_simulated_quiet_run_stays_under_budget():
     assert runs_with_3sigma_alarm / n > 0.10
 
 
-#: A judged gate in the looks' simulation: blocks, baseline runs, degrees of freedom of
-#: the noise's floor (the process and sitting terms: the baseline's and the prior's), and
-#: the block noise's share of the first look's variance (the extension runs on cases
-#: whose block noise matters: the docs' modes give 17-35%; half here).
-SIM_BLOCKS, SIM_BASE_RUNS, SIM_FLOOR_DF, SIM_BLOCK_SHARE = 8, 3, 12, 0.5
-
-
-@functools.lru_cache(maxsize=4096)
-def _crit(level: float, df_halves: int) -> float:
-    return t_quantile(1 - level, df_halves / 2)
-
-
-def _gate_alarms(rng, first_steps):
-    """One quiet gate judged at each of 4 looks (rounds): does some look's t cross the
-    look's first Holm step? Its change is the mean over blocks of the paired differences
-    ``d[b] = u + mean over rounds of e[r][b] - base[b]``: ``u`` the process and sitting
-    offset (variance 1; its estimate, shared by the looks, on ``SIM_FLOOR_DF`` df), the
-    block noise re-estimated at every look from the same blocks (``stdev(d) /
-    sqrt(B)`` on ``B - 1`` df), the df Welch-Satterthwaite's, as ``judging.noise`` does."""
-    b = SIM_BLOCKS
-    block_var = SIM_BLOCK_SHARE / (1 - SIM_BLOCK_SHARE) * b / (1 + 1 / SIM_BASE_RUNS)
-    sd_now, sd_base = math.sqrt(block_var), math.sqrt(block_var / SIM_BASE_RUNS)
-    u = rng.gauss(0.0, 1.0)
-    floor = rng.gammavariate(SIM_FLOOR_DF / 2, 2 / SIM_FLOOR_DF)
-    base = [rng.gauss(0.0, sd_base) for _ in range(b)]
-    sums = [0.0] * b
-    for k in range(1, 5):
-        sums = [x + rng.gauss(0.0, sd_now) for x in sums]
-        d = [u + x / k - y for x, y in zip(sums, base)]
-        mean = sum(d) / b
-        w2 = sum((x - mean) ** 2 for x in d) / (b - 1) / b
-        df = satterthwaite([(w2, b - 1), (floor, SIM_FLOOR_DF)])
-        if mean / math.sqrt(w2 + floor) > _crit(first_steps[k - 1], int(df * 2)):
-            return True
-    return False
-
-
-def _quiet_runs_over_looks(first_steps, n, seed):
-    """The share of ``n`` simulated quiet runs of 7 cases x 6 gates, each case judged at
-    every one of 4 looks (the extension's worst case: it always goes on), with any false
-    alarm: Holm at a look rejects something exactly when some gate's p-value clears its
-    first step, ``first_steps[k]`` at look ``k`` (df rounded down to a half: a little
-    conservative)."""
-    rng = random.Random(seed)
-    alarms = 0
-    for _ in range(n):
-        alarms += any(_gate_alarms(rng, first_steps) for _ in range(7 * 6))
-    return alarms / n
+def _looks_simulation():
+    """``scripts/look_false_alarms.py``: the simulation of quiet runs over the looks."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "look_false_alarms.py"
+    spec = importlib.util.spec_from_file_location("look_false_alarms", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_family_wise_rate_over_the_extensions_looks_stays_under_budget():
@@ -198,11 +159,12 @@ def test_the_family_wise_rate_over_the_extensions_looks_stays_under_budget():
     looks = [dataclasses.replace(family, look=k) for k in range(1, MAX_LOOKS + 1)]
     first = [f.gate_alpha(6) for f in looks]
     assert first == [holm_levels([0.0] * 6, f.case_alpha, f.level)[0] for f in looks]
+    sim = _looks_simulation()
     n = 1500
-    rate = _quiet_runs_over_looks(first, n, seed=28)
+    rate = sim.quiet_runs_over_looks(first, n, seed=28)
     assert rate <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / n)
     uncorrected = [family.case_alpha / 6] * MAX_LOOKS
-    assert _quiet_runs_over_looks(uncorrected, n, seed=28) > rate + 0.03
+    assert sim.quiet_runs_over_looks(uncorrected, n, seed=28) > rate + 0.03
 
 
 # -- one gate per independent quantity ----------------------------------------------------
@@ -320,6 +282,7 @@ def test_holm_lets_a_second_clear_change_through():
 def test_the_gate_level_follows_the_family():
     base = _run(30.0, 10.0, seed=1)
     now = _run(30.3, 10.0, seed=2)
+
     def at(family):
         return compare(base, _Run(now), ["verify"], Tolerances(0.05, 0.25), prior=EXACT,
                        family=family).metrics[0]  # fmt: skip

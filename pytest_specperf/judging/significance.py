@@ -26,8 +26,9 @@ that each case's decision is final when the case ends:
 Each p-value is Student's t: ``p = P(T_df > change / noise)`` on the noise's
 Welch-Satterthwaite degrees of freedom (``judging.noise``); the boundary's normal
 critical values enter as nominal levels (the single-look tail they cut), at which the
-t statistic is judged (the usual "nominal p" use of a boundary with estimated noise). The family-wise guarantee:
-with no real change anywhere, P(any SLOWER in the run) <= ``RUN_ALPHA``.
+t statistic is judged (the usual "nominal p" use of a boundary with estimated noise).
+The family-wise guarantee: with no real change anywhere, P(any SLOWER in the run) <=
+``RUN_ALPHA`` (approximately over the looks: docs/statistics.md, section 3).
 
 Mirror gates: when two phases make up nearly all of each other's rest of the step
 (``verify/rest`` and ``draft/rest``), their judged forms are one quantity seen from both

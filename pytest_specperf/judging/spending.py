@@ -178,9 +178,7 @@ def _check(alpha: float, fractions: Sequence[float], sides: int) -> None:
     if not fractions or any(
         not 0.0 < t <= 1.0 or (i and t <= fractions[i - 1]) for i, t in enumerate(fractions)
     ):
-        raise ValueError(
-            f"information fractions must rise within (0, 1], got {tuple(fractions)!r}"
-        )
+        raise ValueError(f"information fractions must rise within (0, 1], got {tuple(fractions)!r}")
 
 
 def _solve(dens: _Density, t: float, delta: float, target: float, sides: int) -> float:
