@@ -310,3 +310,24 @@ def test_metric_names_come_from_the_registry() -> None:
 
         found += _metric_literals(path, names)
     assert found == []
+
+
+def test_a_record_column_is_built_from_its_registry_entry_alone() -> None:
+    """A metric read straight from a step record (``metrics.RECORD_COLUMNS``) has its
+    sample in its registry entry: the samples and the store neither name it nor read its
+    record field, so a new probe field is its measurement (``probe/``) and its entry
+    (words about it, ``judging/diagnosis.py`` and ``bottleneck.py``, may read its summary)."""
+    from pytest_specperf.judging import metrics
+
+    columns = {name for name, _ in metrics.RECORD_COLUMNS}
+    constants = {k for k, v in vars(metrics).items() if isinstance(v, str) and v in columns}
+    assert columns >= {metrics.RUNQ_SHARE, metrics.RUNQ_SLICES}
+    fields = {"step_runq_ns", "step_slices"}  # the fields those entries read
+    found = []
+    for path in [PACKAGE / "judging" / "samples.py", *_modules("store")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == metrics.__name__:
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name in constants]
+            if isinstance(node, ast.Attribute) and node.attr in fields:
+                found += [f"{path.name}:{node.lineno} .{node.attr}"]
+    assert found == []
