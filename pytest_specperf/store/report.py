@@ -272,15 +272,23 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "records": [r.to_json() for r in run.records],
         "runs": [run_record_json(r) for r in run.processes],
         "ab": _ab_json(o),
+        **_device_json(run),
     }
-    if run.has_device_times:
-        out["device_phases"] = {
+    return out
+
+
+def _device_json(run: DecodeRun) -> dict[str, Any]:
+    """On a GPU: the device time's summaries per phase and over the step."""
+    if not run.has_device_times:
+        return {}
+    return {
+        "device_phases": {
             p: _summary_json(run.summaries[device_form(p)])
             for p in PHASES
             if device_form(p) in run.summaries
-        }
-        out["device_step_ms"] = run.summaries[device_form(STEP)].to_dict()
-    return out
+        },
+        "device_step_ms": run.summaries[device_form(STEP)].to_dict(),
+    }
 
 
 def write_report(path: Path, payload: Mapping[str, Any]) -> None:
