@@ -331,3 +331,23 @@ def test_a_record_column_is_built_from_its_registry_entry_alone() -> None:
             if isinstance(node, ast.Attribute) and node.attr in fields:
                 found += [f"{path.name}:{node.lineno} .{node.attr}"]
     assert found == []
+
+
+def test_one_case_record_from_the_judge_to_every_output() -> None:
+    """A judged case is written by one function (``store.report.case_json``), called only
+    by its record (``CaseRecord.of``): no other module builds a case's written form."""
+    found = []
+    for path in _modules():
+        if path == PACKAGE / "store" / "report.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "pytest_specperf.store.report":
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name == "case_json"]
+    assert found == []
+    source = (PACKAGE / "store" / "report.py").read_text()
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "case_json"
+    ]
+    assert len(calls) == 1  # in CaseRecord.of
