@@ -179,6 +179,22 @@ def test_one_record_is_written_sent_and_read_back(outcome_of, tmp_path):
     assert back.verdict_reasons == view.reasons and back.key == view.key
 
 
+def test_the_views_words_are_read_from_its_record(outcome_of):
+    """Budgets and diagnosis: what the terminal and Markdown print of a worker's case is
+    read from the record it sent, the same words as of the judged case."""
+    from pytest_specperf.judging.budgets import Budgets, check_budgets
+    from pytest_specperf.reporting.view import diagnosis_lines
+
+    o = outcome_of(factors={"verify": 1.5})
+    limits = Budgets(max_step_ms=1e-3, max_unaccounted_share=1.0, min_active_share=0.99)
+    o = dataclasses.replace(o, budgets=check_budgets(o.run, limits))
+    assert o.bottleneck is not None and len(o.over_budget) == 2  # step, active share
+    view = CaseView.of(o, baseline_file="b.yaml")
+    back = CaseView.from_json(json.loads(json.dumps(view.to_json(), allow_nan=False)))
+    assert back.diagnosis == tuple(diagnosis_lines(o)) and len(back.diagnosis) > 4
+    assert back.over_budget == tuple(b.describe() for b in o.over_budget)
+
+
 def _renamed(view: CaseView, nodeid: str, key: str) -> CaseView:
     data = {**view.record.data, "nodeid": nodeid, "key": key}
     return dataclasses.replace(view, record=CaseRecord.from_json(data))

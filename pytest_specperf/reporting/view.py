@@ -38,21 +38,37 @@ def _numbers(d: Mapping[str, Any]) -> Mapping[str, float]:
 def diagnosis_lines(outcome: CaseOutcome) -> list[str]:
     """The diagnosis of a case in words with numbers: its budgets, where the time went,
     the bottleneck verdict, and per phase whether it worked or waited (pure; the terminal,
-    the ``-rP`` section and the Markdown summary all call it)."""
-    lines = [b.describe() for b in outcome.budgets]
-    if outcome.time_went:
-        lines.append(outcome.time_went)
+    the ``-rP`` section and the Markdown summary all call it, or ``CaseView.diagnosis``)."""
     b = outcome.bottleneck
-    if b is not None:
-        lines.append(f"bottleneck: {b.describe()}")
-        lines += [f"  {line}" for line in b.lines]
+    return _diagnosis(
+        [c.describe() for c in outcome.budgets],
+        outcome.time_went,
+        (b.describe(), list(b.lines)) if b is not None else None,
+    )
+
+
+def _diagnosis(
+    budgets: list[str], time_went: str | None, bottleneck: tuple[str, list[str]] | None
+) -> list[str]:
+    lines = list(budgets)
+    if time_went:
+        lines.append(time_went)
+    if bottleneck is not None:
+        lines.append(f"bottleneck: {bottleneck[0]}")
+        lines += [f"  {line}" for line in bottleneck[1]]
     return lines
+
+
+def _budgets(record: CaseRecord) -> list[Mapping[str, Any]]:
+    found = record.data.get("budgets")
+    return [b for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
 
 
 @dataclass(frozen=True)
 class CaseView:
     """A judged case as the end-of-run reports see it: its record (``CaseRecord``, the
-    case as written) and what the plugin said of it, which the record does not hold."""
+    case as written) and what the plugin said of it, which the record does not hold
+    (the failure lines, the strict check, the baseline file as shown)."""
 
     #: the case as written (``store.report.case_json``): verdict, reasons, metrics,
     #: centers, figures; the views' properties read it, nothing is copied beside it
@@ -63,10 +79,24 @@ class CaseView:
     failure: str = ""
     #: ``--specperf-strict``: why the case does not count as judged (empty: it does)
     unjudged: tuple[str, ...] = ()
-    #: the budgets the run breached, described
-    over_budget: tuple[str, ...] = ()
-    #: the diagnosis in words: where the time went, bottleneck, per phase worked or waited
-    diagnosis: tuple[str, ...] = ()
+
+    @property
+    def over_budget(self) -> tuple[str, ...]:
+        """The budgets the run breached (or could not check), described."""
+        return tuple(str(b.get("describe")) for b in _budgets(self.record) if b.get("failed"))
+
+    @property
+    def diagnosis(self) -> tuple[str, ...]:
+        """The diagnosis in words: budgets, where the time went, the bottleneck, per phase
+        worked or waited (``diagnosis_lines`` of the judged case, read from its record)."""
+        data = self.record.data
+        b = data.get("bottleneck")
+        bottleneck = None
+        if isinstance(b, Mapping):
+            bottleneck = (str(b.get("describe")), [str(x) for x in b.get("lines") or ()])
+        went = data.get("time_went")
+        budgets = [str(x.get("describe")) for x in _budgets(self.record)]
+        return tuple(_diagnosis(budgets, went if isinstance(went, str) else None, bottleneck))
 
     @property
     def nodeid(self) -> str:
@@ -166,8 +196,6 @@ class CaseView:
             baseline_file=baseline_file,
             failure=failure,
             unjudged=unjudged,
-            over_budget=tuple(b.describe() for b in o.over_budget),
-            diagnosis=tuple(diagnosis_lines(o)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -178,8 +206,6 @@ class CaseView:
                 "baseline_file": self.baseline_file,
                 "failure": self.failure,
                 "unjudged": list(self.unjudged),
-                "over_budget": list(self.over_budget),
-                "diagnosis": list(self.diagnosis),
             }
         )
         return out
@@ -193,8 +219,6 @@ class CaseView:
                 baseline_file=str(d["baseline_file"]),
                 failure=str(d["failure"]),
                 unjudged=tuple(str(u) for u in d["unjudged"]),
-                over_budget=tuple(str(b) for b in d.get("over_budget", ())),
-                diagnosis=tuple(str(b) for b in d.get("diagnosis", ())),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"not a case view ({type(e).__name__}: {e})") from None
