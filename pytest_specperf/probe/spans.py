@@ -14,7 +14,8 @@ the phases plus ``unaccounted`` always add up to the step.
 On every ``CPU_EVERY``-th decode step the spans also read the CPU time of the calling
 thread (``thread_time_ns``): wall minus CPU time is time the thread waited inside the phase
 (a sleep, a lock, a blocking device sync that yields); the step also reads the thread's
-run-queue time (waiting for a CPU on a busy machine). With ``kernel_every=N`` every N-th
+run-queue time (waiting for a CPU on a busy machine) and, from the same read, the times
+it got a CPU (each ends a wait). With ``kernel_every=N`` every N-th
 decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
 the device's active time inside each phase.
 
