@@ -28,6 +28,9 @@ class FakeDecoder:
         self.rounds += 1
         return True
 
+    def close(self):
+        pass
+
 
 class FakeClock:
     def __init__(self, t=0.0):
@@ -83,6 +86,43 @@ def test_the_looks_stop_at_the_false_alarm_budgets_count(make_run, undecided, mo
     undecided += [["verify"]] * 20
     more_rounds([decoder], None, clock, _extension(600.0, undecided))
     assert decoder.rounds == MAX_LOOKS == 4
+
+
+def test_an_ab_case_takes_every_look_with_one_process_a_side(make_run, monkeypatch):
+    """With one process a side (``A1 B1 B1 A1``) each look measures two rounds of each
+    side's process: the A/B loop counts looks (its order's entries), not the rounds of
+    B's process, so it asks at looks 1, 2, 3, 4 and stops after ``MAX_LOOKS`` of them."""
+    from pytest_specperf.judging.ab import abba_order, describe_order, next_round
+    from pytest_specperf.judging.significance import MAX_LOOKS
+    from pytest_specperf.run.measure import Side, measure_ab
+
+    clock = FakeClock(1.0)
+    monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
+    decoders: list[FakeDecoder] = []
+
+    def start_side(side, case, progress, **kw):  # a test double: a decoder of one round
+        decoders.append(FakeDecoder(make_run, clock, round_s=0.0))
+        return [decoders[-1]], ""
+
+    monkeypatch.setattr("pytest_specperf.run.measure.start_side", start_side)
+    monkeypatch.setattr(
+        "pytest_specperf.run.measure._ab_runs", lambda ds, case: (None, None)
+    )  # the doubles hold no records
+    asked: list[int] = []
+
+    def undecided(a, b, looks=None):  # None: a loop that does not say its looks
+        asked.append(looks)
+        return ["verify"]
+
+    one = Side((SimpleNamespace(),))  # type: ignore[arg-type]
+    measured = measure_ab(one, one, None, clock, device=None, pids=(),
+                          extension=(600.0, undecided))  # fmt: skip
+    assert asked == [1, 2, 3, 4]
+    first = abba_order(1, 1)
+    looks = [first, next_round(first), first, next_round(first)]
+    assert measured.order == tuple(describe_order(o) for o in looks)
+    assert len(measured.order) == MAX_LOOKS
+    assert [d.rounds for d in decoders] == [2 * MAX_LOOKS, 2 * MAX_LOOKS]
 
 
 def test_no_rounds_without_a_budget(make_run, undecided):

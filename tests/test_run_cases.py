@@ -10,9 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 
+import pytest_specperf.run.cases as cases_module
+from pytest_specperf.judging.ab import abba_order, describe_order
 from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
-from pytest_specperf.run.cases import CaseRefused, CaseRequest, Policy, judge_one
+from pytest_specperf.run.cases import (
+    CaseRefused,
+    CaseRequest,
+    Policy,
+    Reference,
+    judge_ab,
+    judge_one,
+    undecided_ab,
+)
 from pytest_specperf.run.inputs import RunInputs
 from pytest_specperf.store.baselines import BaselineError, load_baselines, write_baselines
 
@@ -89,3 +99,31 @@ def test_a_case_is_judged_at_the_look_of_its_rounds(tmp_path, make_case, make_ru
     run = dataclasses.replace(make_run(), rounds=3)
     judged = judge_one(inputs, REQUEST, server, run, KEY, "b.yaml", NOT_STRICT, None)
     assert judged.case.family == Family()
+
+
+def test_an_ab_case_is_judged_at_its_looks_not_its_processes_rounds(
+    monkeypatch, make_run, reference_fp
+):
+    """With one process a side (order ``A1 B1 B1 A1``) B's process has 2 rounds at the
+    first look: the case is judged at look ``len(order)`` (one entry per look), so the
+    first look gets look 1's level, not look 2's; the extension asks at the same look."""
+    order = describe_order(abba_order(1, 1))
+    server = _server(reference_fp)
+    reference = Reference(_server(reference_fp), "url=http://127.0.0.1:1")
+    extended = dataclasses.replace(REQUEST, looks=MAX_LOOKS)
+    seen: list[Family] = []
+    real = cases_module.more_steps_would_decide
+
+    def spy(case, base):  # a test double around the real function: records the family
+        seen.append(case.family)
+        return real(case, base)
+
+    monkeypatch.setattr(cases_module, "more_steps_would_decide", spy)
+    for looks, rounds in ((1, 2), (2, 4), (3, 6), (4, 8)):
+        b = dataclasses.replace(make_run(), rounds=rounds)
+        a = dataclasses.replace(make_run(seed=1), rounds=rounds)
+        judged = judge_ab(_inputs(), extended, server, b, reference, a, KEY, NOT_STRICT, None,
+                          order=(order,) * looks)  # fmt: skip
+        assert judged.case.family == Family(looks=MAX_LOOKS, look=looks)
+        undecided_ab(_inputs(), extended, server, reference, [])(a, b, looks)
+        assert seen[-1] == Family(looks=MAX_LOOKS, look=looks)

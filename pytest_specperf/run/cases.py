@@ -64,11 +64,11 @@ class CaseRequest:
     tests: int = 1
     looks: int = 1
 
-    def family(self, cases: int, rounds: int = 1) -> Family:
+    def family(self, cases: int, look: int = 1) -> Family:
         """The false-alarm family of a case of this test that has measured ``cases``, at
-        the look of a run of ``rounds`` rounds (the extension's counter: at most
-        ``looks``)."""
-        look = min(max(1, rounds), self.looks)
+        look ``look`` (the extension's looks taken, clamped to ``looks``: a side's rounds
+        per process for one side; an A/B case's entries of its order)."""
+        look = min(max(1, look), self.looks)
         return Family(tests=self.tests, cases=max(1, cases), looks=self.looks, look=look)
 
     def key(self, context_len: int, layout: str, batch_size: int) -> str:
@@ -95,8 +95,9 @@ def _mapping(value: object) -> Mapping[str, Any] | None:
 
 
 def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
-            key: str, cases: int) -> Case:  # fmt: skip
-    """The judge's view of one measured case (``cases``: the test's runs so far)."""
+            key: str, cases: int, look: int | None = None) -> Case:  # fmt: skip
+    """The judge's view of one measured case (``cases``: the test's runs so far; ``look``:
+    the looks taken, by default the run's rounds per process)."""
     return Case(
         nodeid=request.nodeid,
         test=request.test,
@@ -112,7 +113,7 @@ def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: D
         history=inputs.history_of(request.test, key),
         kv_traffic=_mapping(server.server_info.get("kv_read")),
         budgets=request.budgets,
-        family=request.family(cases, run.rounds),
+        family=request.family(cases, run.rounds if look is None else look),
         prior=inputs.prior,
         sitting=inputs.sitting,
     )
@@ -219,8 +220,12 @@ def _target_calls(server: ModelServer) -> Mapping[tuple[str, str], int] | None:
 
 
 def _strict_check(
-    outcome: CaseOutcome, server: ModelServer, policy: Policy, telemetry_note: str | None,
-    *, recording: bool,
+    outcome: CaseOutcome,
+    server: ModelServer,
+    policy: Policy,
+    telemetry_note: str | None,
+    *,
+    recording: bool,
 ) -> tuple[tuple[Unjudged, ...], str | None]:
     """Why ``outcome`` is not judged under ``policy.strict`` (empty otherwise), and the
     telemetry note, updated when this run's telemetry says why it is missing."""
@@ -282,21 +287,22 @@ class Reference:
 
 def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
                 run: DecodeRun, key: str, cases: int,
-                tested: Mapping[str, Any]) -> CaseBaseline:  # fmt: skip
+                tested: Mapping[str, Any], look: int = 1) -> CaseBaseline:  # fmt: skip
     """The reference side's run of a case as the comparison's baseline, stamped with
     this run's sitting (no stamp on disk: an A/B run never writes a baseline), under the
     tested side's fingerprint ``tested``."""
-    case = case_of(inputs, request, reference.server, run, key, cases)
+    case = case_of(inputs, request, reference.server, run, key, cases, look)
     base = as_baseline(case, at=utc_now())
     return reference_baseline(base, inputs.sitting or AB_SITTING, tested)
 
 
 def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
-             key: str, cases: int) -> Case:  # fmt: skip
-    """The tested side's case, of this run's sitting. Its own processes are the evidence
-    of the between-process noise beside the reference side's (``judging.ab.tested_evidence``);
+             key: str, cases: int, look: int) -> Case:  # fmt: skip
+    """The tested side's case, of this run's sitting, judged at look ``look`` (the looks
+    taken, not its processes' rounds). Its own processes are the evidence of the
+    between-process noise beside the reference side's (``judging.ab.tested_evidence``);
     no history runs of other sittings."""
-    case = case_of(inputs, request, server, run, key, cases)
+    case = case_of(inputs, request, server, run, key, cases, look)
     sitting = inputs.sitting or AB_SITTING
     history = tested_evidence(run, fingerprint_hash(case.fingerprint), sitting)
     return dataclasses.replace(case, sitting=sitting, history=history)
@@ -305,13 +311,15 @@ def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
 def undecided_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer,
                  reference: Reference, earlier: list[DecodeRun]) -> UndecidedAB:  # fmt: skip
     """For an A/B case's automatic extension: the metrics the two sides' runs so far
-    leave UNSTABLE that more rounds would decide (pure, as ``undecided``)."""
+    leave UNSTABLE that more rounds would decide at look ``looks`` (the looks taken;
+    pure, as ``undecided``)."""
 
-    def of(a: DecodeRun, b: DecodeRun) -> list[str]:
+    def of(a: DecodeRun, b: DecodeRun, looks: int) -> list[str]:
         key = request.keys([*earlier, b])[-1]
-        base = ab_baseline(inputs, request, reference, a, key, len(earlier), server.fingerprint)
+        base = ab_baseline(inputs, request, reference, a, key, len(earlier), server.fingerprint,
+                           looks)  # fmt: skip
         return more_steps_would_decide(_ab_case(inputs, request, server, b, key,
-                                                len(earlier)), base)  # fmt: skip
+                                                len(earlier), looks), base)  # fmt: skip
 
     return of
 
@@ -322,16 +330,18 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
              order: tuple[str, ...] = ()) -> Judged:  # fmt: skip
     """Judge one A/B case: the tested side's run against the reference side's of the
     same sitting (``judging.ab``); strict as ``judge_one``; never recorded. ``order``: the
-    case's processes as measured, round by round."""
+    case's processes as measured, look by look: the case is judged at look ``len(order)``
+    (a side with fewer processes measures more rounds of a process per look)."""
     if reference_run.injected:
         raise CaseRefused(
             f"specperf: {key}: the A/B reference side ({reference.label}) ran with an injected "
             f"slowdown ({reference_run.injected}): restart it without SPECPERF_INJECT; "
             "--specperf-inject slows the tested side only"
         )
-    case = _ab_case(inputs, request, server, run, key, cases)
+    look = max(1, len(order))
+    case = _ab_case(inputs, request, server, run, key, cases, look)
     base = ab_baseline(inputs, request, reference, reference_run, key, cases,
-                       server.fingerprint)  # fmt: skip
+                       server.fingerprint, look)  # fmt: skip
     outcome = judge_case(case, base, inputs.baseline_path, missing="", record=False)
     differ = engine_differences(reference.server.fingerprint, server.fingerprint)
     notes = (*outcome.notes, *([differ] if differ else []))

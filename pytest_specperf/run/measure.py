@@ -224,8 +224,9 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
 
 
 #: For an A/B case's extension: the metrics left UNSTABLE that more rounds would decide,
-#: from the reference side's run and the tested side's run so far.
-UndecidedAB = Callable[[DecodeRun, DecodeRun], list[str]]
+#: from the reference side's run, the tested side's run so far and the looks taken (a
+#: side with fewer processes measures more than one round of a process per look).
+UndecidedAB = Callable[[DecodeRun, DecodeRun, int], list[str]]
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,9 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
     """An A/B case: the first round of every process of both sides in ``abba_order``
     (a side's process met again measures another round), then, while ``extension``'s
     function names an UNSTABLE metric, the next round fits in its seconds and the case
-    has looks left (``MAX_LOOKS``), further rounds in the mirrored order.
+    has looks left (``MAX_LOOKS``, counted in ``order``'s entries, one per look: a side
+    with fewer processes measures a process twice per look), further rounds in the
+    mirrored order.
     ``MeasurementFailed`` naming the side and server whose measurement broke off."""
     sides = {REFERENCE: a, "B": b}
     active = _Active(b.servers[0])
@@ -290,16 +293,16 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
                 note = n or note
             last, t0 = order, progress.elapsed()
             while extension is not None and extension[0] > 0:
-                metrics = extension[1](*_ab_runs(decoders, case))
-                done = decoders[Slot("B", 0)].measured(case).rounds
-                if not metrics or done >= MAX_LOOKS:
+                looks = len(rounds)  # one entry per look, whatever the processes' rounds
+                metrics = extension[1](*_ab_runs(decoders, case), looks)
+                if not metrics or looks >= MAX_LOOKS:
                     break
                 if progress.elapsed() + t0 > extension[0]:
                     break  # the budget is spent: the verdict says so
                 t1 = time.monotonic()
                 last = next_round(last)
-                where = f"round {done + 1}"
-                text = f"round {done + 1} ({', '.join(metrics)} undecided)"
+                where = f"look {looks + 1}"
+                text = f"look {looks + 1} ({', '.join(metrics)} undecided)"
                 if not _ab_round(last, decoders, case, active, text):
                     break
                 rounds.append(describe_order(last))
