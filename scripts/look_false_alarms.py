@@ -14,7 +14,7 @@ blocks (``stdev(d) / sqrt(B)`` on ``B - 1`` df); the df are Welch-Satterthwaite'
 rows vary the block noise's share of the first look's variance: the docs' modes give
 17-35%; a case the extension would help most has more.
 
-Prints, per share, the rate of runs with any false alarm under the Pocock-type boundary
+Prints, per share, the rate of runs with any false alarm under Pocock's constant boundary
 (the rule), Bonferroni's equal split, and no correction over the looks; then how often a
 single look of one gate crosses a level of its size (the t on Welch-Satterthwaite df
 against its nominal tail).
@@ -89,7 +89,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
     family = Family(tests=CASES, looks=MAX_LOOKS)
     rules = {
-        "Pocock-type": [
+        "Pocock const": [
             dataclasses.replace(family, look=k).gate_alpha(GATES) for k in range(1, MAX_LOOKS + 1)
         ],
         "Bonferroni": [family.case_alpha / GATES / MAX_LOOKS] * MAX_LOOKS,

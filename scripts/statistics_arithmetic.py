@@ -23,6 +23,7 @@ from pytest_specperf.judging.spending import (
     boundary,
     crossing,
     equal_fractions,
+    pocock_boundary,
     z_upper,
 )
 from pytest_specperf.judging.stats import satterthwaite, t_sf
@@ -106,10 +107,12 @@ def smallest_caught(noise: float, df: float, alpha: float, tolerance: float) -> 
 
 def boundary_table(share: float) -> None:
     """Each look's nominal level and normal critical value for a gate's ``share`` of its
-    case spent over ``MAX_LOOKS`` equal rounds: Pocock-type (the rule), O'Brien-Fleming-
-    type, and Bonferroni's equal split, with the t critical value at 12 df."""
+    case spent over ``MAX_LOOKS`` equal rounds: Pocock's constant boundary (the rule), the
+    Pocock-type and O'Brien-Fleming-type spending functions, and Bonferroni's equal split,
+    with the t critical value at 12 df."""
     fractions = equal_fractions(MAX_LOOKS)
     rows = {
+        "Pocock constant": pocock_boundary(share, MAX_LOOKS),
         "Pocock-type": boundary(share, fractions, POCOCK),
         "O'Brien-Fleming-type": boundary(share, fractions, OBRIEN_FLEMING),
     }
@@ -126,11 +129,11 @@ def boundary_table(share: float) -> None:
 def main() -> None:
     family = Family(tests=TESTS, looks=MAX_LOOKS)
     alphas = [replace(family, look=k).gate_alpha(GATES) for k in range(1, MAX_LOOKS + 1)]
-    alpha = min(alphas)  # the strictest look: the bands below hold at every look
+    alpha = min(alphas)  # the strictest look (all equal under the rule): bands at every look
     alpha1 = Family(tests=TESTS, looks=1).gate_alpha(GATES)
     print(
         f"gate level: {', '.join(f'{a:.2e}' for a in alphas)} at the extension's looks 1-"
-        f"{MAX_LOOKS} (Pocock-type spending of {family.case_alpha / GATES:.2e}), "
+        f"{MAX_LOOKS} (Pocock's constant boundary over {family.case_alpha / GATES:.2e}), "
         f"{alpha1:.2e} without"
     )
     boundary_table(family.case_alpha / GATES)
@@ -139,7 +142,7 @@ def main() -> None:
     print(f"  one tail {p:.4f}; any of 21: {1 - (1 - p) ** 21:.1%}")
     print(
         "the new rule: any false alarm in a run <= 5% by construction (Bonferroni over tests, "
-        "Pocock-type spending over looks, Holm over gates)"
+        "Pocock's constant boundary over looks, Holm over gates)"
     )
 
     print(

@@ -82,7 +82,7 @@ def test_no_baseline_file_and_an_unusable_one(make_run, reference_fp):
 
 def test_a_case_is_judged_at_the_look_of_its_rounds(tmp_path, make_case, make_run, reference_fp):
     """With the automatic extension (4 looks) a run of ``r`` rounds is judged at look ``r``
-    of the Pocock-type boundary (the extension's own counter; at most the last look);
+    of Pocock's constant boundary (the extension's own counter; at most the last look);
     without it, one look at the whole share."""
     path = tmp_path / "b.yaml"
     write_baselines(path, {"name": "box"}, [make_case()])

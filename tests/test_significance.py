@@ -31,7 +31,7 @@ from pytest_specperf.judging.significance import (
     holm_levels,
     p_worse,
 )
-from pytest_specperf.judging.spending import look_level, pocock_spending
+from pytest_specperf.judging.spending import look_level, pocock_boundary
 from pytest_specperf.judging.stats import Summary, f_sf, satterthwaite, t_quantile, t_sf
 from pytest_specperf.judging.strict import unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
@@ -88,9 +88,10 @@ def test_satterthwaite_degrees_of_freedom():
 def test_a_run_splits_its_budget_over_tests_cases_looks_and_gates():
     f = Family(tests=7, cases=1, looks=MAX_LOOKS)
     assert f.case_alpha == pytest.approx(0.05 / 7)  # the case's share, over all its looks
-    # the first look's level is the Pocock-type spending function at t = 1/4 itself
-    assert f.gate_alpha(6) == pytest.approx(pocock_spending(0.05 / 42, 0.25))
+    # Pocock's constant boundary: one level at every look, whose crossing is the share
     levels = [dataclasses.replace(f, look=k).gate_alpha(6) for k in range(1, MAX_LOOKS + 1)]
+    assert levels == [levels[0]] * MAX_LOOKS
+    assert pocock_boundary(0.05 / 42, MAX_LOOKS).nominal[0] == levels[0]
     assert all(a > 0.05 / 168 for a in levels)  # every look: more than Bonferroni's quarter
     assert levels == [look_level(0.05 / 42, k, MAX_LOOKS) for k in range(1, MAX_LOOKS + 1)]
     assert Family(tests=7).gate_alpha(6) == pytest.approx(0.05 / 42)  # one look
@@ -151,7 +152,7 @@ def _looks_simulation():
 
 
 def test_the_family_wise_rate_over_the_extensions_looks_stays_under_budget():
-    """1500 simulated quiet runs of 7 cases x 6 gates x 4 looks at the Pocock-type
+    """1500 simulated quiet runs of 7 cases x 6 gates x 4 looks at Pocock's constant
     boundary's levels (Holm at each look), each gate's noise as ``judging.noise`` makes
     it with half the first look's variance from the blocks (``scripts/look_false_alarms.py``):
     the share of runs with any false alarm stays under 5% (within 2 sd of chance; 3.5%
@@ -294,7 +295,7 @@ def test_the_gate_level_follows_the_family():
     assert [m.alpha for m in looks] == pytest.approx(
         [look_level(0.05 / 10, k, 4) for k in range(1, 5)]
     )
-    assert looks[0].alpha == pytest.approx(pocock_spending(0.05 / 10, 0.25))
+    assert looks[0].alpha == pytest.approx(pocock_boundary(0.05 / 10, 4).nominal[0])
     for m in looks:
         assert m.critical > loose.critical
         assert critical(m.alpha, m.df) == pytest.approx(m.critical)

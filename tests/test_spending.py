@@ -17,6 +17,7 @@ from pytest_specperf.judging.spending import (
     equal_fractions,
     look_level,
     obrien_fleming_spending,
+    pocock_boundary,
     pocock_spending,
     upper_tail,
     z_upper,
@@ -134,28 +135,53 @@ def test_a_simulation_of_the_looks_crosses_at_the_spent_level_and_bonferroni_und
 # -- the levels the extension's looks get -----------------------------------------------------
 
 
-def test_pocock_type_gives_every_look_more_than_bonferroni_at_the_gate_level():
-    """At a gate's share in the default suite (1.4e-3 over 4 looks), every Pocock-type
-    look's level exceeds Bonferroni's share (alpha / 4); O'Brien-Fleming-type leaves the
-    first two looks next to nothing (why the plugin spends Pocock-type)."""
-    pocock = [look_level(GATE_SHARE, k, 4) for k in range(1, 5)]
-    assert all(p > GATE_SHARE / 4 for p in pocock)
+def test_pococks_constant_boundary_recovers_the_published_constant():
+    """Pocock (1977), Jennison & Turnbull Table 2.1: K = 4, two-sided 5%: C_P = 2.361,
+    now solved for rather than checked."""
+    b = pocock_boundary(0.05, 4, sides=2)
+    assert b.z == (b.z[0],) * 4
+    assert b.z[0] == pytest.approx(2.361, abs=2e-3)
+    assert b.spent[-1] == pytest.approx(0.05, rel=1e-5)
+
+
+@pytest.mark.parametrize("share", [1e-2, GATE_SHARE, 1e-4, 0.05 / (7 * 16 * 6), 1e-5, 1e-6])
+def test_every_look_gets_at_least_bonferronis_share_at_any_share(share):
+    """The plugin's rule (``look_level``'s default: Pocock's constant boundary) gives every
+    look at least ``a / K`` (Bonferroni's inequality) and spends the share exactly, down to
+    the tiny shares of large suites (7 tests x 16 cases x 6 gates: 7.4e-5), where the
+    Pocock-type spending function's last look falls below ``a / 4`` (0.243 a at 1e-4)."""
+    levels = [look_level(share, k, 4) for k in range(1, 5)]
+    assert all(p >= share / 4 for p in levels)
+    assert levels == [levels[0]] * 4
+    b = pocock_boundary(share, 4)
+    assert crossing(b.z, FOUR) == pytest.approx(share, rel=1e-5)
+    assert b.nominal[0] == levels[0]
+
+
+def test_the_spending_functions_levels_at_the_gate_level():
+    """At a gate's share in the default suite (1.4e-3 over 4 looks), Pocock-type spending
+    gives look 1 its spending function at 1/4 and falls look by look (below a / 4 at
+    tiny shares: why the rule is the constant boundary); O'Brien-Fleming-type leaves the
+    first two looks next to nothing."""
+    pocock = [look_level(GATE_SHARE, k, 4, POCOCK) for k in range(1, 5)]
     assert pocock[0] == pytest.approx(pocock_spending(GATE_SHARE, 0.25))
     assert pocock == sorted(pocock, reverse=True)
+    assert look_level(1e-4, 4, 4, POCOCK) < 1e-4 / 4 <= look_level(1e-4, 4, 4)
     obf = [look_level(GATE_SHARE, k, 4, OBRIEN_FLEMING) for k in range(1, 5)]
     assert obf[0] < 1e-9 and obf[1] < GATE_SHARE / 100 and obf[3] > GATE_SHARE / 4
     assert look_level(0.01, 1, 1) == 0.01  # one look: the level itself
 
 
 def test_fewer_looks_or_more_correlated_ones_spend_less():
-    """The judge reads the 4-look boundary by the looks taken. A run stopped early has
-    spent what its looks spend, the spending function at its fraction; and the looks'
-    real information grows more slowly than the rounds (the process and sitting noise do
-    not shrink with rounds), so they correlate more than the plan assumes: every case
-    spends at most alpha."""
-    b = boundary(GATE_SHARE, FOUR)
-    for k in range(1, 5):
-        assert crossing(b.z[:k], FOUR[:k]) == pytest.approx(b.spent[k - 1], rel=2e-3)
+    """The judge reads the 4-look boundary (the rule's: Pocock's constant) by the looks
+    taken. A run stopped early has spent what its looks spend, rising to the share at
+    look 4; and the looks' real information grows more slowly than the rounds (the
+    process and sitting noise do not shrink with rounds), so they correlate more than
+    the plan assumes: every case spends at most alpha."""
+    b = pocock_boundary(GATE_SHARE, 4)
+    spent = [crossing(b.z[:k], FOUR[:k]) for k in range(1, 5)]
+    assert spent == pytest.approx(list(b.spent), rel=1e-9)
+    assert spent == sorted(spent) and spent[-1] == pytest.approx(GATE_SHARE, rel=1e-5)
     # information 1 / (floor + w^2 / k) with the floor as large as one round's w^2
     info = [1 / (1 + 1 / k) for k in range(1, 5)]
     real = tuple(i / info[-1] for i in info)

@@ -9,14 +9,15 @@ that each case's decision is final when the case ends:
 1. **Over cases (Bonferroni)**: each of the run's ``T`` specperf tests gets ``alpha / T``
    (``T`` is known when collection ends); a test that measures ``c`` cases gives each
    ``alpha / (T c)``.
-2. **Over looks (alpha spending)**: the automatic extension judges a case after each
-   round, at most ``MAX_LOOKS`` times. The looks' statistics are strongly correlated (each
-   look's data include the earlier looks'), so instead of an equal Bonferroni share each
-   look gets the nominal level of a group-sequential boundary (``judging.spending``:
-   Lan-DeMets' Pocock-type spending function ``alpha ln(1 + (e - 1) t)`` at the
-   information fractions ``t = k / MAX_LOOKS`` of equal rounds, fixed in advance). Every
-   look gets more than Bonferroni's ``1 / MAX_LOOKS`` and the case still spends at most
-   its share over all its looks, however many of them the extension takes.
+2. **Over looks (a group-sequential boundary)**: the automatic extension judges a case
+   after each round, at most ``MAX_LOOKS`` times. The looks' statistics are strongly
+   correlated (each look's data include the earlier looks'), so instead of an equal
+   Bonferroni share each look gets the nominal level of Pocock's constant boundary
+   (``judging.spending.pocock_boundary``: the one critical value whose crossing over
+   ``MAX_LOOKS`` equal looks, fixed in advance, is the share). By Bonferroni's inequality
+   every look gets at least ``1 / MAX_LOOKS`` of the share at any share (about 0.31 of it
+   at the default suite's), and the case still spends at most its share over all its
+   looks, however many of them the extension takes.
 3. **Over a case's gates (Holm)**: the ``m`` one-sided p-values of the case at one look,
    sorted, are compared with the look's nominal levels of ``a/m, a/(m-1), ..., a/1``
    (``a`` the case's share, each spent over the looks) in turn; the gates up to the first
@@ -43,16 +44,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_specperf.judging.spending import POCOCK, look_level
+from pytest_specperf.judging.spending import POCOCK_CONSTANT, look_level
 from pytest_specperf.judging.stats import t_quantile, t_sf
 
 #: The chance, per run, that a run with no real change fails somewhere.
 RUN_ALPHA = 0.05
 #: Most looks the automatic extension takes at a case (its first round included).
 MAX_LOOKS = 4
-#: The spending function over the looks (``judging.spending``): Pocock-type spends more
-#: on the early looks, the ones that decide most cases (docs/statistics.md, section 3).
-SPENDING = POCOCK
+#: The boundary over the looks (``judging.spending``): Pocock's constant boundary, the
+#: same level at every look, never below Bonferroni's (docs/statistics.md, section 3).
+LOOK_RULE = POCOCK_CONSTANT
 #: Two phases mirror each other when each takes at least this share of the other's rest.
 MIRROR_SHARE = 0.8
 
@@ -90,7 +91,7 @@ class Family:
     def level(self, alpha: float) -> float:
         """The nominal level, at this look, of a test that spends ``alpha`` over the looks
         (``alpha`` itself with one look)."""
-        return look_level(alpha, self.look, self.looks, SPENDING)
+        return look_level(alpha, self.look, self.looks, LOOK_RULE)
 
     @property
     def look_alpha(self) -> float:
@@ -103,7 +104,7 @@ class Family:
         return self.level(self.case_alpha / max(1, gates))
 
     def describe(self) -> str:
-        looks = f"{self.looks} look(s) (Pocock-type spending)" if self.looks > 1 else "1 look"
+        looks = f"{self.looks} look(s) (Pocock's constant boundary)" if self.looks > 1 else "1 look"
         return (
             f"false alarms <= {self.run_alpha:.0%} per run: {self.tests} test(s) x "
             f"{self.cases} case(s) x {looks}, Holm over each case's gates"
