@@ -155,7 +155,7 @@ def test_the_family_wise_rate_over_the_extensions_looks_stays_under_budget():
     """1500 simulated quiet runs of 7 cases x 6 gates x 4 looks at Pocock's constant
     boundary's levels (Holm at each look), each gate's noise as ``judging.noise`` makes
     it with half the first look's variance from the blocks (``scripts/look_false_alarms.py``):
-    the share of runs with any false alarm stays under 5% (within 2 sd of chance; 3.5%
+    the share of runs with any false alarm stays under 5% (within 2 sd of chance; 3.3%
     with 3000 runs); judging every look at the case's whole share (no correction over
     looks) fails far more often (9.2%)."""
     family = Family(tests=7, looks=MAX_LOOKS)
