@@ -172,6 +172,25 @@ def test_the_spending_functions_levels_at_the_gate_level():
     assert look_level(0.01, 1, 1) == 0.01  # one look: the level itself
 
 
+def test_a_cases_looks_read_one_cached_boundary(monkeypatch):
+    """``look_level`` integrates one boundary per (alpha, looks, rule), not one per look:
+    a case judged at its 4 looks solves its boundary once."""
+    import pytest_specperf.judging.spending as spending
+
+    solved: list[float] = []
+    real = spending.pocock_boundary
+
+    def counting(alpha, looks, **kw):  # a test double around the real solver
+        solved.append(alpha)
+        return real(alpha, looks, **kw)
+
+    monkeypatch.setattr(spending, "pocock_boundary", counting)
+    share = GATE_SHARE * 0.987  # a share no other test has cached
+    levels = [look_level(share, k, 4) for k in range(1, 5)]
+    assert solved == [share]
+    assert levels == list(real(share, 4).nominal)
+
+
 def test_fewer_looks_or_more_correlated_ones_spend_less():
     """The judge reads the 4-look boundary (the rule's: Pocock's constant) by the looks
     taken. A run stopped early has spent what its looks spend, rising to the share at

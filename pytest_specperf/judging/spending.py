@@ -268,8 +268,11 @@ def pocock_boundary(alpha: float, looks: int, *, sides: int = 1) -> Boundary:
     fractions = equal_fractions(looks)
     _check(alpha, fractions, sides)
 
+    seen: dict[float, list[float]] = {}  # the cumulative crossings of each c tried
+
     def excess(c: float) -> float:
-        return math.log(crossing([c] * looks, fractions, sides=sides) / alpha)
+        seen[c] = crossings([c] * looks, fractions, sides=sides)
+        return math.log(seen[c][-1] / alpha)
 
     lo, hi = z_upper(alpha / sides), z_upper(alpha / (sides * looks))
     c = lo
@@ -290,19 +293,29 @@ def pocock_boundary(alpha: float, looks: int, *, sides: int = 1) -> Boundary:
                 f_lo = f_lo / 2.0 if side == 1 else f_lo
                 side = 1
     z = (c,) * looks
-    return Boundary(alpha, fractions, z, tuple(crossings(z, fractions, sides=sides)), sides)
+    spent = seen[c] if c in seen else crossings(z, fractions, sides=sides)
+    return Boundary(alpha, fractions, z, tuple(spent), sides)
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=1024)
+def look_levels(alpha: float, looks: int, rule: str = POCOCK_CONSTANT) -> tuple[float, ...]:
+    """Every look's one-sided nominal level of at most ``looks`` equal rounds that
+    together spend ``alpha`` by ``rule``: ``POCOCK_CONSTANT`` (the plugin's) or a spending
+    function (``POCOCK``, ``OBRIEN_FLEMING``). One boundary per ``(alpha, looks, rule)``,
+    cached: a case's looks read the same one."""
+    if looks < 1:
+        raise ValueError(f"looks must be at least 1, got {looks!r}")
+    if looks == 1:
+        return (alpha,)
+    if rule == POCOCK_CONSTANT:
+        return pocock_boundary(alpha, looks).nominal
+    return boundary(alpha, equal_fractions(looks), rule).nominal
+
+
 def look_level(alpha: float, look: int, looks: int, rule: str = POCOCK_CONSTANT) -> float:
     """The one-sided nominal level of look ``look`` of at most ``looks`` equal rounds
-    that together spend ``alpha`` (``alpha`` itself for a single look) by ``rule``:
-    ``POCOCK_CONSTANT`` (the plugin's) or a spending function (``POCOCK``,
-    ``OBRIEN_FLEMING``)."""
+    that together spend ``alpha`` (``alpha`` itself for a single look) by ``rule``
+    (``look_levels``)."""
     if not 1 <= look <= looks:
         raise ValueError(f"look must be from 1 to {looks}, got {look!r}")
-    if looks == 1:
-        return alpha
-    if rule == POCOCK_CONSTANT:
-        return pocock_boundary(alpha, looks).nominal[look - 1]
-    return boundary(alpha, equal_fractions(looks), rule).nominal[look - 1]
+    return look_levels(alpha, looks, rule)[look - 1]
