@@ -21,6 +21,7 @@ a judged run inherits whatever its own noise), then the counts per K and toleran
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from collections import defaultdict
@@ -28,18 +29,29 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_specperf.cli.calibrate import expected_metric
-from pytest_specperf.judging.baseline_schema import make_run
+from pytest_specperf.judging.baselines import make_run
 from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
 from pytest_specperf.store.baselines import load_baselines
 
 Run = Mapping[str, Summary]
-#: condition -> repetition -> test and case key -> (its run's summaries, the gates it was judged on)
-Table = dict[str, dict[int, dict[str, tuple[Run, list[str]]]]]
+#: condition -> repetition -> test and case key -> (its run's summaries, the gates it was
+#: judged on, the look it was judged at)
+Table = dict[str, dict[int, dict[str, tuple[Run, list[str], int]]]]
 PAIRS = ((0.03, 0.10), (0.04, 0.10), (0.05, 0.15), (0.07, 0.25))
 FORMS = ("verify/rest", "draft/rest", "step/ref")
 Values = dict[str, dict[int, Mapping[str, float]]]
+
+
+def look_of(case: Mapping[str, object]) -> int:
+    """The look a reported case was judged at: its first run's rounds (the automatic
+    extension's counter), clamped to ``MAX_LOOKS``; 1 when the report lacks them."""
+    runs = case.get("runs")
+    first = runs[0] if isinstance(runs, list) and runs else None
+    r = first.get("rounds") if isinstance(first, Mapping) else None
+    rounds = r if isinstance(r, int) and not isinstance(r, bool) else 1
+    return min(max(1, rounds), MAX_LOOKS)
 
 
 def read_runs(work_dir: Path) -> tuple[Table, Values, dict[str, str]]:
@@ -56,7 +68,7 @@ def read_runs(work_dir: Path) -> tuple[Table, Values, dict[str, str]]:
             name = f"{c['test'].rsplit('::', 1)[-1]} {c['key']}"
             summaries = make_run("", None, r["values"], r["blocks"]).summaries(r["steps"])
             gates = [m["metric"] for m in c["metrics"]]
-            runs[cond].setdefault(rep, {})[name] = (summaries, gates)
+            runs[cond].setdefault(rep, {})[name] = (summaries, gates, look_of(c))
             if cond == "A_A":
                 values[name][rep] = r["values"]
             inject = (c.get("labels") or {}).get("inject")
@@ -70,8 +82,10 @@ def offsets(work_dir: Path, aa: Values) -> None:
     bf = load_baselines(path)
     assert bf is not None
     print("recorded baseline against the quiet A/A runs (one process each)")
-    print(f"{'case':51} {'form':12} {'baseline runs':26} {'A/A median':>10} {'A/A sd':>7} "
-          f"{'offset':>7}")
+    print(
+        f"{'case':51} {'form':12} {'baseline runs':26} {'A/A median':>10} {'A/A sd':>7} "
+        f"{'offset':>7}"
+    )
     for cb in sorted(bf.all_cases(), key=lambda c: (c.test, c.key)):
         name = f"{cb.test.rsplit('::', 1)[-1]} {cb.key}"
         if name not in aa:
@@ -82,9 +96,11 @@ def offsets(work_dir: Path, aa: Values) -> None:
             if not base or len(now) < 2:
                 continue
             mid = statistics.median(now)
-            print(f"{name:51} {form:12} {' '.join(f'{x:.4f}' for x in base):26} "
-                  f"{mid:10.4f} {statistics.stdev(now) / mid:7.2%} "
-                  f"{statistics.mean(base) / mid - 1:+7.2%}")
+            print(
+                f"{name:51} {form:12} {' '.join(f'{x:.4f}' for x in base):26} "
+                f"{mid:10.4f} {statistics.stdev(now) / mid:7.2%} "
+                f"{statistics.mean(base) / mid - 1:+7.2%}"
+            )
 
 
 def judge(
@@ -99,13 +115,14 @@ def judge(
         if rep < k:
             continue
         verdicts: list[tuple[str, Verdict]] = []
-        # the plugin's budget: the run's cases as its tests, the extension's looks, each
-        # case's gates; every A/A run of the inline baseline is a sitting of its own
+        # the plugin's budget: the run's cases as its tests, the extension's looks (each
+        # case at the look its rounds reached), each case's gates; every A/A run of the
+        # inline baseline is a sitting of its own
         family = Family(tests=max(1, len(cases)), looks=MAX_LOOKS)
-        for key, (now, gates) in cases.items():
+        for key, (now, gates, look) in cases.items():
             base = tuple(aa[i][key][0] for i in first)
             sittings = tuple(f"A/A rep {i}" for i in first)
-            alpha = family.gate_alpha(len(gates))
+            alpha = dataclasses.replace(family, look=look).gate_alpha(len(gates))
             for m in gates:
                 mv = judge_runs(m, Runs(base, (now,), base_sittings=sittings), tol, alpha=alpha)
                 if mv is not None:
@@ -118,8 +135,9 @@ def judge(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("work_dir", type=Path)
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 8])
     args = ap.parse_args()
