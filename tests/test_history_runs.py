@@ -52,6 +52,29 @@ def test_runs_are_read_and_unusable_ones_skipped_with_the_reason(tmp_path, make_
     assert "history: 3 run(s) of 1 case(s)" in history.describe("nightly")
 
 
+def test_a_count_metric_is_range_checked_as_a_count_not_as_tokens(tmp_path, make_run,
+                                                                   reference_fp):  # fmt: skip
+    """``runq.slices`` counts CPU timeslices per step (unit ``1/step``): a case averaging
+    2e4 of them is a measurement, not a token count out of range; 1e12 is not one."""
+    from pytest_specperf.judging.metrics import ACCEPT_LEN, RUNQ_SLICES
+    from pytest_specperf.store.baseline_schema import range_kind
+
+    assert range_kind(RUNQ_SLICES) == "count" and range_kind(ACCEPT_LEN) == "length"
+    for name, slices in (("busy.json", 2e4), ("absurd.json", 1e12)):
+        run = run_record_json(make_run(seed=1))
+        run["values"][RUNQ_SLICES] = slices
+        _report(tmp_path / name, [make_run(seed=1)], fp=reference_fp)
+        data = json.loads((tmp_path / name).read_text())
+        data["cases"][0]["runs"] = [run]
+        (tmp_path / name).write_text(json.dumps(data))
+    history = load_history(tmp_path)
+    assert [r.source.split(" ")[0] for r in history.of(TEST, KEY)] == ["busy.json"]
+    skipped = " | ".join(history.skipped)
+    assert "busy.json" not in skipped
+    assert "absurd.json" in skipped and "physical range of a count" in skipped
+    assert "tokens" not in skipped
+
+
 def test_only_the_newest_reports_are_read(tmp_path, make_run, reference_fp):
     for i in range(5):
         path = tmp_path / f"night{i}.json"
