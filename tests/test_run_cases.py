@@ -127,3 +127,23 @@ def test_an_ab_case_is_judged_at_its_looks_not_its_processes_rounds(
         assert judged.case.family == Family(looks=MAX_LOOKS, look=looks)
         undecided_ab(_inputs(), extended, server, reference, [])(a, b, looks)
         assert seen[-1] == Family(looks=MAX_LOOKS, look=looks)
+
+
+def test_a_case_with_a_non_finite_step_median_is_named_when_it_cannot_be_reported(
+    make_run, reference_fp
+):
+    """``CaseRecord.of`` (every report of a judged case) refuses a step median that JSON
+    cannot hold, naming the case, not with a bare ``float()`` error."""
+    from pytest_specperf.judging.metrics import STEP
+    from pytest_specperf.store.report import CaseRecord
+
+    judged = judge_one(_inputs(), REQUEST, _server(reference_fp), make_run(), KEY, "b.yaml",
+                       NOT_STRICT, None)  # fmt: skip
+    run = judged.outcome.run
+    step = dataclasses.replace(run.summaries[STEP], median=float("nan"))
+    broken = dataclasses.replace(run, summaries={**run.summaries, STEP: step})
+    outcome = dataclasses.replace(judged.outcome, run=broken)
+    with pytest.raises(ValueError, match=rf"{TEST} \[{KEY}\]: the case cannot be reported: "
+                       "step_ms.median"):  # fmt: skip
+        CaseRecord.of(outcome)
+    assert CaseRecord.of(judged.outcome).step_median_ms == run.summaries[STEP].median

@@ -166,16 +166,18 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
         if judged.to_record is not None:
             sess.to_record.append(judged.to_record)
             sess.notes += [judged.record_note] if judged.record_note else []
-        item.user_properties.extend(junit_properties(outcome, shown, problems))
-        sess.outcomes.append(outcome)
-        sess.cases.append(
-            CaseView.of(
+        try:  # before the case counts anywhere: every report reads its record
+            view = CaseView.of(
                 outcome,
                 baseline_file=shown,
                 failure="\n\n".join(lines),
                 unjudged=tuple(p.label for p in problems),
             )
-        )
+        except ValueError as e:  # names the case (a non-finite step median)
+            raise pytest.fail(f"specperf: {e}", pytrace=False) from None
+        item.user_properties.extend(junit_properties(outcome, shown, problems))
+        sess.outcomes.append(outcome)
+        sess.cases.append(view)
         failures += lines
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)

@@ -325,8 +325,12 @@ class CaseRecord:
 
     @classmethod
     def of(cls, o: CaseOutcome) -> CaseRecord:
-        """The record of a case judged in this process (strict JSON, as written)."""
-        return cls.from_json(strict(case_json(o)))
+        """The record of a case judged in this process (strict JSON, as written);
+        ``ValueError`` naming the case when it cannot be one (a non-finite step median)."""
+        try:
+            return cls.from_json(strict(case_json(o)))
+        except ValueError as e:
+            raise ValueError(f"{o.test} [{o.key}]: the case cannot be reported: {e}") from None
 
     @classmethod
     def from_json(cls, c: Any) -> CaseRecord:
@@ -336,7 +340,10 @@ class CaseRecord:
         try:
             verdict = Verdict(c.get("verdict"))
             metrics = tuple(MetricVerdict.from_json(m) for m in c.get("metrics") or ())
-            step = float((c.get("step_ms") or {})["median"])
+            median = (c.get("step_ms") or {})["median"]
+            step = math.nan if median is None else float(median)  # None: a NaN, made strict
+            if not math.isfinite(step):
+                raise ValueError(f"step_ms.median must be a finite number, got {median!r}")
         except (ValueError, TypeError, AttributeError, KeyError) as e:
             raise ValueError(str(e)) from None
         if not isinstance(c.get("test"), str) or not isinstance(c.get("key"), str):
