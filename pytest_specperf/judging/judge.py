@@ -312,7 +312,9 @@ def compare(
     ``base`` is the latest baseline run, ``base_runs`` all of them (oldest first; default:
     ``base`` alone); ``run`` is judged with its siblings (one run per server process), in
     the sitting ``sitting``. The case spends ``family.case_alpha``: each of its ``m``
-    gates is judged at ``alpha / m``, then Holm's step-down (``significance``).
+    gates is judged at ``alpha / m``, then Holm's step-down (``significance``). A gate
+    whose runs are identical block by block within each side is exact (zero noise, no
+    prior: ``noise.exact_sides``), and the reasons say so.
     ``tokens_per_s`` beside ``step`` with a fixed accept length is the step's test again:
     not judged twice."""
     runs = Runs(
@@ -343,6 +345,12 @@ def compare(
     judged = _holm(judged, family.case_alpha)
     judged = downgrade_disturbed(judged, runs_disturbance(runs))
     judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
+    reasons += [
+        f"{m.metric} {m.exact_reason}: deterministic on this engine, judged with zero noise "
+        "(no device prior; docs/statistics.md)"
+        for m in judged
+        if m.exact_runs
+    ]
     if missing:
         reasons.insert(0, f"gated metric(s) {', '.join(missing)} missing in the baseline")
     return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), tuple(reasons))
