@@ -293,6 +293,16 @@ def _untie_mirrors(
     return out
 
 
+def exact_reasons(judged: Sequence[MetricVerdict]) -> list[str]:
+    """A line per exact gate (``noise.exact_sides``): why it was judged with no noise."""
+    return [
+        f"{m.metric} {m.exact_reason}: deterministic on this engine, judged with zero noise "
+        "(no device prior; docs/statistics.md)"
+        for m in judged
+        if m.exact_runs
+    ]
+
+
 def compare(
     base: Mapping[str, Summary],
     run: DecodeRun,
@@ -345,12 +355,7 @@ def compare(
     judged = _holm(judged, family.case_alpha)
     judged = downgrade_disturbed(judged, runs_disturbance(runs))
     judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
-    reasons += [
-        f"{m.metric} {m.exact_reason}: deterministic on this engine, judged with zero noise "
-        "(no device prior; docs/statistics.md)"
-        for m in judged
-        if m.exact_runs
-    ]
+    reasons += exact_reasons(judged)
     if missing:
         reasons.insert(0, f"gated metric(s) {', '.join(missing)} missing in the baseline")
     return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), tuple(reasons))

@@ -520,8 +520,9 @@ def relative_noise(
         a, b, runs = exact
         change = statistics.fmean(math.log(y) - math.log(x) for x, y in zip(a, b))
         rounds = min(len(r.blocks) for r in now) // period
-        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, len(history), 0.0, runs,
-                     0.0, coef, None, 1, math.inf, math.inf, math.inf, change, runs)  # fmt: skip
+        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, len(history), 0.0,
+                     k + len(history), 0.0, coef, None, 1, math.inf, math.inf, math.inf, change,
+                     runs)  # fmt: skip
     lv = _levels(base, history, period, prior)
     level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
 
