@@ -57,7 +57,7 @@ from pytest_specperf.judging.significance import (
     holm_levels,
     p_worse,
 )
-from pytest_specperf.judging.stats import Summary, f_sf
+from pytest_specperf.judging.stats import Summary, f_sf, stable
 from pytest_specperf.judging.verdict import (
     QUIET_SCATTER,
     CaseVerdict,
@@ -212,7 +212,9 @@ def default_gates(base: Mapping[str, Summary], run: DecodeRun, speculative: bool
 
 def fixed_accept(base: Mapping[str, Summary], run: DecodeRun) -> bool:
     """Whether the accept length is the same, block by block, in the latest baseline run
-    and every current run (greedy tokens): ``tokens_per_s`` is then the step's test again."""
+    and every current run (greedy tokens): ``tokens_per_s`` is then the step's test again.
+    The same at the store's precision (``stats.stable``, 6 significant digits): a stored
+    run's 2.66667 is this run's 8/3."""
     b = base.get(ACCEPT_LEN)
     if b is None or not b.blocks:
         return False
@@ -221,7 +223,7 @@ def fixed_accept(base: Mapping[str, Summary], run: DecodeRun) -> bool:
         if n is None or len(n.blocks) % len(b.blocks):
             return False
         k = len(b.blocks)
-        if any(abs(x - b.blocks[i % k]) > 1e-9 * max(1.0, abs(x)) for i, x in enumerate(n.blocks)):
+        if any(stable(x) != stable(b.blocks[i % k]) for i, x in enumerate(n.blocks)):
             return False
     return True
 
