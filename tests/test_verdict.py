@@ -19,7 +19,7 @@ from pytest_specperf.judging.verdict import (
     paired_noise,
 )
 
-#: A gate's level in a run of the default suite: 7 tests, 4 looks, 6 gates a case.
+#: A gate's level in a run of the default suite: 7 tests, 6 gates a case, the first of 4 looks.
 RUN_GATE_ALPHA = Family(tests=7, looks=4).gate_alpha(6)
 
 # Per-step verify times (ms) of 4 blocks x 4 steps, as recorded on the 2-core CPU box.
