@@ -450,6 +450,8 @@ def test_what_an_exact_comparison_needs():
     assert exact_sides([a, a], [a], history=[a]) is not None
     assert exact_sides([a, a], [b, b], history=[b, b]) is not None
     assert exact_sides([a, a], [a], history=[b]) is None
+    other_blocks = RunBlocks(1.0, ACCEPT[:5])  # another step count: says nothing of these
+    assert exact_sides([a, a], [a], history=[other_blocks]) == exact_sides([a, a], [a])
     assert relative_noise([a, a], [a], prior=PHASE, history=[b]).total > 0
 
 

@@ -457,10 +457,11 @@ def exact_sides(
     """The two sides' blocks, and the runs behind them, when the data show no spread at
     any level: every baseline run's blocks identical (as stored: ``stats.stable``) to the
     others', every current run's (each of its rounds) to the others', and every history
-    run's to one side's; at least ``MIN_PAIRED_BLOCKS`` blocks; and either both sides the
-    same (A/A: the baseline's runs and this run's, two at least) or each side at least two
-    server processes (a difference between sides repeated in each). None otherwise: the
-    metric is not shown deterministic, and the levels and the prior apply.
+    run's of these blocks to one side's; at least ``MIN_PAIRED_BLOCKS`` blocks; and either
+    both sides the same (A/A: the baseline's runs and this run's, two at least) or each
+    side at least two server processes (a difference between sides repeated in each).
+    None otherwise: the metric is not shown deterministic, and the levels and the prior
+    apply.
 
     A continuous noisy quantity essentially never qualifies: two block means agree to 6
     significant digits with a chance of about ``1e-5 / spread`` each, and this asks it of
@@ -483,9 +484,11 @@ def exact_sides(
         return None
     if len(base) + len(now) < 2:
         return None
-    if any(_stored_rounds(h.blocks, period) not in (a, b) for h in history):
+    # history runs of other blocks say nothing of these (the levels leave them out too)
+    hist = [h for h in history if log_rows(h.blocks, period) is not None]
+    if any(_stored_rounds(h.blocks, period) not in (a, b) for h in hist):
         return None
-    return a, b, len(base) + len(now) + len(history)
+    return a, b, len(base) + len(now) + len(hist)
 
 
 def _unpaired_within(base: RunBlocks, now: RunBlocks) -> float:
@@ -520,9 +523,9 @@ def relative_noise(
         a, b, runs = exact
         change = statistics.fmean(math.log(y) - math.log(x) for x, y in zip(a, b))
         rounds = min(len(r.blocks) for r in now) // period
-        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, len(history), 0.0,
-                     k + len(history), 0.0, coef, None, 1, math.inf, math.inf, math.inf, change,
-                     runs)  # fmt: skip
+        hist = runs - k - n
+        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, hist, 0.0, k + hist, 0.0,
+                     coef, None, 1, math.inf, math.inf, math.inf, change, runs)  # fmt: skip
     lv = _levels(base, history, period, prior)
     level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
 
