@@ -298,8 +298,9 @@ def _untie_mirrors(
     return out
 
 
-def exact_reasons(judged: Sequence[MetricVerdict]) -> list[str]:
-    """A line per exact gate (``noise.exact_sides``): why it was judged with no noise."""
+def exact_notes(judged: Sequence[MetricVerdict]) -> list[str]:
+    """A note per exact gate (``noise.exact_sides``): why it was judged with no noise (a
+    note, not a reason: it explains no undecided verdict)."""
     return [
         f"{m.metric} {m.exact_reason}: deterministic on this engine, judged with zero noise "
         "(no device prior; docs/statistics.md)"
@@ -329,8 +330,8 @@ def compare(
     the sitting ``sitting``. The case spends ``family.case_alpha`` over its looks: each
     of its ``m`` gates is judged at this look's level of ``alpha / m``, then Holm's
     step-down (``significance``). A gate whose runs are identical block by block within
-    each side is exact (zero noise, no prior: ``noise.exact_sides``), and the reasons say
-    so.
+    each side is exact (zero noise, no prior: ``noise.exact_sides``; ``judge_case`` notes
+    it).
     ``tokens_per_s`` beside ``step`` with a fixed accept length is the step's test again:
     not judged twice."""
     runs = Runs(
@@ -361,7 +362,6 @@ def compare(
     judged = _holm(judged, family.case_alpha, family.level)
     judged = downgrade_disturbed(judged, runs_disturbance(runs))
     judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
-    reasons += exact_reasons(judged)
     if missing:
         reasons.insert(0, f"gated metric(s) {', '.join(missing)} missing in the baseline")
     return CaseVerdict(combine([m.verdict for m in judged]), tuple(judged), tuple(reasons))
@@ -448,7 +448,10 @@ def judge_case(
         baseline_path=baseline_path,
         fingerprint=case.fingerprint,
         recorded=record,
-        notes=tuple(f"cross-check: {line}" for line in run.cross_check),
+        notes=(
+            *(f"cross-check: {line}" for line in run.cross_check),
+            *exact_notes(verdict.metrics),
+        ),
         bottleneck=diagnose(
             run,
             kv_bytes_per_token=case.kv_bytes_per_token,
