@@ -108,7 +108,9 @@ def number(v: Any, field: str) -> float:
 #: readings may be half a nanosecond, so the floor is lower), a ratio of two times
 #: (``verify/rest``, ``step/ref``), a share (0..1, with room for rounding and overlap), a
 #: percentage, accepted tokens per step (a draft block holds at most a few thousand), a
-#: token rate. Outside it a value is not a measurement (``1e308``, ``1e-300``): INVALID.
+#: count of events per step (``runq.slices``: CPU timeslices, tens of thousands in a long
+#: step on a busy box), a token rate. Outside it a value is not a measurement
+#: (``1e308``, ``1e-300``): INVALID.
 RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType(
     {
         "time": (1e-9, 3.6e6, "ms"),
@@ -116,6 +118,7 @@ RANGES: Mapping[str, tuple[float, float, str]] = MappingProxyType(
         "share": (1e-9, 10.0, ""),
         "percent": (1e-9, 1000.0, "%"),
         "length": (1e-6, 1e4, "tokens"),
+        "count": (1e-9, 1e9, "per step"),
         "rate": (1e-6, 1e9, "tokens/s"),
         "other": (1e-12, 1e12, ""),
     }
@@ -136,7 +139,9 @@ def range_kind(metric: str) -> str:
         return "time"
     if s.kind is MetricKind.UTILIZATION:
         return "share" if s.to_percent != 1.0 else "percent"
-    return {MetricKind.COUNT: "length", MetricKind.RATE: "rate"}.get(s.kind, "other")
+    if s.kind is MetricKind.COUNT:  # tokens per step, or events per step (the unit says)
+        return "length" if s.unit.startswith("tok") else "count"
+    return {MetricKind.RATE: "rate"}.get(s.kind, "other")
 
 
 def _bound(metric: str, x: float, field: str) -> None:
