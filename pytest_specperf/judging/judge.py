@@ -149,6 +149,8 @@ class CaseOutcome:
     reference: str | None = None
     #: an A/B case's order of server processes, round by round (``A1 B1 B2 A2``)
     ab_order: tuple[str, ...] = ()
+    #: the share of the run's false-alarm budget the case was judged at (``Case.family``)
+    family: Family = LONE
 
     @property
     def over_budget(self) -> tuple[BudgetCheck, ...]:
@@ -461,6 +463,7 @@ def judge_case(
         gates=case.gates,
         tolerances=case.tolerances,
         budgets=check_budgets(run, case.budgets),
+        family=case.family,
     )
     went = time_went(run, outcome.base_centers, outcome.now_centers)
     return replace(outcome, time_went=went) if went else outcome

@@ -219,6 +219,29 @@ def run_record_json(run: DecodeRun) -> dict[str, Any]:
     }
 
 
+def sibling_json(run: DecodeRun) -> dict[str, Any]:
+    """Another server process's run of a case (``--specperf-processes``): its steps as the
+    case's own are written (``samples``, ``records``) and what its decoder measured besides,
+    so that ``store.rebuild`` rebuilds every process's run, not the first one's alone."""
+    return {
+        "samples": _samples_json(run),
+        "records": [r.to_json() for r in run.records],
+        "kv_fragmentation": run.fragmentation,
+        "wall_s": round(run.wall_s, 3),
+        "warmup_steps": run.warmup_steps,
+        "cross_check": list(run.cross_check),
+        "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,
+    }
+
+
+def family_json(o: CaseOutcome) -> dict[str, Any]:
+    """The share of the run's false-alarm budget the case was judged at: its run's specperf
+    tests, its test's cases, the looks and the look (``judging.significance.Family``)."""
+    f = o.family
+    return {"run_alpha": f.run_alpha, "tests": f.tests, "cases": f.cases, "looks": f.looks,
+            "look": f.look}  # fmt: skip
+
+
 def case_json(o: CaseOutcome) -> dict[str, Any]:
     """One case of the report."""
     run = o.run
@@ -271,6 +294,10 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         # (``store.rebuild``) gets every measured field back, run-queue and CPU time included
         "records": [r.to_json() for r in run.records],
         "runs": [run_record_json(r) for r in run.processes],
+        # the other server processes' runs, step by step (the first one's is the case's own
+        # samples and records): ``specperf compare`` judges all of them, as the gate did
+        "siblings": [sibling_json(r) for r in run.siblings],
+        "family": family_json(o),
         "ab": _ab_json(o),
         **_device_json(run),
     }
