@@ -18,6 +18,7 @@ import pytest
 from pytest_specperf.cli import compare
 from pytest_specperf.judging.judge import Case, as_baseline, judge_case
 from pytest_specperf.judging.metrics import RUNQ_SHARE, STEP, cpu_form
+from pytest_specperf.judging.noise import DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import build_run
 from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
@@ -251,9 +252,14 @@ def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run,
     gives every gate's verdict, change and noise the gate gave (an older report, which
     saved the first process's steps only, is re-judged from it and says so)."""
     fam = Family(tests=3, cases=1, looks=4, look=2)
+    # a measured device prior (a step sitting variance known exactly: an infinite df)
+    prior = DevicePrior(LevelPrior(0.02, 3.0, 0.03, 5.0), LevelPrior(0.04, 4.0, 0.05, math.inf),
+                        "a calibration of the test box", provisional=False)  # fmt: skip
     base = dataclasses.replace(_case(_processes(make_run, 3, 0), reference_fp), family=fam)
     now = dataclasses.replace(
-        _case(_processes(make_run, 2, 5, factors={"verify": 1.15}), reference_fp), family=fam
+        _case(_processes(make_run, 2, 5, factors={"verify": 1.15}), reference_fp),
+        family=fam,
+        prior=prior,
     )
     a, b = _write(tmp_path / "a.json", base), _write(tmp_path / "b.json", now)
     gate = judge_case(now, as_baseline(base, at=utc_now()), a)
@@ -262,7 +268,8 @@ def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run,
     for r, m in zip(rebuilt.processes, now.run.processes, strict=True):
         assert r.summaries[STEP] == m.summaries[STEP] and r.blocks == m.blocks
     [got] = compare.compare_runs(read_report(a), read_report(b))
-    assert got.family == fam and got.verdict.verdict is gate.verdict.verdict
+    assert got.family == fam and got.prior == prior
+    assert got.verdict.verdict is gate.verdict.verdict
     assert got.verdict.culprit == gate.verdict.culprit
     assert len(gate.verdict.metrics) > 3  # the default gates: step, phases, accept_len, ...
     assert (got.verdict.metrics[0].metric, got.verdict.metrics[0].base_runs,
@@ -277,7 +284,7 @@ def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run,
                 m.metric, name)  # fmt: skip
     # a report from before the other processes' steps were saved
     older = json.loads(b.read_text())
-    del older["cases"][0]["siblings"], older["cases"][0]["family"]
+    del older["cases"][0]["siblings"], older["cases"][0]["family"], older["cases"][0]["prior"]
     (tmp_path / "old.json").write_text(json.dumps(older))
     old = read_report(tmp_path / "old.json")
     [o] = compare.compare_runs(read_report(a), old)

@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from pytest_specperf import plain_text
 from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
 from pytest_specperf.judging.significance import LONE, Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
@@ -30,7 +31,7 @@ from pytest_specperf.server.protocol import is_speculative
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, ToleranceSpec
 from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import first_process_only, run_from_case
-from pytest_specperf.store.report import CaseRecord, Report, ReportError, read_report
+from pytest_specperf.store.report import CaseRecord, Report, ReportError, prior_of, read_report
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -94,6 +95,7 @@ def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
         gates=tuple(str(g) for g in gates) if isinstance(gates, list) and gates else None,
         speculative=is_speculative(c.fingerprint),
         family=family_of(c),
+        prior=prior_of(c.data) or PROVISIONAL_PRIOR,
     )
 
 

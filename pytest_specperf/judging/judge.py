@@ -151,6 +151,8 @@ class CaseOutcome:
     ab_order: tuple[str, ...] = ()
     #: the share of the run's false-alarm budget the case was judged at (``Case.family``)
     family: Family = LONE
+    #: the device's level priors the case was judged with (``Case.prior``)
+    prior: DevicePrior = PROVISIONAL_PRIOR
 
     @property
     def over_budget(self) -> tuple[BudgetCheck, ...]:
@@ -464,6 +466,7 @@ def judge_case(
         tolerances=case.tolerances,
         budgets=check_budgets(run, case.budgets),
         family=case.family,
+        prior=case.prior,
     )
     went = time_went(run, outcome.base_centers, outcome.now_centers)
     return replace(outcome, time_went=went) if went else outcome
