@@ -295,3 +295,19 @@ def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run,
             "first one's: it is re-judged from that process alone") in lines  # fmt: skip
     assert not any(line.startswith("note:") for line in compare.compare_lines(
         read_report(a), read_report(b), [got]))  # fmt: skip
+
+
+def test_a_benchmark_case_keeps_every_process_without_its_records(tmp_path, make_run, reference_fp):
+    """A pytest-benchmark result carries each process's samples, not its records: the
+    case is rebuilt with both processes from them."""
+    from pytest_specperf.reporting.benchmark import history_case
+    from pytest_specperf.store.report import CaseRecord
+
+    now = _case(_processes(make_run, 2, 5), reference_fp)
+    record = CaseRecord.of(judge_case(now, None, Path("b.yaml")))
+    carried = history_case(record)
+    assert "records" not in carried and "records" not in carried["siblings"][0]
+    rebuilt = run_from_case(tmp_path / "bench.json", CaseRecord.from_json(carried))
+    assert len(rebuilt.processes) == 2
+    for r, m in zip(rebuilt.processes, now.run.processes, strict=True):
+        assert r.summaries[STEP] == m.summaries[STEP] and r.server_pid == m.server_pid
