@@ -18,7 +18,9 @@ import pytest
 from pytest_specperf.cli import compare
 from pytest_specperf.judging.judge import Case, as_baseline, judge_case
 from pytest_specperf.judging.metrics import RUNQ_SHARE, STEP, cpu_form
+from pytest_specperf.judging.noise import DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import build_run
+from pytest_specperf.judging.significance import Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.settings import ToleranceSpec, parse_tolerance
 from pytest_specperf.store.baselines import utc_now
@@ -234,3 +236,78 @@ def test_runs_from_a_slower_machine_compare_same_and_the_machine_is_named(
     # measured device prior the provisional sitting term (6% on the step) is wide
     assert "SLOWER" not in text and "FASTER" not in text
     assert "machine: KV reads took 2.80x as long as in the baselines" in text
+
+
+def _processes(make_run, n, seed, **kw):
+    """One case measured in ``n`` server processes (each its own steps), as the pool
+    hands it to the judge: the first process's run, the others its siblings."""
+    runs = [dataclasses.replace(make_run(steps=32, seed=seed + i, **kw), server_pid=100 + i)
+            for i in range(n)]  # fmt: skip
+    return dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
+
+
+def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run, reference_fp):
+    """A baseline of 3 processes, a run of 2 at the extension's second look in a run of 3
+    tests: ``specperf compare`` judges the same runs on each side, at the same look, and
+    gives every gate's verdict, change and noise the gate gave (an older report, which
+    saved the first process's steps only, is re-judged from it and says so)."""
+    fam = Family(tests=3, cases=1, looks=4, look=2)
+    # a measured device prior (a step sitting variance known exactly: an infinite df)
+    prior = DevicePrior(LevelPrior(0.02, 3.0, 0.03, 5.0), LevelPrior(0.04, 4.0, 0.05, math.inf),
+                        "a calibration of the test box", provisional=False)  # fmt: skip
+    base = dataclasses.replace(_case(_processes(make_run, 3, 0), reference_fp), family=fam)
+    now = dataclasses.replace(
+        _case(_processes(make_run, 2, 5, factors={"verify": 1.15}), reference_fp),
+        family=fam,
+        prior=prior,
+    )
+    a, b = _write(tmp_path / "a.json", base), _write(tmp_path / "b.json", now)
+    gate = judge_case(now, as_baseline(base, at=utc_now()), a)
+    rebuilt = run_from_case(b, read_report(b).cases[0])
+    assert [r.server_pid for r in rebuilt.processes] == [100, 101]
+    for r, m in zip(rebuilt.processes, now.run.processes, strict=True):
+        assert r.summaries[STEP] == m.summaries[STEP] and r.blocks == m.blocks
+    [got] = compare.compare_runs(read_report(a), read_report(b))
+    assert got.family == fam and got.prior == prior
+    assert got.verdict.verdict is gate.verdict.verdict
+    assert got.verdict.culprit == gate.verdict.culprit
+    assert len(gate.verdict.metrics) > 3  # the default gates: step, phases, accept_len, ...
+    assert (got.verdict.metrics[0].metric, got.verdict.metrics[0].base_runs,
+            got.verdict.metrics[0].now_runs) == (STEP, 3, 2)  # fmt: skip
+    for m, g in zip(got.verdict.metrics, gate.verdict.metrics, strict=True):
+        assert (m.metric, m.verdict, m.base_runs, m.now_runs) == (
+            g.metric, g.verdict, g.base_runs, g.now_runs)  # fmt: skip
+        assert m.alpha == g.alpha, m.metric
+        for name in ("change", "noise", "between"):
+            x, y = getattr(m, name), getattr(g, name)
+            assert (x is None and y is None) or math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9), (
+                m.metric, name)  # fmt: skip
+    # a report from before the other processes' steps were saved
+    older = json.loads(b.read_text())
+    del older["cases"][0]["siblings"], older["cases"][0]["family"], older["cases"][0]["prior"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    old = read_report(tmp_path / "old.json")
+    [o] = compare.compare_runs(read_report(a), old)
+    assert {m.now_runs for m in o.verdict.metrics} == {1}
+    lines = compare.compare_lines(read_report(a), old, [o])
+    assert (f"note: {TEST} {KEY} in old.json was measured in 2 server processes, but the "
+            "report (written before pytest-specperf saved every process's steps) holds the "
+            "first one's: it is re-judged from that process alone") in lines  # fmt: skip
+    assert not any(line.startswith("note:") for line in compare.compare_lines(
+        read_report(a), read_report(b), [got]))  # fmt: skip
+
+
+def test_a_benchmark_case_keeps_every_process_without_its_records(tmp_path, make_run, reference_fp):
+    """A pytest-benchmark result carries each process's samples, not its records: the
+    case is rebuilt with both processes from them."""
+    from pytest_specperf.reporting.benchmark import history_case
+    from pytest_specperf.store.report import CaseRecord
+
+    now = _case(_processes(make_run, 2, 5), reference_fp)
+    record = CaseRecord.of(judge_case(now, None, Path("b.yaml")))
+    carried = history_case(record)
+    assert "records" not in carried and "records" not in carried["siblings"][0]
+    rebuilt = run_from_case(tmp_path / "bench.json", CaseRecord.from_json(carried))
+    assert len(rebuilt.processes) == 2
+    for r, m in zip(rebuilt.processes, now.run.processes, strict=True):
+        assert r.summaries[STEP] == m.summaries[STEP] and r.server_pid == m.server_pid

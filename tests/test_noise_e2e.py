@@ -49,33 +49,63 @@ def _metric(case: dict, name: str) -> dict:
     return next(m for m in case["metrics"] if m["metric"] == name)
 
 
-def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
+def _compared(capsys, a: str, b: str) -> tuple[int, str]:
+    """``specperf compare A B`` in this process: its exit status and what it printed."""
+    from pytest_specperf.cli.main import main
+
+    capsys.readouterr()
+    status = main(["compare", a, b])
+    return status, capsys.readouterr().out
+
+
+def test_processes_record_several_runs_and_the_verdicts_use_them(pytester, capsys):
     pytester.makepyfile(test_case=ACCEPT_CASE)
-    result = _run(pytester, "--specperf-update-baselines", "--specperf-processes=3")
+    result = _run(pytester, "--specperf-update-baselines", "--specperf-processes=3",
+                  "--specperf-json=record.json")  # fmt: skip
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*3 server processes*", "*: new, step * ms; 3 runs"])
     stored = _stored(pytester)
     pids = [r["pid"] for r in stored["runs"]]
     assert len(pids) == 3 and len(set(pids)) == 3  # three server processes
     assert len(column(stored, "verify/rest")) == 3
-    # an update of 2 more processes keeps the last 4
-    _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
-         "-o", "specperf_keep_runs=4").assert_outcomes(passed=1)  # fmt: skip
-    assert [r["pid"] for r in _stored(pytester)["runs"]][:2] == pids[1:]
-    assert len(_stored(pytester)["runs"]) == 4
-    # judged in 2 processes against the 4 runs
+    # judged in 2 processes against the 3 runs
     result = _run(pytester, "--specperf-processes=2", "--specperf-json=report.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME, 2 processes*"])
     case = _case(pytester)
     assert len(case["runs"]) == 2 and case["runs"][0]["server_pid"] != case["runs"][1]["server_pid"]
+    assert len(case["siblings"]) == 1  # the second process's steps, saved for compare
     accept = _metric(case, "accept_len")
-    assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (4, 2, 4)
-    # the same tokens in all 6 runs: exact, no noise and no device prior (docs/statistics.md)
+    assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (3, 2, 3)
+    # the same tokens in all 5 runs: exact, no noise and no device prior (docs/statistics.md)
     assert (accept["verdict"], accept["change"], accept["noise"]) == ("SAME", 0.0, 0.0)
-    assert accept["exact_runs"] == 6
-    assert any(r.startswith("accept_len exact: every block identical in 6 runs")
+    assert accept["exact_runs"] == 5
+    assert any(r.startswith("accept_len exact: every block identical in 5 runs")
                for r in case["reasons"])  # fmt: skip
+    # specperf compare re-judges the saved run against the recording's report: every
+    # process's run on each side (the baseline file holds the recording's 3), the same
+    # verdicts and figures as the run itself
+    status, out = _compared(capsys, str(pytester.path / "record.json"),
+                            str(pytester.path / "report.json"))  # fmt: skip
+    assert status == 0, out
+    assert "test_decode ctx=2048 kv=contiguous bs=1" in out and "SAME, 2 processes" in out
+    assert "note:" not in out  # no case re-judged from its first process only
+    from pytest_specperf.cli.compare import compare_runs
+    from pytest_specperf.store.report import read_report
+
+    [again] = compare_runs(read_report(pytester.path / "record.json"),
+                           read_report(pytester.path / "report.json"))  # fmt: skip
+    assert again.verdict.verdict.value == case["verdict"]
+    for m, saved in zip(again.verdict.metrics, case["metrics"], strict=True):
+        got = m.to_json()
+        for field in ("metric", "verdict", "change", "noise", "base_runs", "now_runs",
+                      "between_runs", "exact_runs", "alpha"):  # fmt: skip
+            assert got[field] == saved[field], (m.metric, field, got[field], saved[field])
+    # an update of 2 more processes keeps the last 4
+    _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
+         "-o", "specperf_keep_runs=4").assert_outcomes(passed=1)  # fmt: skip
+    assert [r["pid"] for r in _stored(pytester)["runs"]][:2] == pids[1:]
+    assert len(_stored(pytester)["runs"]) == 4
 
 
 def _flat_blocks(pytester):

@@ -15,21 +15,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_specperf import plain_text
 from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
+from pytest_specperf.judging.significance import LONE, Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
 from pytest_specperf.server.protocol import is_speculative
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, ToleranceSpec
 from pytest_specperf.store.baselines import utc_now
-from pytest_specperf.store.rebuild import run_from_case
-from pytest_specperf.store.report import CaseRecord, Report, ReportError, read_report
+from pytest_specperf.store.rebuild import first_process_only, run_from_case
+from pytest_specperf.store.report import CaseRecord, Report, ReportError, prior_of, read_report
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -66,6 +68,21 @@ def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
+def family_of(c: CaseRecord) -> Family:
+    """The share of its run's false-alarm budget the case was judged at (its run's tests,
+    its test's cases, the looks and the look); ``LONE`` for a report that did not save it."""
+    raw = c.data.get("family")
+    if not isinstance(raw, Mapping):
+        return LONE
+    try:
+        return Family(
+            run_alpha=float(raw.get("run_alpha", LONE.run_alpha)),
+            **{k: raw.get(k, 1) for k in ("tests", "cases", "looks", "look")},
+        )
+    except (ValueError, TypeError):
+        return LONE
+
+
 def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
     gates = c.data.get("gates")
     return Case(
@@ -77,6 +94,8 @@ def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
         tolerances=tolerances,
         gates=tuple(str(g) for g in gates) if isinstance(gates, list) and gates else None,
         speculative=is_speculative(c.fingerprint),
+        family=family_of(c),
+        prior=prior_of(c.data) or PROVISIONAL_PRIOR,
     )
 
 
@@ -112,7 +131,18 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
     lines += case_notes(cases)
     in_b = {(c.test, c.key) for c in b.cases}
     lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]
-    return lines
+    return lines + [line for r in (a, b) for line in _first_process_notes(r)]
+
+
+def _first_process_notes(r: Report) -> list[str]:
+    """A note per case of ``r`` that holds its first server process's steps only."""
+    return [
+        f"note: {c.test} {c.key} in {r.path.name} was measured in {c.processes} server "
+        f"processes, but the report (written before pytest-specperf saved every process's "
+        "steps) holds the first one's: it is re-judged from that process alone"
+        for c in r.cases
+        if first_process_only(c)
+    ]
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

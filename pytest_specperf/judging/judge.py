@@ -149,6 +149,10 @@ class CaseOutcome:
     reference: str | None = None
     #: an A/B case's order of server processes, round by round (``A1 B1 B2 A2``)
     ab_order: tuple[str, ...] = ()
+    #: the share of the run's false-alarm budget the case was judged at (``Case.family``)
+    family: Family = LONE
+    #: the device's level priors the case was judged with (``Case.prior``)
+    prior: DevicePrior = PROVISIONAL_PRIOR
 
     @property
     def over_budget(self) -> tuple[BudgetCheck, ...]:
@@ -461,6 +465,8 @@ def judge_case(
         gates=case.gates,
         tolerances=case.tolerances,
         budgets=check_budgets(run, case.budgets),
+        family=case.family,
+        prior=case.prior,
     )
     went = time_went(run, outcome.base_centers, outcome.now_centers)
     return replace(outcome, time_went=went) if went else outcome

@@ -87,6 +87,9 @@ def history_case(record: CaseRecord) -> dict[str, Any]:
     """The case as a benchmark carries it: its record's JSON, less the derived fields, its
     summaries cut to their centers (``read_report`` reads it back as a ``CaseRecord``)."""
     case = {k: v for k, v in record.to_json().items() if k not in _LEFT_OUT}
+    if isinstance(case.get("siblings"), list):  # the other processes' steps, as the first's
+        case["siblings"] = [{k: v for k, v in s.items() if k not in _LEFT_OUT}
+                            for s in case["siblings"]]  # fmt: skip
     for name in _SUMMARIES:
         case[name] = _centers(case[name])
     for name in _SUMMARY_MAPS:

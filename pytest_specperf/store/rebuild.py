@@ -8,11 +8,15 @@ time and accept length, on a GPU the device times, and per block the reference r
 time; from them this module rebuilds the step records. Either way the records go to the
 plugin's own ``judging.samples.build_run``: the summaries, block centers and drift-free
 forms that come out are those the gate computed when the case was measured, so
-``specperf compare`` judges with the gate's code, not a copy of it.
+``specperf compare`` judges with the gate's code, not a copy of it. A case measured in
+several server processes (``--specperf-processes``) saves the other processes' steps in
+``siblings`` and is rebuilt with all of them, as the gate judged it; a report written
+before they were saved holds the first process's steps only (``first_process_only``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,15 +112,26 @@ def _graphs(records: list[StepRecord], graphs: Any) -> None:
         }
 
 
-def _window(case: Mapping[str, Any], reference: dict[int, float]) -> Window:
+def _count(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _window(case: Mapping[str, Any], reference: dict[int, float], run: Any) -> Window:
+    """What the decoder measured besides the steps; ``run``: the process's entry of the
+    case's ``runs`` (its server pid and rounds), None where the report has none."""
     tele = case.get("telemetry")
     frag = case.get("kv_fragmentation")
+    run = run if isinstance(run, Mapping) else {}
+    pid, rounds = _count(run.get("server_pid")), _count(run.get("rounds"))
     return Window(
         fragmentation=float(frag) if isinstance(frag, (int, float)) else None,
         wall_s=float(case.get("wall_s") or 0.0),
         warmup_steps=int(case.get("warmup_steps") or 0),
         reference=reference,
         telemetry=TelemetrySummary.from_dict(tele) if isinstance(tele, Mapping) else None,
+        cross_check=tuple(str(x) for x in case.get("cross_check") or ()),
+        server_pid=pid,
+        rounds=rounds if rounds is not None and rounds > 0 else 1,
     )
 
 
@@ -127,25 +142,61 @@ def _probe_records(saved: Any, n: int) -> list[StepRecord]:
     return [StepRecord.from_json(r) for r in saved]
 
 
-def run_from_case(path: Path, case: CaseRecord) -> DecodeRun:
-    """The ``DecodeRun`` a saved case measured; ``ReportError`` naming the file and the
-    case when its samples are missing or unusable. A case that saved the probe's records
-    (``records``) is rebuilt from them, every measured field included; an older one from
-    its sample columns (no CPU or run-queue time)."""
+def _process_run(c: Mapping[str, Any], run: Any) -> DecodeRun:
+    """One server process's run: from the probe's records (``records``) where saved, else
+    from the sample columns."""
+    records, blocks, reference = _records(c)
+    if c.get("records") is not None:
+        records = _probe_records(c["records"], len(blocks))
+    else:
+        _graphs(records, c.get("graphs"))
+    return build_run(
+        records,
+        blocks,
+        context_len=int(c["context_len"]),
+        batch_size=int(c["batch_size"]),
+        layout=KVLayout(str(c["kv_layout"]), float(c["kv_level"])),
+        window=_window(c, reference, run),
+    )
+
+
+def _siblings(c: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The other processes' runs as saved (``siblings``; none in an older report)."""
+    raw = c.get("siblings")
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(s, Mapping) for s in raw):
+        raise ValueError("siblings: expected a list of objects, one per other server process")
+    return raw
+
+
+def first_process_only(case: CaseRecord) -> int:
+    """Server processes a saved case measured whose runs it did not save (a report written
+    before every process's steps were: it is re-judged from its first process only); 0
+    when every process's run can be rebuilt."""
     c = case.data
+    if c.get("siblings") is not None:
+        return 0
+    return case.processes - 1
+
+
+def run_from_case(path: Path, case: CaseRecord) -> DecodeRun:
+    """The ``DecodeRun`` a saved case measured, with one sibling per other server process
+    (``--specperf-processes``), as the gate judged it; ``ReportError`` naming the file and
+    the case when its samples are missing or unusable. A process whose probe records were
+    saved (``records``) is rebuilt from them, every measured field included; an older one
+    from its sample columns (no CPU or run-queue time). A report written before the other
+    processes' steps were saved rebuilds the first process alone (``first_process_only``)."""
+    c = case.data
+    saved = c.get("runs")
+    runs: list[Any] = saved if isinstance(saved, list) else []
     try:
-        records, blocks, reference = _records(c)
-        if c.get("records") is not None:
-            records = _probe_records(c["records"], len(blocks))
-        else:
-            _graphs(records, c.get("graphs"))
-        return build_run(
-            records,
-            blocks,
-            context_len=int(c["context_len"]),
-            batch_size=int(c["batch_size"]),
-            layout=KVLayout(str(c["kv_layout"]), float(c["kv_level"])),
-            window=_window(c, reference),
-        )
+        first = _process_run(c, runs[0] if runs else None)
+        others = []
+        for i, sib in enumerate(_siblings(c), start=1):
+            # a sibling holds its own steps; the case's shape (context, batch, layout) is shared
+            merged = {**c, "records": None, "graphs": None, **sib}
+            others.append(_process_run(merged, runs[i] if i < len(runs) else None))
+        return dataclasses.replace(first, siblings=tuple(others)) if others else first
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ReportError(path, f"{case.test} {case.key}: {e}") from None

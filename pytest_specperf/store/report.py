@@ -34,6 +34,7 @@ from pytest_specperf.judging.metrics import (
     cpu_form,
     device_form,
 )
+from pytest_specperf.judging.noise import PRIOR_KINDS, DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
@@ -219,6 +220,71 @@ def run_record_json(run: DecodeRun) -> dict[str, Any]:
     }
 
 
+def sibling_json(run: DecodeRun) -> dict[str, Any]:
+    """Another server process's run of a case (``--specperf-processes``): its steps as the
+    case's own are written (``samples``, ``records``) and what its decoder measured besides,
+    so that ``store.rebuild`` rebuilds every process's run, not the first one's alone."""
+    return {
+        "samples": _samples_json(run),
+        "records": [r.to_json() for r in run.records],
+        "kv_fragmentation": run.fragmentation,
+        "wall_s": round(run.wall_s, 3),
+        "warmup_steps": run.warmup_steps,
+        "cross_check": list(run.cross_check),
+        "telemetry": run.telemetry.to_dict() if run.telemetry is not None else None,
+    }
+
+
+def family_json(o: CaseOutcome) -> dict[str, Any]:
+    """The share of the run's false-alarm budget the case was judged at: its run's specperf
+    tests, its test's cases, the looks and the look (``judging.significance.Family``)."""
+    f = o.family
+    return {"run_alpha": f.run_alpha, "tests": f.tests, "cases": f.cases, "looks": f.looks,
+            "look": f.look}  # fmt: skip
+
+
+def _df(x: float) -> float | str:
+    return x if math.isfinite(x) else "inf"  # a known variance: JSON has no Infinity
+
+
+def prior_json(prior: DevicePrior) -> dict[str, Any]:
+    """The device's level priors a case was judged with (``judging.noise.DevicePrior``)."""
+    out: dict[str, Any] = {"source": prior.source, "provisional": prior.provisional}
+    for kind in PRIOR_KINDS:
+        p = prior.of(kind)
+        out[kind] = {"between": p.between, "between_df": _df(p.between_df),
+                     "sitting": p.sitting, "sitting_df": _df(p.sitting_df)}  # fmt: skip
+    return out
+
+
+_LEVEL = ("between", "between_df", "sitting", "sitting_df")
+
+
+def prior_of(c: Mapping[str, Any]) -> DevicePrior | None:
+    """A saved case's ``prior`` back (``prior_json``); None where it has none or it is
+    unusable."""
+    raw = c.get("prior")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        levels = [LevelPrior(**{k: float(raw[kind][k]) for k in _LEVEL}) for kind in PRIOR_KINDS]
+        return DevicePrior(levels[0], levels[1], str(raw["source"]), bool(raw["provisional"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _judged_with(o: CaseOutcome) -> dict[str, Any]:
+    """Each server process's run (``runs``; and step by step the other processes',
+    ``siblings``: the first one's are the case's own samples and records), the false-alarm
+    share and the prior: what ``specperf compare`` judges the case again with."""
+    return {
+        "runs": [run_record_json(r) for r in o.run.processes],
+        "siblings": [sibling_json(r) for r in o.run.siblings],
+        "family": family_json(o),
+        "prior": prior_json(o.prior),
+    }
+
+
 def case_json(o: CaseOutcome) -> dict[str, Any]:
     """One case of the report."""
     run = o.run
@@ -270,7 +336,7 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         # the probe's own step records (its wire format, versioned): a rebuilt case
         # (``store.rebuild``) gets every measured field back, run-queue and CPU time included
         "records": [r.to_json() for r in run.records],
-        "runs": [run_record_json(r) for r in run.processes],
+        **_judged_with(o),
         "ab": _ab_json(o),
         **_device_json(run),
     }
