@@ -5,6 +5,8 @@ runs, and the all= canary of the step gate."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,36 @@ def _run(pytester, *extra):
     return pytester.runpytest_subprocess(*ARGS, *extra, timeout=600)
 
 
+def _record(tmp_path_factory: pytest.TempPathFactory, case: str) -> str:
+    """The baseline (YAML text) of one real recording run of ``case`` in one server process:
+    the tests that judge against a fresh baseline of their case start from a copy of it
+    (each inner run costs a pytest and a server start)."""
+    d = tmp_path_factory.mktemp("record")
+    (d / "test_case.py").write_text(case)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_case.py", "--specperf-update-baselines", *ARGS],
+        cwd=d, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "baselines written" in out.stdout
+    return (d / "baselines" / "test-box.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def recorded_case(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``CASE``'s baseline, recorded once for the two tests that flatten its blocks and
+    accept whatever verdict their tight tolerance gives."""
+    return _record(tmp_path_factory, CASE)
+
+
+def _recorded(pytester, case: str, baseline: str) -> None:
+    """This test's case file and a copy of its case's recorded baseline."""
+    pytester.makepyfile(test_case=case)
+    path = pytester.path / "baselines" / "test-box.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(baseline)
+
+
 def _stored(pytester) -> dict:
     path = pytester.path / "baselines" / "test-box.yaml"
     return yaml.safe_load(path.read_text())["engines"][ENGINE]["cases"][TEST][KEY]
@@ -51,27 +83,30 @@ def _metric(case: dict, name: str) -> dict:
 
 def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
     pytester.makepyfile(test_case=ACCEPT_CASE)
-    result = _run(pytester, "--specperf-update-baselines", "--specperf-processes=3")
+    # (2 processes, 2 more keeping 3, 2 judged: six server processes, each a start and its
+    # steps; the baseline's and the judged run's counts differ, so neither stands for the other)
+    result = _run(pytester, "--specperf-update-baselines", "--specperf-processes=2")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*3 server processes*", "*: new, step * ms; 3 runs"])
+    result.stdout.fnmatch_lines(["*2 server processes*", "*: new, step * ms; 2 runs"])
     stored = _stored(pytester)
     pids = [r["pid"] for r in stored["runs"]]
-    assert len(pids) == 3 and len(set(pids)) == 3  # three server processes
-    assert len(column(stored, "verify/rest")) == 3
-    # an update of 2 more processes keeps the last 4
+    assert len(pids) == 2 and len(set(pids)) == 2  # two server processes
+    assert len(column(stored, "verify/rest")) == 2
+    # an update of 2 more processes keeps the last 3: the oldest run goes
     _run(pytester, "--specperf-update-baselines", "--specperf-processes=2",
-         "-o", "specperf_keep_runs=4").assert_outcomes(passed=1)  # fmt: skip
-    assert [r["pid"] for r in _stored(pytester)["runs"]][:2] == pids[1:]
-    assert len(_stored(pytester)["runs"]) == 4
-    # judged in 2 processes against the 4 runs
+         "-o", "specperf_keep_runs=3").assert_outcomes(passed=1)  # fmt: skip
+    runs = [r["pid"] for r in _stored(pytester)["runs"]]
+    assert len(runs) == 3 and runs[:1] == pids[1:] and not set(runs[1:]) & set(pids)
+    assert len(column(_stored(pytester), "verify/rest")) == 3
+    # judged in 2 processes against the 3 runs
     result = _run(pytester, "--specperf-processes=2", "--specperf-json=report.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME, 2 processes*"])
     case = _case(pytester)
     assert len(case["runs"]) == 2 and case["runs"][0]["server_pid"] != case["runs"][1]["server_pid"]
     accept = _metric(case, "accept_len")
-    assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (4, 2, 4)
-    assert abs(accept["change"]) < 1e-5 and accept["within"] < 1e-5  # the same tokens, 6 runs
+    assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (3, 2, 3)
+    assert abs(accept["change"]) < 1e-5 and accept["within"] < 1e-5  # the same tokens, 5 runs
 
 
 def _flat_blocks(pytester):
@@ -119,12 +154,11 @@ def test_more_rounds_repeat_the_first_rounds_requests(pytester):
     result.stdout.fnmatch_lines(["*ROUNDS-OK *"])
 
 
-def test_an_undecided_case_measures_more_rounds(pytester):
+def test_an_undecided_case_measures_more_rounds(pytester, recorded_case):
     """A tolerance far tighter than 2 blocks can decide, against a baseline whose blocks are
     alike: unless the first round already decides (a large change on a busy machine), the
     case measures more rounds, within the budget, and says so."""
-    pytester.makepyfile(test_case=CASE)
-    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    _recorded(pytester, CASE, recorded_case)
     _flat_blocks(pytester)
     result = _run(pytester, "--specperf-tolerance=0.3%,step=95%",
                   "--specperf-max-time=25", "--specperf-json=report.json")  # fmt: skip
@@ -143,9 +177,8 @@ def test_an_undecided_case_measures_more_rounds(pytester):
         result.stdout.fnmatch_lines(["*automatic extension stopped*--specperf-max-time 25 s*"])
 
 
-def test_no_extension_with_a_zero_budget_and_the_advice_says_so(pytester):
-    pytester.makepyfile(test_case=CASE)
-    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+def test_no_extension_with_a_zero_budget_and_the_advice_says_so(pytester, recorded_case):
+    _recorded(pytester, CASE, recorded_case)
     _flat_blocks(pytester)
     result = _run(pytester, "--specperf-tolerance=0.3%,step=90%",
                   "--specperf-max-time=0", "--specperf-json=report.json")  # fmt: skip
@@ -179,6 +212,8 @@ def test_history_reports_inform_the_noise_between_processes(pytester):
 
 
 def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
+    # its own baseline, recorded just before: the step's judged change is a timing (the
+    # two tests above accept any verdict and share one)
     pytester.makepyfile(test_case=CASE)
     _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
     # the extension on: 8 steps on a busy CI box once left the step's +72% inside a band
