@@ -13,10 +13,18 @@ plan"). Change a figure here and the tables follow.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, LevelPrior
 from pytest_specperf.judging.significance import MAX_LOOKS, Family, critical
+from pytest_specperf.judging.spending import (
+    OBRIEN_FLEMING,
+    POCOCK,
+    boundary,
+    crossing,
+    equal_fractions,
+    z_upper,
+)
 from pytest_specperf.judging.stats import satterthwaite, t_sf
 
 #: z of the 95th percentile: a change caught 19 times in 20 sits this many noises above
@@ -96,15 +104,43 @@ def smallest_caught(noise: float, df: float, alpha: float, tolerance: float) -> 
     return max(tolerance, critical(alpha, df) * noise) + Z95 * noise
 
 
+def boundary_table(share: float) -> None:
+    """Each look's nominal level and normal critical value for a gate's ``share`` of its
+    case spent over ``MAX_LOOKS`` equal rounds: Pocock-type (the rule), O'Brien-Fleming-
+    type, and Bonferroni's equal split, with the t critical value at 12 df."""
+    fractions = equal_fractions(MAX_LOOKS)
+    rows = {
+        "Pocock-type": boundary(share, fractions, POCOCK),
+        "O'Brien-Fleming-type": boundary(share, fractions, OBRIEN_FLEMING),
+    }
+    print(f"\nthe looks' levels for a gate's share {share:.3e} over {MAX_LOOKS} looks "
+          "(t = k/4): nominal level (z; t at 12 df)")  # fmt: skip
+    for name, b in rows.items():
+        cells = [f"{p:.3g} ({z:.2f}; {critical(p, 12):.2f})" for p, z in zip(b.nominal, b.z)]
+        print(f"  {name:<21} " + "  ".join(cells) + f"   spent {b.spent[-1]:.3e}")
+    p = share / MAX_LOOKS
+    print(f"  {'Bonferroni':<21} {p:.3g} ({z_upper(p):.2f}; {critical(p, 12):.2f}) at every look; "
+          f"spends {crossing([z_upper(p)] * MAX_LOOKS, fractions):.3e}")  # fmt: skip
+
+
 def main() -> None:
     family = Family(tests=TESTS, looks=MAX_LOOKS)
-    alpha = family.gate_alpha(GATES)
+    alphas = [replace(family, look=k).gate_alpha(GATES) for k in range(1, MAX_LOOKS + 1)]
+    alpha = min(alphas)  # the strictest look: the bands below hold at every look
     alpha1 = Family(tests=TESTS, looks=1).gate_alpha(GATES)
-    print(f"gate level: {alpha:.2e} with the extension ({MAX_LOOKS} looks), {alpha1:.2e} without")
+    print(
+        f"gate level: {', '.join(f'{a:.2e}' for a in alphas)} at the extension's looks 1-"
+        f"{MAX_LOOKS} (Pocock-type spending of {family.case_alpha / GATES:.2e}), "
+        f"{alpha1:.2e} without"
+    )
+    boundary_table(family.case_alpha / GATES)
     print("\nthe old rule: 3 x noise on about 8 df, 21 independent tails per run")
     p = t_sf(3.0, 8)
     print(f"  one tail {p:.4f}; any of 21: {1 - (1 - p) ** 21:.1%}")
-    print("the new rule: any false alarm in a run <= 5% by construction (Bonferroni x Holm)")
+    print(
+        "the new rule: any false alarm in a run <= 5% by construction (Bonferroni over tests, "
+        "Pocock-type spending over looks, Holm over gates)"
+    )
 
     print(
         "\nband = t x noise: the tightest tolerance a quiet run leaves decided (a wider band "

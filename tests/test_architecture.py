@@ -310,3 +310,44 @@ def test_metric_names_come_from_the_registry() -> None:
 
         found += _metric_literals(path, names)
     assert found == []
+
+
+def test_a_record_column_is_built_from_its_registry_entry_alone() -> None:
+    """A metric read straight from a step record (``metrics.RECORD_COLUMNS``) has its
+    sample in its registry entry: the samples and the store neither name it nor read its
+    record field, so a new probe field is its measurement (``probe/``) and its entry
+    (words about it, ``judging/diagnosis.py`` and ``bottleneck.py``, may read its summary)."""
+    from pytest_specperf.judging import metrics
+
+    columns = {name for name, _ in metrics.RECORD_COLUMNS}
+    constants = {k for k, v in vars(metrics).items() if isinstance(v, str) and v in columns}
+    assert columns >= {metrics.RUNQ_SHARE, metrics.RUNQ_SLICES}
+    fields = {"step_runq_ns", "step_slices"}  # the fields those entries read
+    found = []
+    for path in [PACKAGE / "judging" / "samples.py", *_modules("store")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == metrics.__name__:
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name in constants]
+            if isinstance(node, ast.Attribute) and node.attr in fields:
+                found += [f"{path.name}:{node.lineno} .{node.attr}"]
+    assert found == []
+
+
+def test_one_case_record_from_the_judge_to_every_output() -> None:
+    """A judged case is written by one function (``store.report.case_json``), called only
+    by its record (``CaseRecord.of``): no other module builds a case's written form."""
+    found = []
+    for path in _modules():
+        if path == PACKAGE / "store" / "report.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "pytest_specperf.store.report":
+                found += [f"{path.name}: {a.name}" for a in node.names if a.name == "case_json"]
+    assert found == []
+    source = (PACKAGE / "store" / "report.py").read_text()
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "case_json"
+    ]
+    assert len(calls) == 1  # in CaseRecord.of

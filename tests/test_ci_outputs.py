@@ -17,6 +17,14 @@ from pytest_specperf.reporting.markdown import markdown_summary, markdown_table
 from pytest_specperf.reporting.terminal import RunSummary, run_summary
 from pytest_specperf.reporting.view import CaseView
 from pytest_specperf.store.baselines import case_from_json, case_to_json
+from pytest_specperf.store.report import (
+    CaseRecord,
+    case_json,
+    payload_of_cases,
+    read_report,
+    strict,
+    write_report,
+)
 from pytest_specperf.telemetry.summary import TelemetrySummary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,14 +139,14 @@ def test_case_view_survives_the_wire(outcome_of):
     back = CaseView.from_json(json.loads(json.dumps(view.to_json(), allow_nan=False)))
     assert back.to_json() == view.to_json()
     assert back.metrics == view.metrics and back.verdict is o.verdict.verdict
-    assert back.report["key"] == KEY and back.report["samples"]["step_ms"]
+    assert back.record.data["key"] == KEY and back.record.data["samples"]["step_ms"]
     summary = RunSummary("reference", "box", "baselines/box.yaml", 0.07, 0.25, False)
     assert run_summary(summary, [back]) == run_summary(summary, [view])
 
 
 def test_case_view_refuses_a_broken_form(outcome_of):
     data = CaseView.of(outcome_of(), baseline_file="b.yaml").to_json()
-    del data["report"]["verdict"]
+    del data["record"]["verdict"]
     with pytest.raises(ValueError, match="not a case view"):
         CaseView.from_json(data)
 
@@ -157,9 +165,44 @@ def test_recorded_case_survives_the_wire(make_case):
         case_from_json(broken)
 
 
+def test_one_record_is_written_sent_and_read_back(outcome_of, tmp_path):
+    """The view's record is the JSON report's case, and ``read_report`` gives back that
+    record type; the view's reasons are the verdict's, the judge's notes written after."""
+    o = dataclasses.replace(outcome_of(factors={"verify": 1.5}), notes=("cross-check: x",))
+    view = CaseView.of(o, baseline_file="b.yaml")
+    assert view.record.to_json() == strict(case_json(o))
+    assert view.reasons == o.verdict.reasons and view.record.data["reasons"][-1] == o.notes[0]
+    path = tmp_path / "run.json"
+    write_report(path, payload_of_cases({}, [view.record]))
+    (back,) = read_report(path).cases
+    assert isinstance(back, CaseRecord) and back.to_json() == view.record.to_json()
+    assert back.verdict_reasons == view.reasons and back.key == view.key
+
+
+def test_the_views_words_are_read_from_its_record(outcome_of):
+    """Budgets and diagnosis: what the terminal and Markdown print of a worker's case is
+    read from the record it sent, the same words as of the judged case."""
+    from pytest_specperf.judging.budgets import Budgets, check_budgets
+    from pytest_specperf.reporting.view import diagnosis_lines
+
+    o = outcome_of(factors={"verify": 1.5})
+    limits = Budgets(max_step_ms=1e-3, max_unaccounted_share=1.0, min_active_share=0.99)
+    o = dataclasses.replace(o, budgets=check_budgets(o.run, limits))
+    assert o.bottleneck is not None and len(o.over_budget) == 2  # step, active share
+    view = CaseView.of(o, baseline_file="b.yaml")
+    back = CaseView.from_json(json.loads(json.dumps(view.to_json(), allow_nan=False)))
+    assert back.diagnosis == tuple(diagnosis_lines(o)) and len(back.diagnosis) > 4
+    assert back.over_budget == tuple(b.describe() for b in o.over_budget)
+
+
+def _renamed(view: CaseView, nodeid: str, key: str) -> CaseView:
+    data = {**view.record.data, "nodeid": nodeid, "key": key}
+    return dataclasses.replace(view, record=CaseRecord.from_json(data))
+
+
 def test_cases_are_reported_in_collection_order(outcome_of):
     views = [
-        dataclasses.replace(CaseView.of(outcome_of(), baseline_file="b"), nodeid=n, key=k)
+        _renamed(CaseView.of(outcome_of(), baseline_file="b"), n, k)
         for n, k in (("t.py::b", "2"), ("t.py::a", "1"), ("t.py::b", "3"))
     ]
     ordered = order_cases(views, ["t.py::a", "t.py::b"])

@@ -93,11 +93,14 @@ def test_worked_example_one_sitting_against_the_provisional_prior():
     # alone (5% one-sided): t = 1.792, band 3.51% < 6.18%: SLOWER
     assert critical(0.05, noise.df) == pytest.approx(1.7923, abs=1e-3)
     assert decide(change, noise.total, 0.05, z=critical(0.05, noise.df)) is Verdict.SLOWER
-    # in a run of 7 tests, 4 looks, 6 gates: alpha 0.000298, t = 4.717, band 9.23% > 5%
+    # in a run of 7 tests, 6 gates, the extension's first of 4 looks: the gate's share
+    # 0.05 / 42 spent Pocock-type, 0.357 of it now: alpha 0.000425, t = 4.501, band 8.80% > 5%
     alpha = Family(tests=7, looks=4).gate_alpha(6)
-    assert alpha == pytest.approx(0.05 / 168)
+    assert alpha == pytest.approx(0.05 / 42 * math.log(1 + (math.e - 1) / 4))
+    assert alpha == pytest.approx(0.000425, abs=5e-7)
     z = critical(alpha, noise.df)
-    assert z == pytest.approx(4.717, abs=2e-3)
+    assert z == pytest.approx(4.501, abs=2e-3)
+    assert z * noise.total == pytest.approx(0.0880, abs=5e-4)
     assert decide(change, noise.total, 0.05, z=z) is Verdict.UNSTABLE
 
 

@@ -7,7 +7,17 @@ import time
 
 import pytest
 
-from pytest_specperf.judging.metrics import ACTIVE_SHARE, RUNQ_SHARE, STEP, active_form, cpu_form
+from pytest_specperf.judging.metrics import (
+    ACTIVE_SHARE,
+    GATEABLE,
+    RUNQ_SHARE,
+    RUNQ_SLICES,
+    STEP,
+    active_form,
+    cpu_form,
+    is_stored,
+    unknown_gates,
+)
 from pytest_specperf.judging.samples import build_run
 from pytest_specperf.probe import StepProbe
 from pytest_specperf.probe.inject import Injector, parse_inject
@@ -15,6 +25,7 @@ from pytest_specperf.probe.kernels import STEP_KEY, KernelSample, KernelTotal, P
 from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.phases import CORE_PHASES
 from pytest_specperf.probe.record import RECORD_VERSION, StepRecord
+from pytest_specperf.store.report import run_record_json
 
 
 def _busy(seconds: float) -> None:
@@ -75,6 +86,47 @@ def test_run_queue_time_is_read_where_linux_reports_it():
     probe.end_step(accepted_tokens=1)
     (rec,) = probe.take_completed()
     assert rec.step_runq_ns is None or rec.step_runq_ns >= 0
+
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _linux_schedstat() -> bool:
+    try:
+        with open(_SCHEDSTAT) as f:
+            return len(f.read().split()) >= 3
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _linux_schedstat(), reason=f"no {_SCHEDSTAT} (not Linux)")
+def test_a_step_that_sleeps_gets_the_cpu_back_and_a_busy_step_need_not():
+    """``step_slices``: the times the thread got a CPU during the step (each ends a wait)."""
+    probe = StepProbe(None)
+    probe.begin_step(context_len=1, batch_size=1, rids=[])
+    for _ in range(3):
+        time.sleep(0.002)  # three waits: the thread gives up its CPU three times
+    probe.end_step(accepted_tokens=1)
+    (slept,) = probe.take_completed()
+    assert slept.step_slices is not None and 3 <= slept.step_slices < 1000
+    # the run-queue time and the slices come from one read: both or neither
+    assert slept.step_runq_ns is not None and slept.step_runq_ns >= 0
+
+
+def test_slices_round_trip_and_make_a_column_shown_not_stored_nor_gated():
+    recs = [_v2_record(step=i, step_slices=2 + i % 2) for i in range(4)]
+    again = StepRecord.from_json(json.loads(json.dumps(recs[1].to_json())))
+    assert again.step_slices == 3
+    run = _run(recs)
+    assert run.summaries[RUNQ_SLICES].value == pytest.approx(2.5)  # a count: its mean
+    assert run_record_json(run)["values"][RUNQ_SLICES] == pytest.approx(2.5)  # the JSON shows it
+    assert not is_stored(RUNQ_SLICES) and is_stored(RUNQ_SHARE)
+    assert RUNQ_SLICES not in GATEABLE and unknown_gates([RUNQ_SHARE]) == [RUNQ_SHARE]
+    # a step that did not read the run queue: NaN in the column, out of the summary
+    run = _run([_v2_record(step=i, step_slices=None if i else 4) for i in range(4)])
+    assert run.summaries[RUNQ_SLICES].n == 1 and run.summaries[RUNQ_SLICES].value == 4
+    # records without the field (older reports): no column at all
+    assert RUNQ_SLICES not in _run([_v2_record(step=i) for i in range(4)]).samples
 
 
 def _v2_record(**kw) -> StepRecord:

@@ -1,14 +1,19 @@
 """The progress rule on real processes: a server process that burns CPU or records steps
-is making progress however long it takes; one that is stopped (SIGSTOP) or blocked (a
-hung lock: no step, no CPU) is stalled within the stall time. The end-to-end tries (a
+is making progress however long it takes, and so is one waiting on a child process that
+works (a compiler) or waiting for a CPU on a loaded machine; one that is stopped (SIGSTOP)
+or blocked (a hung lock: no step, no CPU, no child working) is stalled within the stall
+time. The end-to-end tries (a
 real server frozen in a first request and mid-case, one throttled) are in
 ``test_server_faults.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +21,13 @@ from pathlib import Path
 import fault_table
 import pytest
 
-from pytest_specperf.probe.heartbeat import Heartbeat, ProgressWatch, read_progress
+from pytest_specperf.probe.heartbeat import (
+    CPU_PROGRESS_S,
+    Heartbeat,
+    ProgressWatch,
+    read_progress,
+    tree_activity_s,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(60)]
 
@@ -25,6 +36,8 @@ FORK = multiprocessing.get_context("fork")
 STALL_S = 1.5
 BEAT_S = 0.1
 WHAT = {"burn": "burning CPU without a step", "steps": "recording steps, idle between"}
+#: A child that burns CPU for 30 s (a compiler the server waits for).
+BURNER = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass\n"
 
 
 def _server(run_dir: str, how: str) -> None:
@@ -45,6 +58,11 @@ def _server(run_dir: str, how: str) -> None:
         lock = threading.Lock()
         lock.acquire()
         lock.acquire(timeout=30)  # the hang: a lock its own holder waits for
+    elif how == "child":  # waits, using no CPU itself, for a child that works
+        with open(os.path.join(run_dir, "child.pid"), "w") as fh:
+            child = subprocess.Popen([sys.executable, "-c", BURNER])
+            fh.write(str(child.pid))
+        child.wait()
 
 
 def _child(tmp_path: Path, how: str) -> multiprocessing.process.BaseProcess:
@@ -124,3 +142,81 @@ def test_a_torn_planted_or_stale_progress_file_is_ignored(tmp_path):
     assert read_progress(tmp_path) == {}
     fault_table.row("torn progress file, link to /dev/zero, file of an ended server", 3,
                     "ignored (no hang, no false stall)", True)  # fmt: skip
+
+
+def test_a_process_waiting_on_a_working_child_is_not_stalled_until_the_child_stops(tmp_path):
+    """A first request on a cold compile cache: the scheduler waits for torch.compile's
+    workers and the C++ compiler (no step, no CPU of its own, tens of seconds); the work
+    is its child's. Stopping the child leaves the whole tree still: stalled."""
+    proc = _child(tmp_path, "child")
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "child.pid").exists() or not (tmp_path / "child.pid").read_text():
+            assert time.monotonic() < deadline, "no child started"
+            time.sleep(0.02)
+        child = int((tmp_path / "child.pid").read_text())
+        watch = ProgressWatch(tmp_path, stall_s=STALL_S)
+        assert _watch(watch, 3 * STALL_S) is None, watch.describe()
+        [own] = read_progress(tmp_path).values()
+        assert own.steps == 0 and own.cpu_s < 1.0  # the work was the child's
+        os.kill(child, signal.SIGSTOP)
+        t0 = time.monotonic()
+        stalled = _watch(watch, 4 * STALL_S)
+        took = time.monotonic() - t0
+        assert stalled is not None, watch.describe()
+        assert "with its child processes" in watch.describe(), watch.describe()
+        assert took < STALL_S + 1.0, took
+    finally:
+        with contextlib.suppress(ProcessLookupError, ValueError, OSError):
+            os.kill(int((tmp_path / "child.pid").read_text()), signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+    fault_table.row(f"server process waiting on a working child for {3 * STALL_S:g} s, then "
+                    "the child stopped", 1, f"never stalled while the child worked; stalled "
+                    f"{took:.1f} s after its stop", True)  # fmt: skip
+
+
+def _fake_proc(root: Path, pid: int, *, cpu_ticks: int, wait_ns: int,
+               children: dict[int, int] | None = None) -> None:  # fmt: skip
+    """A ``/proc`` stand-in (test double) holding ``pid`` and its ``children`` (pid: CPU
+    ticks), each with one thread whose run-queue wait is ``wait_ns``."""
+    for p, parent, ticks in [(pid, 1, cpu_ticks)] + [
+        (c, pid, t) for c, t in (children or {}).items()
+    ]:
+        (root / str(p) / "task" / str(p)).mkdir(parents=True, exist_ok=True)
+        rest = " ".join(["0"] * 9)  # pgrp .. cmajflt, then utime stime
+        (root / str(p) / "stat").write_text(f"{p} (x y) S {parent} {rest} {ticks} 0 0 0\n")
+        (root / str(p) / "task" / str(p) / "schedstat").write_text(f"0 {wait_ns} 1\n")
+
+
+def test_waiting_for_a_cpu_counts_as_progress_a_still_tree_does_not(tmp_path):
+    """A niced server on a busy machine: runnable, it got no CPU for the stall time (its
+    run-queue wait grew); a frozen one neither ran nor waited. The kernel's account of each
+    is a ``/proc`` stand-in here (the real one cannot be made to starve on demand)."""
+    run_dir, proc = tmp_path / "run", tmp_path / "proc"
+    run_dir.mkdir()
+    me = os.getpid()  # a live pid, so that the progress file is watched
+    (run_dir / f"progress-rank0-pid{me}.json").write_text(
+        '{"beats": 1, "steps": 3, "cpu_s": 1.0}'.ljust(255) + "\n"
+    )
+    ticks = os.sysconf("SC_CLK_TCK")
+    _fake_proc(proc, me, cpu_ticks=100, wait_ns=0, children={me + 1: 50})
+    assert tree_activity_s(me, proc) == 150 / ticks
+    assert tree_activity_s(me + 7, proc) is None  # not shown: the file's CPU alone
+
+    watch = ProgressWatch(run_dir, stall_s=0.3, proc=proc)
+    assert watch.stalled_for() is None  # the first look: progress
+    waited = 0
+    for _ in range(5):  # runnable, without a CPU, for longer than the stall time
+        time.sleep(0.1)
+        waited += int(CPU_PROGRESS_S * 1e9)
+        _fake_proc(proc, me, cpu_ticks=100, wait_ns=waited, children={me + 1: 50})
+        assert watch.stalled_for() is None, watch.describe()
+    time.sleep(0.4)  # still: nothing ran or waited to run
+    stalled = watch.stalled_for()
+    assert stalled is not None and stalled >= 0.3, watch.describe()
+    assert "0.00 s on or waiting for a CPU in the stall" in watch.describe(), watch.describe()
+    fault_table.row("server process runnable without a CPU (run-queue wait growing, no step, "
+                    "no CPU) for twice the stall time, then still (a /proc stand-in)", 1,
+                    "never stalled while waiting for a CPU; stalled once nothing ran or "
+                    "waited", True)  # fmt: skip

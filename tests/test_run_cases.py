@@ -4,11 +4,13 @@ server is a test double holding only what the step reads (fingerprint, info, bac
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.run.cases import CaseRefused, CaseRequest, Policy, judge_one
 from pytest_specperf.run.inputs import RunInputs
@@ -66,3 +68,24 @@ def test_no_baseline_file_and_an_unusable_one(make_run, reference_fp):
     with pytest.raises(CaseRefused, match="schema_version is 99"):
         judge_one(_inputs(error=error), REQUEST, server, make_run(), KEY, "b.yaml", NOT_STRICT,
                   None)  # fmt: skip
+
+
+def test_a_case_is_judged_at_the_look_of_its_rounds(tmp_path, make_case, make_run, reference_fp):
+    """With the automatic extension (4 looks) a run of ``r`` rounds is judged at look ``r``
+    of the Pocock-type boundary (the extension's own counter; at most the last look);
+    without it, one look at the whole share."""
+    path = tmp_path / "b.yaml"
+    write_baselines(path, {"name": "box"}, [make_case()])
+    inputs, server = _inputs(load_baselines(path), path=path), _server(reference_fp)
+    extended = dataclasses.replace(REQUEST, looks=MAX_LOOKS)
+    for rounds, look in ((1, 1), (2, 2), (4, 4), (9, 4)):
+        run = dataclasses.replace(make_run(), rounds=rounds)
+        judged = judge_one(inputs, extended, server, run, KEY, "b.yaml", NOT_STRICT, None)
+        family = judged.case.family
+        assert family == Family(looks=MAX_LOOKS, look=look)
+        metrics = judged.outcome.verdict.metrics
+        first = family.gate_alpha(len(metrics))
+        assert metrics and min(m.alpha for m in metrics) == pytest.approx(first)
+    run = dataclasses.replace(make_run(), rounds=3)
+    judged = judge_one(inputs, REQUEST, server, run, KEY, "b.yaml", NOT_STRICT, None)
+    assert judged.case.family == Family()

@@ -325,6 +325,28 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
     assert case["culprit"] in ("verify", "step"), case["culprit"]
 
 
+@uses("STANDALONE", judged=True)
+def test_a_a_in_one_run_on_one_attached_server_does_not_fail(pytester: pytest.Pytester,
+                                                             pool: live.Pool) -> None:  # fmt: skip
+    """A/B in one run, A/A: the shared STANDALONE server is both sides (B attached, A
+    ``--specperf-ab url=`` of the same server), no canary, no baseline: nothing differs, so
+    the case must not fail (``test_sglang_live_ab.py`` has the canary that must)."""
+    server = pool.get("STANDALONE")
+    where = f"{server.url},run-dir={server.run_dir}"
+    result, report = _perf(pytester, *_attach(server), f"--specperf-ab=url={where}",
+                           "--specperf-processes=1", "--specperf-tolerance=30%",
+                           k="contiguous")  # fmt: skip
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"*A/B in this run: B (this build) against A (url={where})*"])
+    assert report is not None and report["comparison"] == {
+        "mode": "ab",
+        "reference": f"url={where}",
+    }
+    (case,) = report["cases"]
+    assert case["ab"]["order"] == ["A1 B1 B1 A1"] and case["baseline"]["file"] is None
+    assert case["verdict"] != "SLOWER", case["verdict"]
+
+
 @uses(None)
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
 def test_speculative_output_equals_plain_greedy_and_hooks_match_the_decode_log(

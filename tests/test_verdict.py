@@ -19,7 +19,7 @@ from pytest_specperf.judging.verdict import (
     paired_noise,
 )
 
-#: A gate's level in a run of the default suite: 7 tests, 4 looks, 6 gates a case.
+#: A gate's level in a run of the default suite: 7 tests, 6 gates a case, the first of 4 looks.
 RUN_GATE_ALPHA = Family(tests=7, looks=4).gate_alpha(6)
 
 # Per-step verify times (ms) of 4 blocks x 4 steps, as recorded on the 2-core CPU box.
@@ -338,6 +338,13 @@ def test_tokens_per_s_without_a_read_time_is_judged_raw():
     assert mv is not None and mv.basis is None and mv.verdict is Verdict.SLOWER
 
 
+def _rec(data: dict) -> object:
+    """A test double of a case's record (``CaseRecord``): only the data the note reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(data=data)
+
+
 def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
     """Steps 2.8x longer with KV reads 2.8x longer: every case SAME, and the summary says
     the raw times come from another machine; at the same read time it says nothing."""
@@ -351,25 +358,25 @@ def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
     slow = judge_gate("step", base, _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), tol)
     same = judge_gate("step", base, _decode_metrics(40.4, 6.9, [3, 4, 2, 3]), tol)
     assert slow is not None and same is not None and slow.verdict is Verdict.SAME
-    case = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), report={})
+    case = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), record=_rec({}))
     note = machine_note([case] * 3)  # type: ignore[list-item]
     assert note is not None
     assert note.startswith("machine: KV reads took 2.80x as long as in the baselines (median of 3")
     assert "under its own name (--specperf-device NAME or --specperf-baselines DIR)" in note
     assert machine_note([case], recording=True) is None  # type: ignore[list-item]
-    assert machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(same,), report={})]) is None  # type: ignore[list-item]
+    assert machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(same,), record=_rec({}))]) is None  # type: ignore[list-item]
     # a throttled GPU's INVALID case reads slowly too: not another machine
-    invalid = SimpleNamespace(verdict=Verdict.INVALID, metrics=(slow,), report={})
+    invalid = SimpleNamespace(verdict=Verdict.INVALID, metrics=(slow,), record=_rec({}))
     assert machine_note([invalid]) is None  # type: ignore[list-item]
     # a verdict read back from JSON without a finite change is left out, not printed as nan
-    broken = SimpleNamespace(verdict=Verdict.SAME, metrics=(dataclasses.replace(slow, change=math.nan),), report={})
+    broken = SimpleNamespace(verdict=Verdict.SAME, metrics=(dataclasses.replace(slow, change=math.nan),), record=_rec({}))
     assert machine_note([broken]) is None  # type: ignore[list-item]
     # faster reads: "0.36x as long", never "2.80x less time"
     fast = judge_gate("step", _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), base, tol)
-    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(fast,), report={})])  # type: ignore[list-item]
+    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(fast,), record=_rec({}))])  # type: ignore[list-item]
     assert note is not None and note.startswith("machine: KV reads took 0.36x as long as")
     # the server's thread waited for a CPU a fifth of the step: load, not another machine
     busy = {"bottleneck": {"figures": {"runq_share": 0.2}}}
-    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), report=busy)])  # type: ignore[list-item]
+    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), record=_rec(busy))])  # type: ignore[list-item]
     assert note is not None and "this machine was loaded (the server's thread waited for a CPU 20%" in note
     assert "another machine, or" not in note

@@ -29,7 +29,7 @@ from pytest_specperf.server.protocol import is_speculative
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, ToleranceSpec
 from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import run_from_case
-from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
+from pytest_specperf.store.report import CaseRecord, Report, ReportError, read_report
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -56,7 +56,7 @@ def resolve_run(arg: str, storage: Path) -> Path:
     raise RunNotFound(f"{arg!r} names {len(found)} runs in {storage} ({names}); be more precise")
 
 
-def _tolerances(report: Report, case: CaseReport, given: ToleranceSpec | None) -> Tolerances:
+def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -> Tolerances:
     """The parts ``given``, the others the case's own (marker and options included), else
     the run's."""
     own = Tolerances.from_json(case.data.get("tolerances"))
@@ -66,7 +66,7 @@ def _tolerances(report: Report, case: CaseReport, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
-def _case(report: Report, c: CaseReport, tolerances: Tolerances) -> Case:
+def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
     gates = c.data.get("gates")
     return Case(
         nodeid=str(c.data.get("nodeid") or c.test),

@@ -15,8 +15,8 @@ averaged over its processes and rounds; its noise is ``w^2 + tau^2 (1/N_B + 1/N_
 ``tau^2`` is estimated from the spread of the processes within each side
 (``tested_evidence``), pooled with the device prior. Student's t on the Welch-Satterthwaite
 degrees of freedom, at the level the run's false-alarm budget leaves the gate
-(``judging.significance``: Bonferroni over tests, cases and looks, Holm over the case's
-gates). docs/ab.md redoes one by hand.
+(``judging.significance``: Bonferroni over tests and cases, a Pocock-type spending
+boundary over the extension's looks, Holm over the case's gates). docs/ab.md redoes one by hand.
 
 ``pair_changes`` and ``paired_t`` give the coarser per-pair figures (the ratio of B's to A's
 median per pair of processes, Student's t on ``pairs - 1`` degrees of freedom) that the

@@ -25,7 +25,7 @@ Judged = tuple[tuple[MetricVerdict, ...], ...]
 
 
 class JudgedCase(Protocol):
-    """A case as a stored report gives it back (``store.report.CaseReport``)."""
+    """A case as a stored report gives it back (``store.report.CaseRecord``)."""
 
     @property
     def test(self) -> str: ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -246,17 +246,20 @@ def mirror_pairs(base: Mapping[str, Summary], phases: Sequence[str]) -> list[tup
     return out
 
 
-def _holm(judged: list[MetricVerdict], alpha: float) -> list[MetricVerdict]:
+def _holm(
+    judged: list[MetricVerdict], alpha: float, level: Callable[[float], float] | None = None
+) -> list[MetricVerdict]:
     """Holm's step-down over the case's gates at the case's level ``alpha``: a gate whose
     one-sided p-value clears its Holm level is judged at that level's critical value (a
     SLOWER needs the change beyond the tolerance too). The first pass judged every gate
-    at Bonferroni's ``alpha / m``, the level of the first step; later steps only widen."""
+    at Bonferroni's ``alpha / m``, the level of the first step; later steps only widen.
+    ``level``: a step's share to its nominal level at this look (``Family.level``)."""
     ps = [
         p_worse(m.change, m.noise, m.df if m.df is not None else math.inf,
                 higher_is_better=spec(m.metric).higher_is_better)
         for m in judged
     ]  # fmt: skip
-    levels = holm_levels(ps, alpha)
+    levels = holm_levels(ps, alpha) if level is None else holm_levels(ps, alpha, level)
     order = sorted(range(len(judged)), key=lambda i: ps[i])
     out = list(judged)
     for i in order:
@@ -311,8 +314,9 @@ def compare(
 
     ``base`` is the latest baseline run, ``base_runs`` all of them (oldest first; default:
     ``base`` alone); ``run`` is judged with its siblings (one run per server process), in
-    the sitting ``sitting``. The case spends ``family.case_alpha``: each of its ``m``
-    gates is judged at ``alpha / m``, then Holm's step-down (``significance``).
+    the sitting ``sitting``. The case spends ``family.case_alpha`` over its looks: each
+    of its ``m`` gates is judged at this look's level of ``alpha / m``, then Holm's
+    step-down (``significance``).
     ``tokens_per_s`` beside ``step`` with a fixed accept length is the step's test again:
     not judged twice."""
     runs = Runs(
@@ -340,7 +344,7 @@ def compare(
             missing.append(m)
         else:
             judged.append(mv)
-    judged = _holm(judged, family.case_alpha)
+    judged = _holm(judged, family.case_alpha, family.level)
     judged = downgrade_disturbed(judged, runs_disturbance(runs))
     judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
     if missing:

@@ -12,18 +12,28 @@ reports and JSON. A metric is one of:
 * a **utilization** in percentage points (device-busy share, active share, NVML/GPM SM,
   DRAM, tensor);
 * a **rate** (tokens/s) or a **count** (accepted tokens per step), judged on their mean.
+
+A metric read straight from one step record carries its per-step sample (``sample``):
+``judging.samples`` makes a column of every such entry, so a new probe field is its
+measurement (``probe/``) and its entry here. A column that only explains the others is
+not gateable (``gateable=False``) and may stay out of the baselines (``stored=False``).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
+from pytest_specperf.probe.record import StepRecord
 
 Center = Literal["median", "mean"]
 ToleranceKind = Literal["phase", "step"]
+#: A metric's value in one step, read from its record; None where the step did not
+#: measure it (a NaN in the column, left out of the summary)
+Sample = Callable[[StepRecord], float | None]
 
 
 class MetricKind(str, enum.Enum):
@@ -50,6 +60,14 @@ class MetricSpec:
     #: for utilizations: factor from the stored value to percent (a share 0.42 -> 42%)
     to_percent: float = 1.0
     description: str = ""
+    #: its per-step sample, for a metric read straight from one step record: a run has
+    #: the column when some record measured it (``judging.samples``)
+    sample: Sample | None = field(default=None, compare=False)
+    #: whether a test may gate on it (``gate=[...]``)
+    gateable: bool = True
+    #: whether a baseline stores it (an update records it, so adding a stored metric
+    #: starts every case's stored runs again: "the set of recorded metrics changed")
+    stored: bool = True
 
     @property
     def in_points(self) -> bool:
@@ -78,6 +96,10 @@ ACTIVE_SHARE: Final = "active_share"
 #: share of a step's off-CPU time (wall minus the thread's CPU time) the probe's thread was
 #: runnable but had no CPU (a busy machine); on the steps that read it
 RUNQ_SHARE: Final = "runq.share"
+#: times the probe's thread was put (back) on a CPU during a step: each one ends a wait
+#: (a block on a lock, a device sync, an intra-op pool, or a preemption); on the steps
+#: that read the run-queue time
+RUNQ_SLICES: Final = "runq.slices"
 
 _REST_SUFFIX: Final = "/rest"
 _DEVICE_PREFIX: Final = "device."
@@ -89,6 +111,19 @@ STEP_PARTS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
 #: A phase is gated by default, counted in a case's disturbance, and named as noisy in a
 #: baseline when it takes at least this share of the baseline's step.
 MIN_PHASE_SHARE: Final = 0.05
+
+
+def _runq_share(r: StepRecord) -> float | None:
+    """The share of the step's off-CPU time (wall minus the thread's CPU time) the thread
+    waited for a CPU; None on a step that did not read both."""
+    if r.cpu_ns is None or r.step_runq_ns is None:
+        return None
+    off = r.step_ns - (r.step_cpu_ns or 0)
+    return min(r.step_runq_ns / off, 1.0) if off > 0 else None
+
+
+def _runq_slices(r: StepRecord) -> float | None:
+    return None if r.step_slices is None else float(r.step_slices)
 
 
 def _phase(name: str) -> MetricSpec:
@@ -139,11 +174,34 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(UTIL_DRAM, "%", MetricKind.UTILIZATION, True, description="GPM DRAM bandwidth"),
     MetricSpec(UTIL_TENSOR, "%", MetricKind.UTILIZATION, True, description="GPM tensor pipes"),
     MetricSpec(UTIL_GPU, "%", MetricKind.UTILIZATION, True, description="NVML GPU utilization"),
+    MetricSpec(
+        RUNQ_SHARE,
+        "share",
+        MetricKind.SHARE,
+        description="share of the step's off-CPU time the probe's thread waited for a CPU",
+        sample=_runq_share,
+        gateable=False,
+    ),
+    MetricSpec(
+        RUNQ_SLICES,
+        "1/step",
+        MetricKind.COUNT,
+        center="mean",
+        description="times the probe's thread got a CPU during the step (Linux schedstat)",
+        sample=_runq_slices,
+        gateable=False,
+        stored=False,
+    ),
 )
 
-#: Every metric a case can gate (``@pytest.mark.specperf(gate=[...])``), by name.
+#: Every metric, by name.
 REGISTRY: Final[dict[str, MetricSpec]] = {s.name: s for s in _SPECS}
-GATEABLE: Final[tuple[str, ...]] = tuple(REGISTRY)
+#: Every metric a case can gate (``@pytest.mark.specperf(gate=[...])``).
+GATEABLE: Final[tuple[str, ...]] = tuple(s.name for s in _SPECS if s.gateable)
+#: The metrics read straight from one step record, each a column of the run's samples.
+RECORD_COLUMNS: Final[tuple[tuple[str, Sample], ...]] = tuple(
+    (s.name, s.sample) for s in _SPECS if s.sample is not None
+)
 #: Utilizations read from NVML/GPM telemetry (one median per run, no blocks).
 TELEMETRY_UTILIZATIONS: Final[tuple[str, ...]] = (UTIL_SM, UTIL_DRAM, UTIL_TENSOR, UTIL_GPU)
 #: Utilizations gated by default when the baseline and the run both have them.
@@ -211,8 +269,10 @@ def active_form(name: str) -> str:
 
 def is_stored(name: str) -> bool:
     """Whether a baseline stores ``name``: not the ``active.`` forms (sampled steps only on
-    a GPU, the ``cpu.`` forms again on a CPU); their share, ``active_share``, is stored."""
-    return not name.startswith(_ACTIVE_PREFIX)
+    a GPU, the ``cpu.`` forms again on a CPU; their share, ``active_share``, is stored),
+    nor a metric whose entry says ``stored=False``."""
+    entry = REGISTRY.get(name)
+    return not name.startswith(_ACTIVE_PREFIX) and (entry is None or entry.stored)
 
 
 def is_phase(name: str) -> bool:
@@ -221,4 +281,4 @@ def is_phase(name: str) -> bool:
 
 def unknown_gates(names: list[str] | tuple[str, ...]) -> list[str]:
     """The names that are not gateable metrics."""
-    return [n for n in names if n not in REGISTRY]
+    return [n for n in names if n not in GATEABLE]

@@ -19,7 +19,7 @@ from pytest_specperf.judging.metrics import (
     ACTIVE_SHARE,
     DEVICE_BUSY,
     DEVICE_STEP,
-    RUNQ_SHARE,
+    RECORD_COLUMNS,
     STEP,
     STEP_PER_REF,
     TOKENS_PER_S,
@@ -210,7 +210,7 @@ def _empty_samples(
         names.append(STEP_PER_REF)
     parts = (*phases, UNACCOUNTED, STEP)
     if cpu:
-        names += [cpu_form(p) for p in parts] + [RUNQ_SHARE]
+        names += [cpu_form(p) for p in parts]
     if active is not None:
         names += [active_form(p) for p in parts] + [ACTIVE_SHARE]
     return {n: [] for n in names}
@@ -230,7 +230,7 @@ def _add_cpu(out: dict[str, list[float]], r: StepRecord, phases: tuple[str, ...]
     """The thread's CPU time per phase, outside every phase, and over the step (ms; NaN on
     a step that did not read it)."""
     if r.cpu_ns is None:
-        for name in [*(cpu_form(p) for p in (*phases, UNACCOUNTED, STEP)), RUNQ_SHARE]:
+        for name in (cpu_form(p) for p in (*phases, UNACCOUNTED, STEP)):
             out[name].append(math.nan)
         return
     cpu = r.cpu_ns
@@ -241,9 +241,15 @@ def _add_cpu(out: dict[str, list[float]], r: StepRecord, phases: tuple[str, ...]
     # one thread's CPU time cannot exceed the wall time it lies in (clock reads aside)
     out[cpu_form(UNACCOUNTED)].append(max(min(step - total, r.unaccounted_ns), 0) / 1e6)
     out[cpu_form(STEP)].append(step / 1e6)
-    off = r.step_ns - step
-    runq = r.step_runq_ns
-    out[RUNQ_SHARE].append(min(runq / off, 1.0) if runq is not None and off > 0 else math.nan)
+
+
+def _add_columns(out: dict[str, list[float]], records: Sequence[StepRecord]) -> None:
+    """The metrics read straight from one record (``metrics.RECORD_COLUMNS``): a column
+    where some record measured it, NaN on the steps that did not."""
+    for name, sample in RECORD_COLUMNS:
+        column = [sample(r) for r in records]
+        if any(x is not None for x in column):
+            out[name] = [math.nan if x is None else x for x in column]
 
 
 def _add_active(
@@ -320,6 +326,7 @@ def samples_from_records(
             _add_cpu(out, r, phases)
         if active is not None:
             _add_active(out, r, active, phases)
+    _add_columns(out, records)
     return out
 
 

@@ -9,19 +9,26 @@ that each case's decision is final when the case ends:
 1. **Over cases (Bonferroni)**: each of the run's ``T`` specperf tests gets ``alpha / T``
    (``T`` is known when collection ends); a test that measures ``c`` cases gives each
    ``alpha / (T c)``.
-2. **Over looks (Bonferroni, Pocock-shaped)**: the automatic extension judges a case
-   after each round, at most ``MAX_LOOKS`` times; each look gets an equal share, ``1 /
-   looks`` of the case's budget: a constant boundary over the looks (Pocock's shape), with
-   Bonferroni's bound in place of Pocock's exact constant, which is slightly smaller and
-   needs the looks' correlation (a recursive integral) a reviewer cannot redo by hand.
+2. **Over looks (alpha spending)**: the automatic extension judges a case after each
+   round, at most ``MAX_LOOKS`` times. The looks' statistics are strongly correlated (each
+   look's data include the earlier looks'), so instead of an equal Bonferroni share each
+   look gets the nominal level of a group-sequential boundary (``judging.spending``:
+   Lan-DeMets' Pocock-type spending function ``alpha ln(1 + (e - 1) t)`` at the
+   information fractions ``t = k / MAX_LOOKS`` of equal rounds, fixed in advance). Every
+   look gets more than Bonferroni's ``1 / MAX_LOOKS`` and the case still spends at most
+   its share over all its looks, however many of them the extension takes.
 3. **Over a case's gates (Holm)**: the ``m`` one-sided p-values of the case at one look,
-   sorted, are compared with ``a/m, a/(m-1), ..., a/1`` in turn; the gates up to the
-   first that fails the comparison are significant. A gate is SLOWER when it is
+   sorted, are compared with the look's nominal levels of ``a/m, a/(m-1), ..., a/1``
+   (``a`` the case's share, each spent over the looks) in turn; the gates up to the first
+   that fails the comparison are significant. A gate is SLOWER when it is
    significant **and** its change exceeds the tolerance.
 
 Each p-value is Student's t: ``p = P(T_df > change / noise)`` on the noise's
-Welch-Satterthwaite degrees of freedom (``judging.noise``). The family-wise guarantee:
-with no real change anywhere, P(any SLOWER in the run) <= ``RUN_ALPHA``.
+Welch-Satterthwaite degrees of freedom (``judging.noise``); the boundary's normal
+critical values enter as nominal levels (the single-look tail they cut), at which the
+t statistic is judged (the usual "nominal p" use of a boundary with estimated noise).
+The family-wise guarantee: with no real change anywhere, P(any SLOWER in the run) <=
+``RUN_ALPHA`` (approximately over the looks: docs/statistics.md, section 3).
 
 Mirror gates: when two phases make up nearly all of each other's rest of the step
 (``verify/rest`` and ``draft/rest``), their judged forms are one quantity seen from both
@@ -33,15 +40,19 @@ image, not news (``MIRROR_SHARE``).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pytest_specperf.judging.spending import POCOCK, look_level
 from pytest_specperf.judging.stats import t_quantile, t_sf
 
 #: The chance, per run, that a run with no real change fails somewhere.
 RUN_ALPHA = 0.05
 #: Most looks the automatic extension takes at a case (its first round included).
 MAX_LOOKS = 4
+#: The spending function over the looks (``judging.spending``): Pocock-type spends more
+#: on the early looks, the ones that decide most cases (docs/statistics.md, section 3).
+SPENDING = POCOCK
 #: Two phases mirror each other when each takes at least this share of the other's rest.
 MIRROR_SHARE = 0.8
 
@@ -58,28 +69,44 @@ class Family:
     cases: int = 1
     #: looks per case (1 without the automatic extension, else ``MAX_LOOKS``)
     looks: int = 1
+    #: the look being judged (1 to ``looks``): the run's rounds so far
+    look: int = 1
 
     def __post_init__(self) -> None:
         if not 0 < self.run_alpha < 1:
             raise ValueError(f"run_alpha must be in (0, 1), got {self.run_alpha!r}")
-        for name in ("tests", "cases", "looks"):
+        for name in ("tests", "cases", "looks", "look"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Family.{name} must be a positive integer, got {v!r}")
+        if self.look > self.looks:
+            raise ValueError(f"Family.look must be at most looks ({self.looks}), got {self.look}")
 
     @property
     def case_alpha(self) -> float:
-        """The budget of one look at one case: ``run_alpha / (tests x cases x looks)``."""
-        return self.run_alpha / (self.tests * self.cases * self.looks)
+        """One case's budget over all its looks: ``run_alpha / (tests x cases)``."""
+        return self.run_alpha / (self.tests * self.cases)
+
+    def level(self, alpha: float) -> float:
+        """The nominal level, at this look, of a test that spends ``alpha`` over the looks
+        (``alpha`` itself with one look)."""
+        return look_level(alpha, self.look, self.looks, SPENDING)
+
+    @property
+    def look_alpha(self) -> float:
+        """The case's level at this look (Holm's last step)."""
+        return self.level(self.case_alpha)
 
     def gate_alpha(self, gates: int) -> float:
-        """A gate's level in the worst case (the first Holm step, Bonferroni's level)."""
-        return self.case_alpha / max(1, gates)
+        """A gate's level at this look in the worst case (the first Holm step,
+        Bonferroni's share of the case spent over the looks)."""
+        return self.level(self.case_alpha / max(1, gates))
 
     def describe(self) -> str:
+        looks = f"{self.looks} look(s) (Pocock-type spending)" if self.looks > 1 else "1 look"
         return (
             f"false alarms <= {self.run_alpha:.0%} per run: {self.tests} test(s) x "
-            f"{self.cases} case(s) x {self.looks} look(s), Holm over each case's gates"
+            f"{self.cases} case(s) x {looks}, Holm over each case's gates"
         )
 
 
@@ -107,23 +134,32 @@ def p_worse(change: float, noise: float, df: float, *, higher_is_better: bool = 
     return t_sf(worse / noise, df)
 
 
-def holm(pvalues: Sequence[float], alpha: float) -> list[bool]:
-    """Holm's step-down: which of ``pvalues`` are significant at family level ``alpha``."""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    out = [False] * m
-    for rank, i in enumerate(order):
-        if pvalues[i] > alpha / (m - rank):
+def _same(alpha: float) -> float:
+    return alpha
+
+
+def holm(
+    pvalues: Sequence[float], alpha: float, level: Callable[[float], float] = _same
+) -> list[bool]:
+    """Holm's step-down: which of ``pvalues`` are significant at family level ``alpha``
+    (``level``: a step's share to the nominal level it is judged at, e.g. a look's)."""
+    levels = holm_levels(pvalues, alpha, level)
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out = [False] * len(pvalues)
+    for i in order:
+        if pvalues[i] > levels[i]:
             break
         out[i] = True
     return out
 
 
-def holm_levels(pvalues: Sequence[float], alpha: float) -> list[float]:
-    """Each p-value's Holm level ``alpha / (m - rank)`` (rank 0: the smallest p)."""
+def holm_levels(
+    pvalues: Sequence[float], alpha: float, level: Callable[[float], float] = _same
+) -> list[float]:
+    """Each p-value's Holm level ``level(alpha / (m - rank))`` (rank 0: the smallest p)."""
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
-    levels = [alpha / m] * m
+    levels = [level(alpha / m)] * m
     for rank, i in enumerate(order):
-        levels[i] = alpha / (m - rank)
+        levels[i] = level(alpha / (m - rank))
     return levels

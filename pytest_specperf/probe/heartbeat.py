@@ -8,6 +8,19 @@ while a request runs: a server whose steps or CPU time advance is making progres
 prefill on a big model uses CPU, and on SGLang each prefill chunk is a step), however
 slow it is; one where neither advanced for ``STALL_S`` is frozen (stopped, paused) or
 hung on a lock. The per-request deadline stays as the backstop for a hang that burns CPU.
+
+The file alone misses two kinds of work, so before calling a server stalled the watch also
+reads the kernel's own account of the file's process (Linux ``/proc``, same machine):
+
+- work done in its **child processes**: a first request on a cold compile cache waits for
+  torch.compile's workers and the C++ compiler they run (Inductor on a CPU, Triton or JIT
+  kernels on a GPU), for tens of seconds, while the scheduler itself uses no CPU;
+- time spent **waiting for a CPU** (runnable, on a run queue): on a loaded or niced
+  machine a working process may get under ``CPU_PROGRESS_S`` of CPU in ``STALL_S``, and
+  its heartbeat thread may not get to write at all.
+
+Both count as progress (:func:`tree_activity_s`). A stopped process (SIGSTOP) or one
+blocked on a lock neither runs nor waits to run, in itself or in a child: still stalled.
 """
 
 from __future__ import annotations
@@ -29,6 +42,8 @@ STALL_S = 6.0
 #: frozen process uses none; an idle one a few ms in ``STALL_S``: its heartbeat, its HTTP
 #: loop's wake-ups).
 CPU_PROGRESS_S = 0.05
+#: Clock ticks per second of ``/proc/<pid>/stat``'s CPU times.
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 #: Names of the progress files.
 PROGRESS_GLOB = "progress-rank*-pid*.json"
 #: Width every write pads its line to (so that a shorter line overwrites a longer one).
@@ -97,15 +112,80 @@ class Heartbeat:
             os.close(self._fd)
 
 
+def _pid_of(name: str) -> int | None:
+    """The pid a progress file is named after (None: not one of ours)."""
+    try:
+        return int(name.rsplit("-pid", 1)[1].split(".", 1)[0].split("-", 1)[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _stat(pid: str, proc: Path) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds) of ``pid`` from ``<proc>/<pid>/stat`` (None: gone)."""
+    try:
+        raw = (proc / pid / "stat").read_bytes()
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        # after the name: state, ppid, ..., utime (index 11), stime (12)
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _run_queue_s(pid: int, proc: Path) -> float:
+    """Seconds the live threads of ``pid`` spent runnable without a CPU (schedstat)."""
+    total = 0
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_bytes().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
+def tree_activity_s(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """Seconds ``pid`` and its live descendants have run on a CPU or waited on a run
+    queue for one (the kernel's account in ``proc``: ``stat`` CPU times, every thread's
+    ``schedstat`` wait). It only grows while some process of the tree works or wants to;
+    a frozen or blocked tree holds it still. None where ``proc`` does not show ``pid``
+    (another machine, another PID namespace, not Linux)."""
+    mine = _stat(str(pid), proc)
+    if mine is None:
+        return None
+    parents: dict[int, list[tuple[int, float]]] = {}
+    try:
+        entries = [e.name for e in os.scandir(proc) if e.name.isdigit()]
+    except OSError:
+        entries = []
+    for name in entries:
+        st = _stat(name, proc)
+        if st is not None:
+            parents.setdefault(st[0], []).append((int(name), st[1]))
+    total = mine[1] + _run_queue_s(pid, proc)
+    todo, seen = [pid], {pid}
+    while todo:
+        for child, cpu_s in parents.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+                total += cpu_s + _run_queue_s(child, proc)
+    return total
+
+
 def _gone(name: str) -> bool:
     """Whether the process a progress file is named after no longer exists (a file left
     by an earlier server in a reused run directory never advances: it is not watched)."""
+    pid = _pid_of(name)
+    if pid is None:
+        return False
     try:
-        pid = int(name.rsplit("-pid", 1)[1].split(".", 1)[0].split("-", 1)[0])
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except (ValueError, IndexError, OSError):  # another user's process: it exists
+    except OSError:  # another user's process: it exists
         return False
     return False
 
@@ -135,12 +215,24 @@ class ProgressWatch:
     how long nothing advanced once that reaches ``stall_s``. Without any progress file
     (a server without the probe) it never says so: the request deadline alone applies."""
 
-    def __init__(self, run_dir: str | os.PathLike[str] | None, stall_s: float = STALL_S) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None,
+        stall_s: float = STALL_S,
+        *,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        """``proc``: where the kernel's account of processes is read (``tree_activity_s``)."""
         self.run_dir = run_dir
         self.stall_s = stall_s
+        self.proc = proc
         self._seen: dict[str, Progress] = {}
         self._since = time.monotonic()
         self.last: dict[str, Progress] = {}
+        #: per progress file, the kernel's account of its process tree (tree_activity_s)
+        #: when the file last stopped advancing, and as last read
+        self._tree_from: dict[str, float] = {}
+        self._tree_now: dict[str, float] = {}
 
     def _advanced(self, now: dict[str, Progress]) -> bool:
         for name, p in now.items():
@@ -148,6 +240,22 @@ class ProgressWatch:
             if was is None or p.steps != was.steps or p.cpu_s - was.cpu_s >= CPU_PROGRESS_S:
                 return True
         return False
+
+    def _tree_active(self, now: dict[str, Progress]) -> bool:
+        """Whether some watched process, or a child of it, ran on a CPU or waited for one
+        for ``CPU_PROGRESS_S`` since its file stopped advancing (``tree_activity_s``)."""
+        active = False
+        for name in now:
+            pid = _pid_of(name)
+            tree = tree_activity_s(pid, self.proc) if pid is not None else None
+            if tree is None:
+                continue
+            self._tree_now[name] = tree
+            was = self._tree_from.setdefault(name, tree)
+            if tree - was >= CPU_PROGRESS_S:
+                self._tree_from[name] = tree
+                active = True
+        return active
 
     def restart(self) -> None:
         """Count from now (a new request)."""
@@ -165,6 +273,11 @@ class ProgressWatch:
         if self._advanced(now):
             self._seen = now
             self._since = t
+            self._tree_from.clear()
+            self._tree_now.clear()
+            return None
+        if self._tree_active(now):
+            self._since = t
             return None
         idle = t - self._since
         return idle if idle >= self.stall_s else None
@@ -173,6 +286,12 @@ class ProgressWatch:
         """The progress files as last read, for a failure message."""
         parts = [
             f"{name}: {p.steps} steps, {p.cpu_s:.2f} s CPU, beat {p.beats}"
+            + (
+                f", with its child processes {self._tree_now[name] - self._tree_from[name]:.2f}"
+                " s on or waiting for a CPU in the stall"
+                if name in self._tree_now
+                else ""
+            )
             for name, p in sorted(self.last.items())
         ]
         return "; ".join(parts)[:400] or "no progress file"

@@ -37,7 +37,9 @@ class StepRecord:
     probe's thread in each phase (``thread_time_ns``, exclusive in the same way) and
     ``step_cpu_ns`` over the whole step: wall minus CPU time is time the thread waited
     (``None`` in version 1 records); ``step_runq_ns`` is the part of that wait the thread
-    was runnable but had no CPU (a busy machine; Linux schedstat, else None). ``kernels``
+    was runnable but had no CPU (a busy machine; Linux schedstat, else None), and
+    ``step_slices`` how many times it got a CPU during the step (schedstat's timeslices:
+    each ends a wait; 0: the step ran through). ``kernels``
     is set on sampled steps only. ``device_gap_ns`` (GPU, SGLang) is the device's idle time
     between the previous step's forward (its step method's call) and this step's: CUDA
     events on the stream current at both calls; None where not measured.
@@ -62,6 +64,7 @@ class StepRecord:
     cpu_ns: dict[str, int] | None = None
     step_cpu_ns: int | None = None
     step_runq_ns: int | None = None
+    step_slices: int | None = None
     kernels: KernelSample | None = None
     device_gap_ns: int | None = None
 
@@ -87,6 +90,7 @@ class StepRecord:
             "cpu_ns": self.cpu_ns,
             "step_cpu_ns": self.step_cpu_ns,
             "step_runq_ns": self.step_runq_ns,
+            "step_slices": self.step_slices,
             "kernels": self.kernels.to_json() if self.kernels is not None else None,
             "device_gap_ns": self.device_gap_ns,
         }
@@ -136,6 +140,7 @@ def _v2_fields(data: dict[str, Any]) -> dict[str, Any]:
     cpu = data.get("cpu_ns")
     step_cpu = data.get("step_cpu_ns")
     runq = data.get("step_runq_ns")
+    slices = data.get("step_slices")
     kernels = data.get("kernels")
     gap = data.get("device_gap_ns")
     return {
@@ -143,5 +148,6 @@ def _v2_fields(data: dict[str, Any]) -> dict[str, Any]:
         "cpu_ns": None if cpu is None else {str(k): int(v) for k, v in cpu.items()},
         "step_cpu_ns": None if step_cpu is None else int(step_cpu),
         "step_runq_ns": None if runq is None else int(runq),
+        "step_slices": None if slices is None else int(slices),
         "kernels": None if kernels is None else KernelSample.from_json(kernels),
     }

@@ -14,7 +14,8 @@ the phases plus ``unaccounted`` always add up to the step.
 On every ``CPU_EVERY``-th decode step the spans also read the CPU time of the calling
 thread (``thread_time_ns``): wall minus CPU time is time the thread waited inside the phase
 (a sleep, a lock, a blocking device sync that yields); the step also reads the thread's
-run-queue time (waiting for a CPU on a busy machine). With ``kernel_every=N`` every N-th
+run-queue time (waiting for a CPU on a busy machine) and, from the same read, the times
+it got a CPU (each ends a wait). With ``kernel_every=N`` every N-th
 decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose trace gives
 the device's active time inside each phase.
 
@@ -61,15 +62,17 @@ RUNQ_EVERY = 8
 
 
 class _RunQueue:
-    """Time the calling thread spent runnable but not running (waiting for a CPU), from
-    ``/proc/thread-self/schedstat`` (Linux); None where the kernel does not report it."""
+    """Time the calling thread spent runnable but not running (waiting for a CPU) and the
+    times it got a CPU, from ``/proc/thread-self/schedstat`` (Linux); None where the
+    kernel does not report them."""
 
     __slots__ = ("_fds",)
 
     def __init__(self) -> None:
         self._fds: dict[int, int | None] = {}
 
-    def wait_ns(self) -> int | None:
+    def read(self) -> tuple[int, int] | None:
+        """``(run-queue wait ns, timeslices)`` of the calling thread so far."""
         tid = threading.get_native_id()
         fd = self._fds.get(tid, -1)
         if fd == -1:
@@ -81,7 +84,8 @@ class _RunQueue:
         if fd is None:
             return None
         try:
-            return int(os.pread(fd, 64, 0).split()[1])
+            fields = os.pread(fd, 64, 0).split()
+            return int(fields[1]), int(fields[2])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -193,7 +197,7 @@ def build_record(raw: RawStep) -> StepRecord:
     """The ``StepRecord`` of a step's raw figures (the lists may carry the unnamed frame's
     time last: it is left out, so it counts as ``unaccounted``)."""
     (step, wall, mode, rids, ctx, batch, accepted, step_ns, host_list, graphs, rank, pid,
-     labels, cpu_list, step_cpu_ns, runq_ns, kernels) = raw  # fmt: skip
+     labels, cpu_list, step_cpu_ns, runq, kernels) = raw  # fmt: skip
     named = host_list[:_HIDDEN]
     return StepRecord(
         step=step,
@@ -212,7 +216,8 @@ def build_record(raw: RawStep) -> StepRecord:
         labels=labels,
         cpu_ns=dict(zip(PHASES, cpu_list)) if cpu_list is not None else None,
         step_cpu_ns=step_cpu_ns,
-        step_runq_ns=runq_ns,
+        step_runq_ns=runq[0] if runq is not None else None,
+        step_slices=runq[1] if runq is not None else None,
         kernels=kernels,
     )
 
@@ -319,7 +324,7 @@ class StepProbe:
         n = self._decode_steps if mode in ("decode", None) else -1
         self._decode_steps += mode == "decode"
         self._cpu_on = n >= 0 and n % CPU_EVERY == 0
-        self._q0 = self._runq.wait_ns() if n >= 0 and n % RUNQ_EVERY == 0 else None
+        self._q0 = self._runq.read() if n >= 0 and n % RUNQ_EVERY == 0 else None
         self._t0 = self._last_t = _perf_ns()
         self._c0 = self._last_c = _thread_ns() if self._cpu_on else 0
 
@@ -416,7 +421,7 @@ class StepProbe:
             return
         c1 = _thread_ns() if self._cpu_on else 0
         t1 = _perf_ns()
-        q1 = self._runq.wait_ns() if self._q0 is not None else None
+        q1 = self._runq.read() if self._q0 is not None else None
         step_ns = t1 - self._t0
         while self._stack:  # a phase left open by an exception: close it at the step end
             idx = self._stack[-1][0]
@@ -428,7 +433,8 @@ class StepProbe:
         kernels = self._stop_sampling() if self._sampling else None
         if self._sampler is not None and self._mode == "decode":
             self._sampler.note_step(step_ns, kernels.cost_ns if kernels is not None else None)
-        runq = q1 - self._q0 if q1 is not None and self._q0 is not None else None
+        q0 = self._q0
+        runq = (q1[0] - q0[0], q1[1] - q0[1]) if q1 is not None and q0 is not None else None
         raw = self._raw(step_ns, c1 - self._c0, runq, accepted_tokens, kernels)
         self._step_no += 1
         if self._injector is not None:
@@ -455,7 +461,7 @@ class StepProbe:
         self,
         step_ns: int,
         step_cpu_ns: int,
-        runq_ns: int | None,
+        runq: tuple[int, int] | None,
         accepted_tokens: int,
         kernels: KernelSample | None,
     ) -> RawStep:
@@ -466,7 +472,7 @@ class StepProbe:
             self._step_no, self._wall, self._mode, list(self._rids), self._ctx, self._batch,
             accepted_tokens, step_ns, self._host, self._graphs, self._rank, self._pid,
             self._labels, self._cpu if cpu_on else None, step_cpu_ns if cpu_on else None,
-            runq_ns, kernels,
+            runq, kernels,
         )  # fmt: skip
 
     # -- spans ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S
 from pytest_specperf.judging.stats import stable
 from pytest_specperf.probe.phases import ALL_PHASES
-from pytest_specperf.store.report import JSON_SCHEMA_VERSION, SPECPERF_KEY, case_json, strict
+from pytest_specperf.store.report import JSON_SCHEMA_VERSION, SPECPERF_KEY, CaseRecord, strict
 
 #: pytest-benchmark's group of our cases (its table groups by ``group``).
 BENCHMARK_GROUP: Final = "specperf"
@@ -83,10 +83,10 @@ def _centers(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in _SUMMARY_KEEPS if k in summary}
 
 
-def history_case(o: CaseOutcome) -> dict[str, Any]:
-    """The case as a benchmark carries it: the report's case, less the derived fields,
-    its summaries cut to their centers."""
-    case = {k: v for k, v in case_json(o).items() if k not in _LEFT_OUT}
+def history_case(record: CaseRecord) -> dict[str, Any]:
+    """The case as a benchmark carries it: its record's JSON, less the derived fields, its
+    summaries cut to their centers (``read_report`` reads it back as a ``CaseRecord``)."""
+    case = {k: v for k, v in record.to_json().items() if k not in _LEFT_OUT}
     for name in _SUMMARIES:
         case[name] = _centers(case[name])
     for name in _SUMMARY_MAPS:
@@ -109,7 +109,7 @@ def extra_info(o: CaseOutcome) -> dict[str, Any]:
     out["verdict"] = o.verdict.verdict.value
     out["engine"] = engine_name(o.fingerprint)
     out["fingerprint"] = dict(o.fingerprint)
-    out[SPECPERF_KEY] = history_case(o)
+    out[SPECPERF_KEY] = history_case(CaseRecord.of(o))
     result: dict[str, Any] = strict(out)
     return result
 

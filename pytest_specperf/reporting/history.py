@@ -22,7 +22,7 @@ from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.store.report import (
-    CaseReport,
+    CaseRecord,
     ForeignFile,
     Report,
     ReportError,
@@ -144,7 +144,7 @@ class SavedRun:
     cases: tuple[CaseFigures, ...]
 
 
-def _figures(c: CaseReport) -> CaseFigures:
+def _figures(c: CaseRecord) -> CaseFigures:
     return CaseFigures(
         ident=(c.test, c.key, engine_name(c.fingerprint)),
         step_ms=c.step_median_ms,

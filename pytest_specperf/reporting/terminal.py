@@ -483,7 +483,7 @@ def _runq_share(cases: Sequence[CaseView]) -> float | None:
     server's thread runnable without a CPU), where measured."""
     shares = []
     for c in cases:
-        b = c.report.get("bottleneck")
+        b = c.record.data.get("bottleneck")
         figures = b.get("figures") if isinstance(b, Mapping) else None
         x = figures.get("runq_share") if isinstance(figures, Mapping) else None
         if isinstance(x, (int, float)) and math.isfinite(x):

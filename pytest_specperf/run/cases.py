@@ -64,9 +64,12 @@ class CaseRequest:
     tests: int = 1
     looks: int = 1
 
-    def family(self, cases: int) -> Family:
-        """The false-alarm family of a case of this test that has measured ``cases``."""
-        return Family(tests=self.tests, cases=max(1, cases), looks=self.looks)
+    def family(self, cases: int, rounds: int = 1) -> Family:
+        """The false-alarm family of a case of this test that has measured ``cases``, at
+        the look of a run of ``rounds`` rounds (the extension's counter: at most
+        ``looks``)."""
+        look = min(max(1, rounds), self.looks)
+        return Family(tests=self.tests, cases=max(1, cases), looks=self.looks, look=look)
 
     def key(self, context_len: int, layout: str, batch_size: int) -> str:
         """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
@@ -109,7 +112,7 @@ def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: D
         history=inputs.history_of(request.test, key),
         kv_traffic=_mapping(server.server_info.get("kv_read")),
         budgets=request.budgets,
-        family=request.family(cases),
+        family=request.family(cases, run.rounds),
         prior=inputs.prior,
         sitting=inputs.sitting,
     )

@@ -218,7 +218,7 @@ def _write_json(sess: RunState, commit: Callable[[], dict[str, Any] | None]) -> 
         "commit_info": commit(),
     }
     try:
-        write_report(path, payload_of_cases(header, [c.report for c in sess.cases]))
+        write_report(path, payload_of_cases(header, [c.record for c in sess.cases]))
         title = f"pytest-specperf: {sess.settings.backend} on {device_slug(sess)}"
         write_svg(path.with_suffix(".svg"), sess.cases, title)
     except OSError as e:

@@ -169,7 +169,7 @@ def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
                 extension: Extension, active: _Active | None = None) -> None:  # fmt: skip
     """More rounds of every process's blocks while some gated metric is UNSTABLE only for
     want of steps (``extension.undecided``), the next round fits in its time, and the
-    case has looks left (``MAX_LOOKS``: the false-alarm budget is split over them)."""
+    case has looks left (``MAX_LOOKS``: the false-alarm budget is spent over them)."""
     if extension.max_time_s <= 0:
         return
     round_s = progress.elapsed()  # the first round in every process, warm-ups included
@@ -180,7 +180,7 @@ def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
         if progress.elapsed() + round_s > extension.max_time_s:
             return  # the budget is spent: the verdict says so
         if decoders[0].measured(case).rounds >= MAX_LOOKS:
-            return  # the false-alarm budget was split over MAX_LOOKS looks
+            return  # the false-alarm budget was spent over MAX_LOOKS looks (judging.spending)
         t0 = time.monotonic()
         note = f"round {decoders[0].measured(case).rounds + 1} ({', '.join(metrics)} undecided)"
         for d in decoders:

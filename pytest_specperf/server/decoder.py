@@ -15,14 +15,16 @@ verdict pairs the mean of its rounds with it. The server's own metrics are cross
 over the first round, and GPU telemetry comes from one long decode after it.
 
 While a request runs, the server's progress is watched (``probe.heartbeat``: the steps
-its processes recorded and their CPU time, reported every half second): a server that
-made none for ``STALL_S`` is frozen or hung, and the case fails within seconds naming the
-request and its stage, whether or not the case's pace is known; a slow request that makes
-progress is never failed by that rule. Every request also has a deadline, the backstop for
-a hang that burns CPU: ``DEADLINE_FACTOR`` times what it should take at the pace known so
-far (the baseline's step time before the warm-up, then the pace the case's own requests
-showed: a prefill plus a time per step), never less than a floor. A launched server that
-exits fails the case at once, naming how it ended.
+its processes recorded and their CPU time, reported every half second, and, where the
+server runs on this machine, the kernel's account of its processes and their children,
+waiting for a CPU included): a server that made none for ``STALL_S`` is frozen or hung,
+and the case fails within seconds naming the request and its stage, whether or not the
+case's pace is known; a slow request that makes progress is never failed by that rule.
+Every request also has a deadline, the backstop for a hang that burns CPU:
+``DEADLINE_FACTOR`` times what it should take at the pace known so far (the baseline's
+step time before the warm-up, then the pace the case's own requests showed: a prefill
+plus a time per step), never less than a floor. A launched server that exits fails the
+case at once, naming how it ended.
 """
 
 from __future__ import annotations
@@ -268,9 +270,7 @@ class Decoder:
         self.sampler = sampler  # GPU telemetry over the measured blocks (not the warm-up)
         self.tail = RecordTail(server.run_dir, from_end=True)  # skip earlier cases' records
         self.watch = ProgressWatch(server.run_dir)  # the server's progress (frozen: none)
-        self._pool = futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="specperf-http"
-        )
+        self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="specperf-http")
         self.pace = pace or Pace(step_s=(baseline_step_ms or 0.0) / 1e3)
         self._got = _Blocks()
         self._window = _Window(time.monotonic())
@@ -372,7 +372,9 @@ class Decoder:
         return ServerFrozen(
             f"server made no progress for {stalled:.1f} s during {f.what}, {stage} (request "
             f"{f.rids[0]}): it recorded no step and used under {CPU_PROGRESS_S:g} s of CPU "
-            f"time ({self.watch.describe()}); it is frozen (stopped, paused) or hung"
+            "time, its child processes and time waiting for a CPU included where this "
+            f"machine's /proc shows them ({self.watch.describe()}); it is frozen (stopped, "
+            "paused) or hung"
         )
 
     def _check_alive(self, when: str = "during the case") -> None:

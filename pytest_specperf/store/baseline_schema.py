@@ -23,7 +23,6 @@ from pytest_specperf.judging.baselines import NotGated, RunRecord, keeps_blocks,
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     GATEABLE,
-    RUNQ_SHARE,
     STEP,
     STEP_PARTS,
     STEP_PER_REF,
@@ -127,12 +126,12 @@ def range_kind(metric: str) -> str:
     """Which of ``RANGES`` bounds ``metric``'s stored values."""
     if is_rest_form(metric) or metric == STEP_PER_REF:
         return "ratio"
-    if metric == RUNQ_SHARE:
-        return "share"
     try:
         s = spec(metric)
     except KeyError:
         return "other"
+    if s.unit == "share":
+        return "share"
     if s.unit == "ms":
         return "time"
     if s.kind is MetricKind.UTILIZATION:

@@ -29,7 +29,7 @@ from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.store.baseline_schema import Invalid, check_run, number
-from pytest_specperf.store.report import CaseReport, Report, ReportError, read_report
+from pytest_specperf.store.report import CaseRecord, Report, ReportError, read_report
 
 #: Reports read, the newest: about two weeks of nightly runs.
 HISTORY_REPORTS = 14
@@ -82,7 +82,7 @@ def _newest(directory: Path, limit: int, skipped: list[str]) -> list[Report]:
     return reports[-limit:] if limit else []
 
 
-def _runs_of(case: CaseReport, where: str) -> list[HistoryRun]:
+def _runs_of(case: CaseRecord, where: str) -> list[HistoryRun]:
     """The runs of one report case (``Invalid`` naming the field if one is unusable)."""
     data = case.data
     labels = data.get("labels")

@@ -22,7 +22,7 @@ from pytest_specperf.judging.samples import DecodeRun, Window, build_run
 from pytest_specperf.probe.layout import KVLayout
 from pytest_specperf.probe.phases import CORE_PHASES, PHASES
 from pytest_specperf.probe.record import GraphCount, StepRecord
-from pytest_specperf.store.report import CaseReport, ReportError
+from pytest_specperf.store.report import CaseRecord, ReportError
 from pytest_specperf.telemetry.summary import TelemetrySummary
 
 
@@ -127,7 +127,7 @@ def _probe_records(saved: Any, n: int) -> list[StepRecord]:
     return [StepRecord.from_json(r) for r in saved]
 
 
-def run_from_case(path: Path, case: CaseReport) -> DecodeRun:
+def run_from_case(path: Path, case: CaseRecord) -> DecodeRun:
     """The ``DecodeRun`` a saved case measured; ``ReportError`` naming the file and the
     case when its samples are missing or unusable. A case that saved the probe's records
     (``records``) is rebuilt from them, every measured field included; an older one from

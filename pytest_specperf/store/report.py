@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pytest_specperf.judging.ab import pair_changes
@@ -233,6 +234,8 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "verdict": o.verdict.verdict.value,
         "culprit": o.verdict.culprit,
         "reasons": [*o.verdict.reasons, *o.notes],
+        # the judge's notes, the tail of ``reasons`` (``CaseRecord.verdict_reasons``)
+        "notes": list(o.notes),
         "recorded": o.recorded,
         "labels": dict(run.labels),
         "steps": run.steps,
@@ -269,15 +272,23 @@ def case_json(o: CaseOutcome) -> dict[str, Any]:
         "records": [r.to_json() for r in run.records],
         "runs": [run_record_json(r) for r in run.processes],
         "ab": _ab_json(o),
+        **_device_json(run),
     }
-    if run.has_device_times:
-        out["device_phases"] = {
+    return out
+
+
+def _device_json(run: DecodeRun) -> dict[str, Any]:
+    """On a GPU: the device time's summaries per phase and over the step."""
+    if not run.has_device_times:
+        return {}
+    return {
+        "device_phases": {
             p: _summary_json(run.summaries[device_form(p)])
             for p in PHASES
             if device_form(p) in run.summaries
-        }
-        out["device_step_ms"] = run.summaries[device_form(STEP)].to_dict()
-    return out
+        },
+        "device_step_ms": run.summaries[device_form(STEP)].to_dict(),
+    }
 
 
 def write_report(path: Path, payload: Mapping[str, Any]) -> None:
@@ -294,15 +305,60 @@ def write_report(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
-class CaseReport:
-    """One case as read back from a report."""
+class CaseRecord:
+    """One judged case as written: the JSON report's case (``case_json``), the one record
+    of a case from the judge to every output.
+
+    ``CaseRecord.of`` makes it from the judged case; ``to_json`` is what the JSON report,
+    the pytest-xdist wire (inside ``CaseView``) and, less its derived fields, a
+    pytest-benchmark result hold; ``read_report`` gives it back with ``from_json``. The
+    terminal summary, the picture, the Markdown summary, ``specperf compare``, ``history``
+    and ``calibrate`` read a case's verdict, centers and figures from it."""
 
     test: str
     key: str
     verdict: Verdict
     metrics: tuple[MetricVerdict, ...]
+    #: the case's own median step (its ``step_ms`` summary)
     step_median_ms: float
     data: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, o: CaseOutcome) -> CaseRecord:
+        """The record of a case judged in this process (strict JSON, as written)."""
+        return cls.from_json(strict(case_json(o)))
+
+    @classmethod
+    def from_json(cls, c: Any) -> CaseRecord:
+        """Read ``to_json``'s form; ``ValueError`` naming the problem if it is unusable."""
+        if not isinstance(c, Mapping):
+            raise ValueError("expected an object")
+        try:
+            verdict = Verdict(c.get("verdict"))
+            metrics = tuple(MetricVerdict.from_json(m) for m in c.get("metrics") or ())
+            step = float((c.get("step_ms") or {})["median"])
+        except (ValueError, TypeError, AttributeError, KeyError) as e:
+            raise ValueError(str(e)) from None
+        if not isinstance(c.get("test"), str) or not isinstance(c.get("key"), str):
+            raise ValueError("expected a test id and a case key")
+        return cls(c["test"], c["key"], verdict, metrics, step, MappingProxyType(dict(c)))
+
+    def to_json(self) -> dict[str, Any]:
+        """The case as the JSON report holds it."""
+        return dict(self.data)
+
+    @property
+    def nodeid(self) -> str:
+        return str(self.data.get("nodeid") or self.test)
+
+    @property
+    def verdict_reasons(self) -> tuple[str, ...]:
+        """The verdict's own reasons: the written ``reasons`` less the judge's ``notes``
+        (a report without ``notes``: all of them)."""
+        reasons = tuple(str(r) for r in self.data.get("reasons") or ())
+        notes = self.data.get("notes")
+        n = len(notes) if isinstance(notes, list) else 0
+        return reasons[: len(reasons) - n]
 
     def median_ms(self, phase: str) -> float | None:
         """The case's median of ``phase`` (any of ``ALL_PHASES``), None where missing."""
@@ -338,6 +394,34 @@ class CaseReport:
         fp = self.data.get("fingerprint")
         return fp if isinstance(fp, Mapping) else {}
 
+    def centers(self, which: str) -> Mapping[str, Any] | None:
+        """Per step part, its center over this measurement's server processes (``now``)
+        or over the baseline's runs (``base``; None without a baseline)."""
+        centers = self.data.get("centers")
+        found = centers.get(which) if isinstance(centers, Mapping) else None
+        return found if isinstance(found, Mapping) else None
+
+    @property
+    def processes(self) -> int:
+        """Server processes the case was measured in (``--specperf-processes``)."""
+        runs = self.data.get("runs")
+        return max(1, len(runs)) if isinstance(runs, list) else 1
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of its blocks the case measured (the automatic extension)."""
+        runs = self.data.get("runs")
+        first = runs[0] if isinstance(runs, list) and runs else None
+        r = first.get("rounds") if isinstance(first, Mapping) else None
+        return r if isinstance(r, int) and r >= 1 else 1
+
+    @property
+    def ab_reference(self) -> str | None:
+        """An A/B case's reference side as typed (``python=...``); None: a baseline file."""
+        ab = self.data.get("ab")
+        ref = ab.get("reference") if isinstance(ab, Mapping) else None
+        return ref if isinstance(ref, str) else None
+
 
 @dataclass(frozen=True)
 class Report:
@@ -347,7 +431,7 @@ class Report:
     schema_version: int
     tolerance: float | None
     step_tolerance: float | None
-    cases: tuple[CaseReport, ...]
+    cases: tuple[CaseRecord, ...]
     data: Mapping[str, Any]
     #: when the run ended (ISO 8601, UTC), None where the file does not say
     datetime: str | None = None
@@ -357,19 +441,11 @@ class Report:
     source: str = "report"
 
 
-def _case(path: Path, i: int, c: Any) -> CaseReport:
-    where = f"cases[{i}]"
-    if not isinstance(c, Mapping):
-        raise ReportError(path, f"{where}: expected an object")
+def _case(path: Path, i: int, c: Any) -> CaseRecord:
     try:
-        verdict = Verdict(c.get("verdict"))
-        metrics = tuple(MetricVerdict.from_json(m) for m in c.get("metrics") or ())
-        step = float((c.get("step_ms") or {})["median"])
-    except (ValueError, TypeError, AttributeError, KeyError) as e:
-        raise ReportError(path, f"{where}: {e}") from None
-    if not isinstance(c.get("test"), str) or not isinstance(c.get("key"), str):
-        raise ReportError(path, f"{where}: expected a test id and a case key")
-    return CaseReport(c["test"], c["key"], verdict, metrics, step, c)
+        return CaseRecord.from_json(c)
+    except ValueError as e:
+        raise ReportError(path, f"cases[{i}]: {e}") from None
 
 
 def _number_or_none(x: Any) -> float | None:
@@ -451,18 +527,15 @@ def read_report(path: Path) -> Report:
     )
 
 
-def payload_of_cases(
-    header: Mapping[str, Any], cases: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
-    """The whole report: ``header`` (device, backend, settings, servers) and the cases,
-    each already in ``case_json``'s form (as ``CaseView.report`` holds them)."""
+def payload_of_cases(header: Mapping[str, Any], cases: Sequence[CaseRecord]) -> dict[str, Any]:
+    """The whole report: ``header`` (device, backend, settings, servers) and the cases."""
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         **header,
-        "cases": [dict(c) for c in cases],
+        "cases": [c.to_json() for c in cases],
     }
 
 
 def report_payload(header: Mapping[str, Any], outcomes: Sequence[CaseOutcome]) -> dict[str, Any]:
     """The whole report: ``header`` (device, backend, settings, server) and the cases."""
-    return payload_of_cases(header, [case_json(o) for o in outcomes])
+    return payload_of_cases(header, [CaseRecord.of(o) for o in outcomes])
