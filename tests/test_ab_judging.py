@@ -5,6 +5,7 @@ the noise of a same-sitting comparison (no sitting term), with small named data.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -19,9 +20,14 @@ from pytest_specperf.judging.ab import (
     reference_baseline,
 )
 from pytest_specperf.judging.baselines import CaseBaseline, fingerprint_hash
-from pytest_specperf.judging.noise import LevelPrior, RunBlocks, relative_noise
+from pytest_specperf.judging.noise import NO_PRIOR, LevelPrior, RunBlocks, relative_noise
 from pytest_specperf.judging.significance import MAX_LOOKS, Family, critical, p_worse
 from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
+
+#: The phases' and the step's tolerances, and the gate level of 4 tests x 5 gates.
+TOLS = Tolerances(0.07, 0.25)
+ALPHA = 0.05 / (4 * 5)
 
 FP_RELEASE = {"backend": "sglang", "engine_version": "0.5.22", "speculative_algorithm": "EAGLE3"}
 FP_BUILD = {"backend": "sglang", "engine_version": "0.5.23", "speculative_algorithm": "EAGLE3"}
@@ -122,3 +128,48 @@ def test_a_same_sitting_comparison_has_no_sitting_term() -> None:
     assert ab.log_change == pytest.approx(0.101)
     assert p_worse(ab.log_change, ab.total, ab.df) < alpha
     assert ab.log_change > critical(alpha, ab.df) * ab.total
+
+
+#: Accept length per block of a greedy, seeded engine, the same in every process of a side.
+ACCEPT_A = (3.0, 1.5, 3.0, 1.25, 2.0, 8 / 3, 1.5, 1.75, 5.0)
+
+
+def _ab_runs(a_blocks: Sequence[Sequence[float]], b_blocks: Sequence[Sequence[float]]) -> Runs:
+    """An A/B case as ``run.cases`` wires it: A's processes the baseline, B's the current
+    runs and, as ``tested_evidence``, history runs of a group of their own."""
+
+    def side(blocks: Sequence[Sequence[float]]) -> tuple[dict[str, Summary], ...]:
+        return tuple(
+            {"accept_len": Summary.compact(sum(b) / len(b), b, 32, "mean")} for b in blocks
+        )
+
+    a, b = side(a_blocks), side(b_blocks)
+    return Runs(a, b, b, ("s",) * len(a), ("s",) * len(b), ("s B",) * len(b))
+
+
+def test_ab_a_deterministic_accept_length_is_judged_exactly() -> None:
+    """Both sides repeat their accept length exactly in two processes each: A/A is SAME with
+    no noise (the prior said 2%: UNSTABLE before), a 10% drop is SLOWER, 3% is SAME."""
+    same = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, [ACCEPT_A] * 2), TOLS, alpha=ALPHA)
+    assert same is not None and same.verdict is Verdict.SAME
+    assert (same.noise, same.exact_runs) == (0.0, 6)
+    drop = [[x * 0.9 for x in ACCEPT_A]] * 2
+    slower = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, drop), TOLS, alpha=ALPHA)
+    assert slower is not None and slower.verdict is Verdict.SLOWER
+    assert slower.noise == 0.0 and slower.change == pytest.approx(-0.1, abs=1e-6)
+    small = [[x * 0.97 for x in ACCEPT_A]] * 2
+    within = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, small), TOLS, alpha=ALPHA)
+    assert within is not None and within.verdict is Verdict.SAME and within.exact_runs == 6
+
+
+def test_ab_processes_that_disagree_keep_the_prior() -> None:
+    """SGLang on a GPU: accept length varies between processes (kernels that are not
+    deterministic); a quarter token more in one block of one process keeps the old rule."""
+    other = list(ACCEPT_A)
+    other[2] += 0.25
+    runs = _ab_runs([ACCEPT_A, other], [ACCEPT_A] * 2)
+    mv = judge_runs("accept_len", runs, TOLS, alpha=ALPHA)
+    bare = judge_runs("accept_len", runs, TOLS, alpha=ALPHA, prior=NO_PRIOR)
+    assert mv is not None and bare is not None
+    assert mv.exact_runs is None and mv.between is not None and mv.between > 0
+    assert mv.noise > bare.noise > 0  # the device prior is imposed, as before

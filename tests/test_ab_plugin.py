@@ -23,12 +23,13 @@ from pytest_specperf.server.protocol import BackendSettings
 
 pytestmark = pytest.mark.timeout(300)
 
-#: One case gated on verify alone (as ``e2e.VERIFY_CASE``; an A/B case measures each
-#: process twice with one process a side: 16 steps of 8 per round).
+#: One case gated on verify (as ``e2e.VERIFY_CASE``) and the accept length (the same
+#: greedy tokens on both sides: exact); an A/B case measures each process twice with one
+#: process a side: 16 steps of 8 per round.
 CASE = """
 import pytest
 
-@pytest.mark.specperf(gate=["verify"])
+@pytest.mark.specperf(gate=["verify", "accept_len"])
 def test_decode(specperf):
     run = specperf.decode(context_len=2048)
     assert run.steps == 16 and run.rounds == 2
@@ -101,6 +102,12 @@ def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
     assert m["verdict"] != "SLOWER" and m["base_runs"] == 1 and m["now_runs"] == 1
     assert m["sitting_coef"] == 0.0  # both sides in one sitting: no sitting term
     assert m["base"] == case["centers"]["base"]["verify"]  # one number everywhere
+    # the same tokens on both sides, every block of every round: exact, no prior imposed
+    [accept] = [m for m in case["metrics"] if m["metric"] == "accept_len"]
+    assert (accept["verdict"], accept["change"], accept["noise"]) == ("SAME", 0.0, 0.0)
+    assert accept["exact_runs"] == 3  # A1, B1 and B1 again as the tested side's evidence
+    assert any(r.startswith("accept_len exact: every block identical in 3 runs")
+               for r in case["reasons"])  # fmt: skip
     props = {
         p.get("name"): p.get("value") for p in ET.parse(pytester.path / "j.xml").iter("property")
     }

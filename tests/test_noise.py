@@ -16,6 +16,7 @@ from pytest_specperf.judging.noise import (
     LevelPrior,
     RunBlocks,
     anova_between,
+    exact_sides,
     level_estimate,
     log_rows,
     pooled,
@@ -23,7 +24,7 @@ from pytest_specperf.judging.noise import (
     sitting_coefficient,
 )
 from pytest_specperf.judging.significance import Family, critical
-from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import (
     MetricVerdict,
     Runs,
@@ -336,7 +337,9 @@ def test_a_measurement_in_several_processes_is_recorded_as_several_runs(
     assert [r.pid for r in recorded.runs] == [100, 101, 102]
     path = tmp_path / "box.yaml"
     write_baselines(path, {"name": "box"}, [recorded], keep_runs=4)
-    write_baselines(path, {"name": "box"}, [as_baseline(measured([4, 5], 200), at=utc_now())], keep_runs=4)
+    write_baselines(
+        path, {"name": "box"}, [as_baseline(measured([4, 5], 200), at=utc_now())], keep_runs=4
+    )
     bf = load_baselines(path)
     assert bf is not None
     [case] = list(bf.all_cases())
@@ -357,3 +360,111 @@ def test_a_baseline_run_of_other_blocks_is_left_out():
     v = judge_metric("verify", base, now, 0.04)
     assert v.base_runs == 2 and v.within is not None
     assert v.change == pytest.approx(math.exp(0.05 - 0.001) - 1)
+
+
+# -- when the prior is not applied: a deterministic metric (docs/statistics.md) -------------
+
+#: Accept length per block of a greedy, seeded engine (the reference engine's case ctx=32768
+#: contiguous of the 2026-12-03 calibration): the same in every run of every process. 8/3
+#: is stored as 2.66667 (6 significant digits) and held in full by the current run.
+ACCEPT = (3.0, 1.5, 3.0, 1.25, 2.0, 8 / 3, 1.5, 1.75, 5.0)
+#: That calibration's gate level: 5% per run over 4 tests x 5 gates.
+GATE_ALPHA = 0.05 / (4 * 5)
+
+
+def accept_of(blocks, *, stored=False):
+    """An accept_len summary of ``blocks``, as a stored baseline run (rounded) or as this
+    run's (full precision)."""
+    bl = [stable(b) for b in blocks] if stored else list(blocks)
+    return Summary.compact(sum(bl) / len(bl), bl, 32, "mean")
+
+
+def test_identical_blocks_in_every_run_are_exact_same_with_no_noise():
+    """Before the rule: change -1.4e-7 (rounding), noise 2.0% from the prior alone, UNSTABLE."""
+    base = [accept_of(ACCEPT, stored=True)] * 2
+    v = judge_metric("accept_len", base, [accept_of(ACCEPT)], 0.07, prior=PROVISIONAL_PRIOR,
+                     alpha=GATE_ALPHA)  # fmt: skip
+    assert v.verdict is Verdict.SAME
+    assert (v.change, v.noise, v.between, v.sitting, v.exact_runs) == (0.0, 0.0, 0.0, 0.0, 3)
+    assert "exact: every block identical in 3 runs" in v.describe()
+    assert "noise" not in v.describe()
+    stored = MetricVerdict.from_json(v.to_json())
+    assert stored.exact_runs == 3 and stored.rejudged(0.01) is Verdict.SAME
+
+
+def test_a_deterministic_change_is_judged_against_the_tolerance_alone():
+    """Two processes a side, each side identical within itself: the change is exact."""
+    base = [accept_of(ACCEPT, stored=True)] * 2
+    worse = [accept_of([a * 0.9 for a in ACCEPT])] * 2  # 10% fewer tokens per step
+    v = judge_metric("accept_len", base, worse, 0.07, prior=PROVISIONAL_PRIOR)
+    assert v.verdict is Verdict.SLOWER and v.noise == 0.0 and v.exact_runs == 4
+    assert v.change == pytest.approx(-0.1, abs=1e-5)
+    small = [accept_of([a * 0.95 for a in ACCEPT])] * 2
+    w = judge_metric("accept_len", base, small, 0.07, prior=PROVISIONAL_PRIOR)
+    assert w.verdict is Verdict.SAME and w.exact_runs == 4  # within the tolerance: SAME
+    assert MetricVerdict.from_json(w.to_json()).rejudged(0.04) is Verdict.SLOWER
+    better = [accept_of([a * 1.1 for a in ACCEPT])] * 2
+    assert judge_metric("accept_len", base, better, 0.07).verdict is Verdict.FASTER
+
+
+def test_a_change_seen_in_one_process_is_not_shown_deterministic():
+    """One current run that differs from the baseline: nothing shows this side repeats, so
+    the levels and the prior apply as before."""
+    base = [accept_of(ACCEPT, stored=True)] * 2
+    v = judge_metric("accept_len", base, [accept_of([a * 0.9 for a in ACCEPT])], 0.07)
+    assert (
+        v.exact_runs is None
+        and v.noise > 0
+        and v.between == pytest.approx(math.sqrt(4 / 5) * PHASE.between)
+    )
+
+
+def test_a_tiny_spread_between_processes_keeps_the_prior():
+    """GPU kernels that are not deterministic: one block of one process accepts one token
+    more in 32 steps. That is a spread, so the prior stays and the old rule decides."""
+    other = list(ACCEPT)
+    other[4] += 1 / 32
+    base = [accept_of(ACCEPT, stored=True), accept_of(other, stored=True)]
+    v = judge_metric("accept_len", base, [accept_of(ACCEPT)], 0.07, prior=PROVISIONAL_PRIOR,
+                     alpha=GATE_ALPHA)  # fmt: skip
+    assert v.exact_runs is None and v.between is not None and v.between > 0
+    assert v.noise > 0.02 and v.verdict is Verdict.UNSTABLE  # t 3.5 x 2.0% > 7%
+    # a difference in the 6th significant digit between processes is a spread too
+    nudged = [ACCEPT[0] * (1 + 2e-5), *ACCEPT[1:]]
+    base = [accept_of(ACCEPT, stored=True), accept_of(nudged, stored=True)]
+    n = judge_metric("accept_len", base, [accept_of(ACCEPT)], 0.07)
+    assert n.exact_runs is None and n.noise > 0
+
+
+def test_what_an_exact_comparison_needs():
+    a, b = RunBlocks(1.0, ACCEPT), RunBlocks(1.0, tuple(x * 0.9 for x in ACCEPT))
+    assert exact_sides([a], [a]) == (tuple(map(stable, ACCEPT)),) * 2 + (2,)
+    assert exact_sides([a, a], [b, b]) is not None
+    assert exact_sides([a], [b, b]) is None  # a change needs two processes a side
+    assert exact_sides([RunBlocks(1.0, ACCEPT[:2])] * 2, [RunBlocks(1.0, ACCEPT[:2])]) is None
+    two_rounds = RunBlocks(1.0, ACCEPT + ACCEPT)
+    assert exact_sides([a, a], [two_rounds]) is not None
+    drift = RunBlocks(1.0, (*ACCEPT, ACCEPT[0] + 0.25, *ACCEPT[1:]))
+    assert exact_sides([a, a], [drift]) is None  # its rounds differ
+    # history runs must repeat one side: a third pattern is a spread between sittings
+    assert exact_sides([a, a], [a], history=[a]) is not None
+    assert exact_sides([a, a], [b, b], history=[b, b]) is not None
+    assert exact_sides([a, a], [a], history=[b]) is None
+    other_blocks = RunBlocks(1.0, ACCEPT[:5])  # another step count: says nothing of these
+    assert exact_sides([a, a], [a], history=[other_blocks]) == exact_sides([a, a], [a])
+    assert relative_noise([a, a], [a], prior=PHASE, history=[b]).total > 0
+
+
+def test_an_exact_gate_is_noted(make_run):
+    """The reference engine's synthetic run against itself: accept length exact, and the
+    judge's note says so (a note: it explains no undecided verdict, so strict mode's and
+    INVALID's reasons do not carry it)."""
+    from pytest_specperf.judging.judge import compare, exact_notes
+
+    run = make_run(seed=1)
+    verdict = compare(run.summaries, run, ["accept_len", "step"], Tolerances(0.07, 0.25))
+    accept = next(m for m in verdict.metrics if m.metric == "accept_len")
+    assert accept.verdict is Verdict.SAME and accept.exact_runs == 2
+    assert not any("exact" in r for r in verdict.reasons)
+    [note] = [n for n in exact_notes(verdict.metrics) if n.startswith("accept_len")]
+    assert note.startswith("accept_len exact: every block identical in 2 runs")

@@ -106,7 +106,11 @@ def test_processes_record_several_runs_and_the_verdicts_use_them(pytester):
     assert len(case["runs"]) == 2 and case["runs"][0]["server_pid"] != case["runs"][1]["server_pid"]
     accept = _metric(case, "accept_len")
     assert (accept["base_runs"], accept["now_runs"], accept["between_runs"]) == (3, 2, 3)
-    assert abs(accept["change"]) < 1e-5 and accept["within"] < 1e-5  # the same tokens, 5 runs
+    # the same tokens in all 5 runs: exact, no noise and no device prior (docs/statistics.md)
+    assert (accept["verdict"], accept["change"], accept["noise"]) == ("SAME", 0.0, 0.0)
+    assert accept["exact_runs"] == 5
+    assert any(r.startswith("accept_len exact: every block identical in 5 runs")
+               for r in case["reasons"])  # fmt: skip
 
 
 def _flat_blocks(pytester):

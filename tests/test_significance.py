@@ -32,7 +32,7 @@ from pytest_specperf.judging.significance import (
     p_worse,
 )
 from pytest_specperf.judging.spending import look_level, pocock_spending
-from pytest_specperf.judging.stats import Summary, f_sf, satterthwaite, t_quantile, t_sf
+from pytest_specperf.judging.stats import Summary, f_sf, satterthwaite, stable, t_quantile, t_sf
 from pytest_specperf.judging.strict import unjudged
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.store.baselines import (
@@ -256,6 +256,17 @@ def test_tokens_per_s_is_not_judged_twice_when_the_accept_length_is_fixed():
     v = compare(base, _Run(fewer), ["accept_len", "tokens_per_s", "step"],
                 Tolerances(0.07, 0.25), prior=EXACT)  # fmt: skip
     assert "tokens_per_s" in [m.metric for m in v.metrics]
+
+
+def test_a_stored_accept_length_is_the_same_as_this_runs_at_the_stores_precision():
+    """The baseline stores 8/3 as 2.66667 (6 significant digits), this run holds it in full:
+    the same tokens, so tokens/s is still the step's test again (it was judged twice)."""
+    accept = (3.0, 8 / 3, 1.5, 2.0) * (BLOCKS // 4)
+    base = _run(30.0, 10.0, accept=tuple(stable(a) for a in accept), seed=1)
+    assert base["accept_len"].blocks[1] == 2.66667
+    assert fixed_accept(base, _Run(_run(30.0, 10.0, accept=accept, seed=2)))
+    one_more = (3.0, 8 / 3 + 1 / 32, 1.5, 2.0) * (BLOCKS // 4)
+    assert not fixed_accept(base, _Run(_run(30.0, 10.0, accept=one_more, seed=2)))
 
 
 def test_holm_lets_a_second_clear_change_through():

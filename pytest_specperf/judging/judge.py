@@ -57,7 +57,7 @@ from pytest_specperf.judging.significance import (
     holm_levels,
     p_worse,
 )
-from pytest_specperf.judging.stats import Summary, f_sf
+from pytest_specperf.judging.stats import Summary, f_sf, stable
 from pytest_specperf.judging.verdict import (
     QUIET_SCATTER,
     CaseVerdict,
@@ -212,7 +212,9 @@ def default_gates(base: Mapping[str, Summary], run: DecodeRun, speculative: bool
 
 def fixed_accept(base: Mapping[str, Summary], run: DecodeRun) -> bool:
     """Whether the accept length is the same, block by block, in the latest baseline run
-    and every current run (greedy tokens): ``tokens_per_s`` is then the step's test again."""
+    and every current run (greedy tokens): ``tokens_per_s`` is then the step's test again.
+    The same at the store's precision (``stats.stable``, 6 significant digits): a stored
+    run's 2.66667 is this run's 8/3."""
     b = base.get(ACCEPT_LEN)
     if b is None or not b.blocks:
         return False
@@ -221,7 +223,7 @@ def fixed_accept(base: Mapping[str, Summary], run: DecodeRun) -> bool:
         if n is None or len(n.blocks) % len(b.blocks):
             return False
         k = len(b.blocks)
-        if any(abs(x - b.blocks[i % k]) > 1e-9 * max(1.0, abs(x)) for i, x in enumerate(n.blocks)):
+        if any(stable(x) != stable(b.blocks[i % k]) for i, x in enumerate(n.blocks)):
             return False
     return True
 
@@ -296,6 +298,17 @@ def _untie_mirrors(
     return out
 
 
+def exact_notes(judged: Sequence[MetricVerdict]) -> list[str]:
+    """A note per exact gate (``noise.exact_sides``): why it was judged with no noise (a
+    note, not a reason: it explains no undecided verdict)."""
+    return [
+        f"{m.metric} {m.exact_reason}: deterministic on this engine, judged with zero noise "
+        "(no device prior; docs/statistics.md)"
+        for m in judged
+        if m.exact_runs
+    ]
+
+
 def compare(
     base: Mapping[str, Summary],
     run: DecodeRun,
@@ -316,7 +329,9 @@ def compare(
     ``base`` alone); ``run`` is judged with its siblings (one run per server process), in
     the sitting ``sitting``. The case spends ``family.case_alpha`` over its looks: each
     of its ``m`` gates is judged at this look's level of ``alpha / m``, then Holm's
-    step-down (``significance``).
+    step-down (``significance``). A gate whose runs are identical block by block within
+    each side is exact (zero noise, no prior: ``noise.exact_sides``; ``judge_case`` notes
+    it).
     ``tokens_per_s`` beside ``step`` with a fixed accept length is the step's test again:
     not judged twice."""
     runs = Runs(
@@ -433,7 +448,10 @@ def judge_case(
         baseline_path=baseline_path,
         fingerprint=case.fingerprint,
         recorded=record,
-        notes=tuple(f"cross-check: {line}" for line in run.cross_check),
+        notes=(
+            *(f"cross-check: {line}" for line in run.cross_check),
+            *exact_notes(verdict.metrics),
+        ),
         bottleneck=diagnose(
             run,
             kv_bytes_per_token=case.kv_bytes_per_token,

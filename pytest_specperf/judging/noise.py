@@ -32,6 +32,11 @@ and rounds): the statistic judged is the one whose noise is computed. Its noise 
   and the baseline runs from sitting ``s``: ``1 + 1/S`` for a new sitting against ``S``
   sittings of equal size, ``0`` when both sides share one sitting (an A/B run).
 
+A metric the data show to be deterministic (``exact_sides``: every block of every run
+identical, at the store's precision, within its side) has no sampling noise at any level:
+its noise is zero, no prior is imposed on it, and its change is exact (docs/statistics.md,
+"When the prior is not applied").
+
 The priors never come from the tolerance: they are the device's, measured by ``specperf
 calibrate`` and stored beside the baselines, or the documented provisional values below.
 The verdict's critical value is Student's t on the Welch-Satterthwaite degrees of freedom
@@ -49,7 +54,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_specperf.judging.stats import satterthwaite
+from pytest_specperf.judging.stats import satterthwaite, stable
 
 #: Most server processes a measurement spans (``--specperf-processes``).
 MAX_PROCESSES = 16
@@ -187,6 +192,9 @@ class Noise:
     sitting_df: float = math.inf
     #: the statistic judged: mean paired log difference (NaN: unpaired, the centers' ratio)
     log_change: float = math.nan
+    #: runs whose blocks were identical within their side (``exact_sides``): the noise is
+    #: zero and no prior was applied; 0: the comparison is not exact
+    exact_runs: int = 0
 
     @property
     def paired(self) -> bool:
@@ -428,6 +436,61 @@ def _levels(
                    est.sittings)  # fmt: skip
 
 
+def _stored_rounds(blocks: Sequence[float], period: int) -> tuple[float, ...] | None:
+    """A run's blocks as stored (``stats.stable``: 6 significant digits), when every round
+    of its ``period`` blocks is the same, else None (or when they do not fold, or a block
+    is not a positive finite number)."""
+    if period < 1 or not blocks or len(blocks) % period:
+        return None
+    if not all(math.isfinite(b) and b > 0 for b in blocks):
+        return None
+    rounded = tuple(stable(b) for b in blocks)
+    first = rounded[:period]
+    if any(rounded[i : i + period] != first for i in range(period, len(rounded), period)):
+        return None
+    return first
+
+
+def exact_sides(
+    base: Sequence[RunBlocks], now: Sequence[RunBlocks], history: Sequence[RunBlocks] = ()
+) -> tuple[tuple[float, ...], tuple[float, ...], int] | None:
+    """The two sides' blocks, and the runs behind them, when the data show no spread at
+    any level: every baseline run's blocks identical (as stored: ``stats.stable``) to the
+    others', every current run's (each of its rounds) to the others', and every history
+    run's of these blocks to one side's; at least ``MIN_PAIRED_BLOCKS`` blocks; and either
+    both sides the same (A/A: the baseline's runs and this run's, two at least) or each
+    side at least two server processes (a difference between sides repeated in each).
+    None otherwise: the metric is not shown deterministic, and the levels and the prior
+    apply.
+
+    A continuous noisy quantity essentially never qualifies: two block means agree to 6
+    significant digits with a chance of about ``1e-5 / spread`` each, and this asks it of
+    every block of every repeated run (docs/statistics.md, "When the prior is not
+    applied")."""
+    if not base or not now:
+        return None
+    period = len(base[-1].blocks)
+    if period < MIN_PAIRED_BLOCKS:
+        return None
+    sides = []
+    for runs in (base, now):
+        rows = [_stored_rounds(r.blocks, period) for r in runs]
+        first = rows[0]
+        if first is None or any(r != first for r in rows):
+            return None
+        sides.append(first)
+    a, b = sides
+    if a != b and (len(base) < 2 or len(now) < 2):
+        return None
+    if len(base) + len(now) < 2:
+        return None
+    # history runs of other blocks say nothing of these (the levels leave them out too)
+    hist = [h for h in history if log_rows(h.blocks, period) is not None]
+    if any(_stored_rounds(h.blocks, period) not in (a, b) for h in hist):
+        return None
+    return a, b, len(base) + len(now) + len(hist)
+
+
 def _unpaired_within(base: RunBlocks, now: RunBlocks) -> float:
     """Independent standard errors of the latest baseline run's and the first current
     run's centers (their blocks do not pair)."""
@@ -454,8 +517,16 @@ def relative_noise(
     base_rows = [r for r in (log_rows(b.blocks, period) for b in base) if r is not None]
     now_rows = [r for r in (log_rows(n.blocks, period) for n in now) if r is not None]
     k, n = len(base), len(now)
-    lv = _levels(base, history, period, prior)
     coef = sitting_coefficient(_sittings(base, LEGACY_SITTING), _sittings(now, CURRENT_SITTING))
+    exact = exact_sides(base, now, history)
+    if exact is not None:  # no spread at any level: no noise, and no prior imposed
+        a, b, runs = exact
+        change = statistics.fmean(math.log(y) - math.log(x) for x, y in zip(a, b))
+        rounds = min(len(r.blocks) for r in now) // period
+        hist = runs - k - n
+        return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, hist, 0.0, k + hist, 0.0,
+                     coef, None, 1, math.inf, math.inf, math.inf, change, runs)  # fmt: skip
+    lv = _levels(base, history, period, prior)
     level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
 
     def noise(within: float, now_var: float, base_var: float, rounds: int, within_df: float,

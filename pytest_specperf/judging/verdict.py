@@ -150,6 +150,7 @@ class MetricVerdictJSON(TypedDict):
     sitting_coef: float | None
     sittings: int
     mirror_of: str | None
+    exact_runs: int | None
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -214,6 +215,9 @@ class MetricVerdict:
     sittings: int = 1
     #: the phase whose judged form mirrors this one's (one quantity, both tails gated)
     mirror_of: str | None = None
+    #: the runs whose blocks were all identical within their side (``noise.exact_sides``):
+    #: a deterministic metric, judged with zero noise and no prior; None: not exact
+    exact_runs: int | None = None
 
     @property
     def disturbed(self) -> bool:
@@ -245,8 +249,10 @@ class MetricVerdict:
                 f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
                 f"tol {self.tolerance * 100:.0f} pp)"
             )
-        noise = (
-            f"tol {self.tolerance * 100:.0f}%, noise +-{self.noise * 100:.1f}%{self._runs_text()}"
+        noise = f"tol {self.tolerance * 100:.0f}%, " + (
+            self.exact_reason
+            if self.exact_runs
+            else f"noise +-{self.noise * 100:.1f}%{self._runs_text()}"
         )
         if self.basis and self.judged_base is not None and self.judged_now is not None:
             # the judged quantity first, in its own units; the raw milliseconds second
@@ -261,6 +267,13 @@ class MetricVerdict:
         if self.basis and self.raw_change is not None:
             text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
         return text + ")"
+
+    @property
+    def exact_reason(self) -> str:
+        """Why an exact comparison has no noise (empty when it is not exact)."""
+        if not self.exact_runs:
+            return ""
+        return f"exact: every block identical in {self.exact_runs} runs"
 
     @property
     def judged_label(self) -> str:
@@ -329,6 +342,7 @@ class MetricVerdict:
             "sitting_coef": _finite_or_none(self.sitting_coef),
             "sittings": self.sittings,
             "mirror_of": self.mirror_of,
+            "exact_runs": self.exact_runs,
         }
 
     @classmethod
@@ -394,6 +408,7 @@ def _noise_parts(d: Mapping[str, Any]) -> dict[str, Any]:
         "sitting_coef": _optional(d.get("sitting_coef")),
         "sittings": max(1, _count(d.get("sittings"), 1)),
         "mirror_of": d.get("mirror_of") if isinstance(d.get("mirror_of"), str) else None,
+        "exact_runs": _count(d.get("exact_runs"), 0) or None,
     }
 
 
@@ -670,7 +685,10 @@ def judge_metric(
     parts only). The change judged is the mean paired log difference of the blocks (the
     statistic whose noise is computed); unpaired, the runs' centers' ratio. ``alpha`` is
     the gate's one-sided level; ``sittings`` label the baseline's, the current and the
-    history runs (None: unknown; a stored run without one is of the legacy sitting)."""
+    history runs (None: unknown; a stored run without one is of the legacy sitting). A
+    metric whose runs are identical block by block within each side
+    (``noise.exact_sides``: deterministic on this engine) has zero noise and no prior: its
+    change is exact, judged against the tolerance alone."""
     all_base = _seq(base)
     bs, ns = _like_latest(all_base), _seq(now)
     keep = [i for i, r in enumerate(all_base) if len(r.blocks) == len(all_base[-1].blocks)]
@@ -700,6 +718,7 @@ def judge_metric(
         history_runs=noise.history_runs, rounds=noise.rounds, processes_to_decide=procs,
         critical=z, df=noise.df, alpha=alpha, sitting=noise.sitting,
         sitting_coef=noise.sitting_coef, sittings=noise.sittings,
+        exact_runs=noise.exact_runs or None,
     )  # fmt: skip
 
 
