@@ -3,9 +3,10 @@
 #
 #   bash scripts/gpu-check.sh             # run every step of the plan (needs a CUDA GPU)
 #   bash scripts/gpu-check.sh --dry-run   # print the plan: steps, timeouts, node ids, outputs
-#   bash scripts/gpu-check.sh --rehearse  # every step on the CPU: tiny engine, the CUDA-only
-#                                         # calls replaced by named stand-ins; each step's
-#                                         # time against its limit (docs/gpu-check.md)
+#   bash scripts/gpu-check.sh --rehearse  # every step on the CPU (a repeated arm once): tiny
+#                                         # engine, the CUDA-only calls replaced by named
+#                                         # stand-ins; each step's time against its limit
+#                                         # (docs/gpu-check.md)
 #
 # The steps, their timeouts (summing under 480 s), the pytest node ids and the output
 # files are defined once, in scripts/gpu_check.py (PLAN); this script runs each step under
@@ -53,10 +54,11 @@ fi
 
 mkdir -p "$OUT/logs"
 "$PY" scripts/gpu_check.py plan --out "$OUT" | tee "$OUT/plan.txt"
-# (--rehearse: each limit enforced x REHEARSAL_LIMIT_FACTOR, so that every part runs to its
-# end on a slow CPU; the margins at the end are taken against the real limits)
+# name, enforced limit, grace, real limit (--rehearse: each limit enforced x
+# REHEARSAL_LIMIT_FACTOR, so that every part runs to its end on a slow CPU, and each repeated
+# step once: aa2/aa3/v105b/v105c are aa1's and v105a's nodes and arguments again; the margins
+# at the end are taken against the real limits, a repeat's from its first)
 mapfile -t STEPS < <("$PY" scripts/gpu_check.py plan --out "$OUT" --names "${MODE[@]}")
-mapfile -t LIMITS < <("$PY" scripts/gpu_check.py plan --out "$OUT" --names)
 if [[ ${#MODE[@]} -gt 0 ]]; then
   echo "== REHEARSAL on the CPU: every step, the CUDA-only calls replaced by named stand-ins;"
   echo "   its figures are CPU figures, not GPU results"
@@ -71,8 +73,7 @@ children_cpu() {
 T0=$(date +%s)
 : >"$OUT/steps.tsv"
 for i in "${!STEPS[@]}"; do
-  read -r name limit grace <<<"${STEPS[$i]}"
-  read -r _ real _ <<<"${LIMITS[$i]}"
+  read -r name limit grace real <<<"${STEPS[$i]}"
   [[ $limit -ne $real ]] && enforced=" (rehearsal: enforced at $limit s)" || enforced=""
   echo "== $name (limit $real s$enforced, at $(( $(date +%s) - T0 )) s)"
   t=$(date +%s.%N)

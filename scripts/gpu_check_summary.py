@@ -142,7 +142,7 @@ def summarize(out: Path, rehearsal: bool = False) -> int:
     arms = {name: arm(out, name, base) for name in ARMS_AA + ARMS_V105}
     summary = {
         "rehearsal": "CPU rehearsal with stand-ins: not GPU results" if rehearsal else None,
-        "steps": step_report(out),
+        "steps": step_report(out, rehearsal),
         "preflight": load(out / "preflight.json"),
         "telemetry": load(out / "telemetry.json"),
         "goals": goals(engine, arms),

@@ -40,8 +40,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 # pytester's in-process runs restore sys.modules afterwards, and torch cannot be imported
 # twice in one process: import it once, up front, so that inline runs find it loaded.
+# One CPU thread for the engines this process builds (the tiny engine's matrices are small):
+# with torch's default of one OpenMP worker per core, a worker spins while a server or the
+# other jobs of a shared machine hold the other core, and the in-process engine tests
+# (tests/test_engine_*.py) took 3-10x the CPU (docs/development.md, "The suite's time").
+# Servers set their own (``--threads``), as the plugin launches them.
 with contextlib.suppress(ImportError):
-    import torch  # noqa: F401
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ Two real sessions save their results through pytest-benchmark (``--benchmark-jso
 wrote, run its own ``pytest-benchmark compare``, check the fields github-action-benchmark
 reads, and read the runs back with ``specperf compare`` and ``specperf history``. The
 pytester tests check that pytest-benchmark's switches leave the specperf tests as they
-were.
+were; they attach to one reference server of the module (a server start each is what they
+would otherwise pay: the bridge does not depend on who launched the server).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2e import SHORT_RUN, VERIFY_CASE
+from rawhttp import launch_reference
 
 from pytest_specperf.judging.verdict import Verdict
 from pytest_specperf.probe.phases import ALL_PHASES, HOST_PHASES
@@ -149,13 +152,22 @@ def test_specperf_compare_and_history_read_the_storage(saved, tmp_path):
     assert main(["history", str(saved / ".benchmarks"), "--out", str(tmp_path), "--no-plots"]) == 0
 
 
+@pytest.fixture(scope="module")
+def attach(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``--specperf-attach`` to one running reference server (tiny, CPU, one thread)."""
+    proc, client = launch_reference(tmp_path_factory.mktemp("server"))
+    yield f"--specperf-attach={client.base_url}"
+    proc.stop()
+
+
 def _setup(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_case=CASE)
 
 
-def test_a_users_benchmark_lands_next_to_ours(pytester):
+def test_a_users_benchmark_lands_next_to_ours(pytester, attach):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-json=j.json", timeout=300)
+    result = pytester.runpytest_subprocess(*SHORT_RUN, attach, "--benchmark-json=j.json",
+                                           timeout=300)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*benchmark: 1 tests*", "*test_user*",
                                  "*benchmark 'specperf': 1 tests*",
@@ -167,9 +179,9 @@ def test_a_users_benchmark_lands_next_to_ours(pytester):
     assert user["extra_info"] == {}
 
 
-def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester):
+def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester, attach):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-skip", "--benchmark-json=s.json",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, attach, "--benchmark-skip", "--benchmark-json=s.json",
                                            timeout=300)  # fmt: skip
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*NO_BASELINE*"])
@@ -177,9 +189,9 @@ def test_benchmark_skip_skips_only_benchmark_fixture_tests(pytester):
     assert [b["name"] for b in data["benchmarks"]] == [NAME]
 
 
-def test_benchmark_disable_keeps_the_gate_and_hands_nothing_over(pytester):
+def test_benchmark_disable_keeps_the_gate_and_hands_nothing_over(pytester, attach):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*SHORT_RUN, "--benchmark-disable", "--benchmark-json=d.json",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, attach, "--benchmark-disable", "--benchmark-json=d.json",
                                            timeout=300)  # fmt: skip
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*NO_BASELINE*"])
@@ -187,18 +199,18 @@ def test_benchmark_disable_keeps_the_gate_and_hands_nothing_over(pytester):
     assert "benchmark 'specperf'" not in result.stdout.str()
 
 
-def test_without_benchmark_options_the_output_is_ours_alone(pytester):
+def test_without_benchmark_options_the_output_is_ours_alone(pytester, attach):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*SHORT_RUN, timeout=300)
+    result = pytester.runpytest_subprocess(*SHORT_RUN, attach, timeout=300)
     result.assert_outcomes(passed=2)
     text = result.stdout.str()
     assert "benchmark 'specperf'" not in text and "test_user" in text  # the user's table only
     assert list((pytester.path / ".benchmarks").iterdir()) == []  # nothing saved
 
 
-def test_pytest_benchmark_disabled_as_a_plugin(pytester):
+def test_pytest_benchmark_disabled_as_a_plugin(pytester, attach):
     _setup(pytester)
-    result = pytester.runpytest_subprocess(*SHORT_RUN, "-p", "no:benchmark", "-k", "decode",
+    result = pytester.runpytest_subprocess(*SHORT_RUN, attach, "-p", "no:benchmark", "-k", "decode",
                                            "--specperf-json=r.json", timeout=300)  # fmt: skip
     result.assert_outcomes(passed=1, deselected=1)
     report = read_report(pytester.path / "r.json")

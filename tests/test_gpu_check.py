@@ -509,3 +509,43 @@ def test_rehearsal_ok_wants_every_step_and_part(gpu_check: ModuleType, tmp_path:
     )
     (tmp_path / "steps.tsv").write_text("\n".join(lines[:-2]) + "\nprofile 124 35.0\n")
     assert gpu_check.rehearsal_ok(tmp_path) == 1
+
+
+def test_a_rehearsal_runs_each_repeated_arm_once(gpu_check: ModuleType, tmp_path: Path) -> None:
+    """aa2/aa3 and v105b/v105c repeat aa1's and v105a's nodes and arguments under other
+    names: a rehearsal runs each once (``plan --names --rehearse``), its margins give a
+    repeat its first's time, and rehearsal-ok does not miss them; the GPU run keeps all."""
+    repeats = {s.name: s.repeat_of for s in gpu_check.PLAN if s.repeat_of}
+    assert repeats == {"aa2": "aa1", "aa3": "aa1", "v105b": "v105a", "v105c": "v105a"}
+    for name, first in repeats.items():
+        a, b = gpu_check.step_named(name), gpu_check.step_named(first)
+        assert (a.nodeids, a.pytest_args, a.desk, a.timeout_s) == (
+            b.nodeids, b.pytest_args, b.desk, b.timeout_s)  # fmt: skip
+    names = [s.name for s in gpu_check.PLAN]
+    assert [s.name for s in gpu_check.rehearsed(False)] == names
+    assert [s.name for s in gpu_check.rehearsed(True)] == [n for n in names if n not in repeats]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "gpu_check.py"), "plan", "--names", "--rehearse"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert [line[0] for line in lines] == [s.name for s in gpu_check.rehearsed(True)]
+    aa1 = gpu_check.step_named("aa1")
+    factor = gpu_check.REHEARSAL_LIMIT_FACTOR
+    assert ["aa1", str(aa1.timeout_s * factor), str(aa1.grace_s), str(aa1.timeout_s)] in lines
+    # a rehearsal's steps.tsv: every step once, the repeats absent
+    rows = [f"{n} 0 1.0 0.5" for n in names if n not in repeats]
+    (tmp_path / "steps.tsv").write_text("\n".join(rows) + "\n")
+    margins = {r["step"]: r for r in gpu_check.margin_rows(tmp_path, rehearsal=True)}
+    assert margins["aa3"]["ok"] and margins["aa3"]["cpu_s"] == 0.5
+    assert margins["aa3"]["status"] == "finished (as aa1: a repeat, rehearsed once)"
+    on_gpu = {r["step"]: r for r in gpu_check.margin_rows(tmp_path, rehearsal=False)}
+    assert not on_gpu["aa3"]["ok"] and on_gpu["aa3"]["status"] == "not run"
+    assert gpu_check.step_report(tmp_path)["not_run"] == list(repeats)
+    assert gpu_check.step_report(tmp_path, rehearsal=True)["not_run"] == []
+    label = "CPU rehearsal with stand-ins: not GPU results"
+    for step in ("telemetry", "engine", "profile"):
+        gpu_check.write_json(tmp_path / f"{step}.json", {"rehearsal": label})
+    assert gpu_check.rehearsal_ok(tmp_path) == 0
+    (tmp_path / "steps.tsv").write_text("\n".join(r for r in rows if "v105a" not in r) + "\n")
+    assert gpu_check.rehearsal_ok(tmp_path) == 1  # a first is never skipped

@@ -353,7 +353,8 @@ def test_unit_set_kv_layout_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(KVLayoutError, match=r"refused KV layout 'fragmented'.*sliding-window"):
         b.set_kv_layout(FakeServerClient(FakeScheduler(swa), rt),  # type: ignore[arg-type]
                         "fragmented", 0.5, 0)
-    with pytest.raises(KVLayoutError, match="must be idle"):
+    b.flush_wait_s = 0.3  # the refusals' retry window (10 s by default), shortened
+    with pytest.raises(KVLayoutError, match=r"refused \(.*\) for 0.3 s: .*must be idle"):
         b.set_kv_layout(FakeServerClient(None, None, busy=True),  # type: ignore[arg-type]
                         "fragmented", 0.5, 0)
     monkeypatch.setattr(kv_fragment, "wait_layout_results",
