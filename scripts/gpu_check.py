@@ -454,6 +454,10 @@ def run_pytest(step: Step, out: Path, rehearse: bool = False) -> int:
     print("$", " ".join(argv), flush=True)
     basetemp = out / "tmp" / step.name
     basetemp.parent.mkdir(parents=True, exist_ok=True)  # pytest makes --basetemp, not its parent
+    # a script started in the background (`cmd &` in a non-interactive shell, nohup) inherits
+    # SIGINT ignored, and pytest with it: the interrupt at the limit would then reach nobody
+    # and the step would end only at its SIGKILL, without its report
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = subprocess.Popen(argv, cwd=REPO, env=env)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(_stop(proc, basetemp, 0)))
     try:
