@@ -198,6 +198,14 @@ def test_xdist_workers_measure_and_the_controller_writes_once(pytester):
     props = _properties(pytester.path / "j.xml")
     assert {dict(p)["specperf.case"] for p in props.values()} == set(KEYS)
 
-    again = _run(pytester, "-n", "2", "--specperf-tolerance=60%,step=90%")  # fmt: skip
-    again.assert_outcomes(passed=2)
-    assert "NO_BASELINE" not in again.stdout.str()  # the workers read what was written
+    # the workers read what was written: both cases judged against it. Two workers with a
+    # server each contend for 2 cores, so a verdict may be SLOWER (a CI run saw draft +80%
+    # at tolerance 60%): this test is about the plumbing, not the timing
+    again = _run(pytester, "-n", "2", "--specperf-tolerance=60%,step=90%",
+                 "--specperf-json=again.json")  # fmt: skip
+    outcomes = again.parseoutcomes()
+    assert outcomes.get("passed", 0) + outcomes.get("failed", 0) == 2, outcomes
+    assert "NO_BASELINE" not in again.stdout.str()
+    judged = json.loads((pytester.path / "again.json").read_text())["cases"]
+    assert sorted(c["key"] for c in judged) == sorted(KEYS)
+    assert all(c["baseline"] is not None for c in judged), [c["verdict"] for c in judged]
