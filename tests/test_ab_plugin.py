@@ -133,8 +133,11 @@ def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_refe
     case = _case(pytester)
     m = _verify(case)
     assert m["verdict"] == "SLOWER" and m["change"] > 0.5
-    # the canary went into B only: A's verify is the unslowed one
-    assert case["centers"]["now"]["verify"] > 1.5 * case["centers"]["base"]["verify"]
+    # the canary went into B only: A's verify is the unslowed one. B's verify is twice B's
+    # own; A's, measured between B's on two busy cores, has been 36% above B's natural one
+    # (a CI run: 8.02 -> 11.86 ms, x1.48), so the bar is the direction with room: canary in
+    # A would read below 1, in both about 1
+    assert case["centers"]["now"]["verify"] > 1.25 * case["centers"]["base"]["verify"]
     assert case["ab"]["pairs"]["verify"] and min(case["ab"]["pairs"]["verify"]) > 0.5
 
 

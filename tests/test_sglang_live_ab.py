@@ -85,5 +85,7 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
     assert case["ab"]["order"] == ["A1 B1 B1 A1"]
     [verify] = [m for m in case["metrics"] if m["metric"] == "verify"]
     assert verify["verdict"] == "SLOWER"
-    # the canary slowed B's verify only: A's is the unslowed one
-    assert case["centers"]["now"]["verify"] > 2 * case["centers"]["base"]["verify"]
+    # the canary slowed B's verify only: A's is the unslowed one (B's is three times B's own;
+    # the bar leaves A's process its noise on two busy cores: canary in A reads below 1,
+    # in both about 1)
+    assert case["centers"]["now"]["verify"] > 1.5 * case["centers"]["base"]["verify"]
