@@ -296,7 +296,7 @@ def test_tokens_per_s_on_another_machine_is_judged_per_read_time():
     assert mv.basis == "per the request's KV read time"
     assert mv.change == pytest.approx(0.0, abs=1e-9)
     assert mv.raw_change == pytest.approx(1 / 2.8 - 1, rel=1e-6)
-    assert mv.describe().startswith("tokens per KV read time 0.5175 -> 0.5175 (")
+    assert mv.describe().startswith("tokens per KV read time 0.5010 -> 0.5010 (")  # blocks' geomean
     assert "; raw tokens_per_s 73.98 -> 26.42 tok/s (-64.3%)" in mv.describe()
 
 
@@ -381,3 +381,33 @@ def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
     note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), record=_rec(busy))])  # type: ignore[list-item]
     assert note is not None and "this machine was loaded (the server's thread waited for a CPU 20%" in note
     assert "another machine, or" not in note
+
+
+def test_the_judged_centers_shown_agree_with_the_change_judged():
+    """A run with one slow block: the change judged is the mean paired log difference of
+    the blocks, and the judged form's centers shown beside it are the geometric means of
+    the same blocks, so that ``now / base`` is the change (a CI run once printed
+    ``draft / rest of step 0.3303 -> 0.4080 (+80.0%``: medians beside a mean of logs)."""
+    import re
+
+    from pytest_specperf.judging.metrics import STEP
+    from pytest_specperf.judging.verdict import Tolerances, judge_gate
+
+    base = _decode_metrics(40.0, 6.9, [3])
+    now = _decode_metrics(40.0, 6.9, [3])
+    slow = [x * (4.0 if b == 5 else 1.0) for x, b in zip(BASE, BLOCKS)]  # block 5 four times
+    ref = [6.9 * (1 + 0.01 * (b % 3)) for b in BLOCKS]
+    steps = [40.0 * x / 21.0 * (1 + 0.01 * (b % 3)) for x, b in zip(slow, BLOCKS)]
+    from pytest_specperf.judging.metrics import STEP_PER_REF
+
+    now = {**now, STEP: summarize(steps, BLOCKS),
+           STEP_PER_REF: summarize([a / r for a, r in zip(steps, ref)], BLOCKS)}  # fmt: skip
+    mv = judge_gate("step", base, now, Tolerances(0.07, 0.25))
+    assert mv is not None and mv.basis is not None and mv.judged_base and mv.judged_now
+    assert mv.judged_now / mv.judged_base == pytest.approx(1 + mv.change, rel=1e-9)
+    # the step's median hardly moved (one block of eight): the medians' ratio is not the change
+    assert abs(mv.now / mv.base - 1) < 0.05 < mv.change
+    shown = re.match(r".* (\S+) -> (\S+) \(([+-][\d.]+)%", mv.describe())
+    assert shown is not None, mv.describe()
+    b, n, pct = (float(g) for g in shown.groups())
+    assert n / b - 1 == pytest.approx(pct / 100, abs=0.002), mv.describe()

@@ -195,6 +195,10 @@ class Noise:
     #: runs whose blocks were identical within their side (``exact_sides``): the noise is
     #: zero and no prior was applied; 0: the comparison is not exact
     exact_runs: int = 0
+    #: the two sides' centers as the statistic sees them: the mean log block of the
+    #: baseline's runs and of the current runs (``log_change`` is their difference); NaN
+    #: when unpaired. Reports show ``exp`` of these beside the change, so the two agree.
+    log_centers: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def paired(self) -> bool:
@@ -524,17 +528,21 @@ def relative_noise(
         change = statistics.fmean(math.log(y) - math.log(x) for x, y in zip(a, b))
         rounds = min(len(r.blocks) for r in now) // period
         hist = runs - k - n
+        centers = (statistics.fmean(map(math.log, a)), statistics.fmean(map(math.log, b)))
         return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, hist, 0.0, k + hist, 0.0,
-                     coef, None, 1, math.inf, math.inf, math.inf, change, runs)  # fmt: skip
+                     coef, None, 1, math.inf, math.inf, math.inf, change, runs,
+                     centers)  # fmt: skip
     lv = _levels(base, history, period, prior)
     level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
 
     def noise(within: float, now_var: float, base_var: float, rounds: int, within_df: float,
-              log_change: float) -> Noise:  # fmt: skip
+              log_change: float, centers: tuple[float, float] = (math.nan, math.nan),
+              ) -> Noise:  # fmt: skip
         return Noise(
             math.sqrt(within**2 + level_var), within, math.sqrt(lv.tau2), now_var, base_var,
             period, rounds, k, n, lv.history, lv.hat2, lv.runs, math.sqrt(lv.sit2), coef,
             lv.sit_hat2, lv.sittings, within_df, lv.tau_df, lv.sit_df, log_change,
+            log_centers=centers,
         )  # fmt: skip
 
     paired = period >= MIN_PAIRED_BLOCKS and len(base_rows) == k and len(now_rows) == n
@@ -552,7 +560,7 @@ def relative_noise(
     now_part = min(max((var_d + statistics.variance(q) - statistics.variance(p)) / 2, 0.0), var_d)
     within = math.sqrt(var_d / period)
     return noise(within, now_part / period, (var_d - now_part) / period, rounds, period - 1,
-                 statistics.fmean(d))  # fmt: skip
+                 statistics.fmean(d), (statistics.fmean(p), statistics.fmean(q)))  # fmt: skip
 
 
 def measured_prior(

@@ -719,7 +719,13 @@ def judge_metric(
         critical=z, df=noise.df, alpha=alpha, sitting=noise.sitting,
         sitting_coef=noise.sitting_coef, sittings=noise.sittings,
         exact_runs=noise.exact_runs or None,
+        judged_base=_exp_or_none(noise.log_centers[0]),
+        judged_now=_exp_or_none(noise.log_centers[1]),
     )  # fmt: skip
+
+
+def _exp_or_none(log_value: float) -> float | None:
+    return math.exp(log_value) if math.isfinite(log_value) else None
 
 
 def _paired_point_diffs(base: Sequence[float], now: Sequence[float]) -> list[float] | None:
@@ -1015,8 +1021,10 @@ def _judge_form(
         base=b,
         now=n,
         raw_change=_change(b, n),
-        judged_base=mv.base,
-        judged_now=mv.now,
+        # the judged form's centers as its statistic sees them (the geometric mean of its
+        # blocks, whose ratio is the change judged); unpaired, its runs' centers
+        judged_base=mv.base if mv.judged_base is None else mv.judged_base,
+        judged_now=mv.now if mv.judged_now is None else mv.judged_now,
     )
 
 
