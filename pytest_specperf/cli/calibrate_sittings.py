@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_specperf.judging.calibration import Condition
-from pytest_specperf.judging.levels import Costs, case_estimate, form_levels, plan
+from pytest_specperf.judging.levels import (
+    DEFAULT_GATE_ALPHA,
+    Costs,
+    case_estimate,
+    form_levels,
+    plan,
+)
 from pytest_specperf.judging.metrics import spec
 from pytest_specperf.judging.noise import (
     PRIOR_KINDS,
@@ -284,7 +290,8 @@ def levels_table(rows: Sequence[Mapping[str, Any]], costs: Costs | None = None) 
             cells,
         ),
         "floor: (z_alpha + z_95%) x the noise of one new sitting against a baseline of "
-        "infinitely many (gate level 3.6e-4): a stored baseline cannot catch a change below it",
+        f"infinitely many (gate level {DEFAULT_GATE_ALPHA:.2e}): a stored baseline cannot catch "
+        "a change below it",
     ]
 
 
