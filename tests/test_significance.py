@@ -285,7 +285,7 @@ def test_holm_lets_a_second_clear_change_through():
                              critical=z, df=math.inf, alpha=alpha / 2)  # fmt: skip
 
     first, second = gate("step", 0.20, 0.01), gate("verify", 0.054, 0.02)
-    assert second.verdict is Verdict.UNSTABLE  # t = 2.7 < 2.807 (alpha / 2)
+    assert second.verdict is Verdict.UNSTABLE  # ln(1.054) / 0.02 = 2.63 < 2.807 (alpha / 2)
     out = _holm([first, second], alpha)
     assert [m.verdict for m in out] == [Verdict.SLOWER, Verdict.SLOWER]
     assert out[1].alpha == alpha and out[1].critical == pytest.approx(2.5758, abs=1e-3)

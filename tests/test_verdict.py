@@ -411,3 +411,32 @@ def test_the_judged_centers_shown_agree_with_the_change_judged():
     assert shown is not None, mv.describe()
     b, n, pct = (float(g) for g in shown.groups())
     assert n / b - 1 == pytest.approx(pct / 100, abs=0.002), mv.describe()
+
+
+def test_a_relative_change_is_significant_on_the_log_scale_of_its_noise():
+    """The noise of a relative change is the standard error of its mean log difference, so
+    the change is tested as ``log(1 + change)``: +30% against a noise of 9% at t = 3.3 is
+    0.262 / 0.09 = 2.9 standard errors (not significant), though 30% > 3.3 x 9% = 29.7%.
+    Judged on the ratio, a quiet step gate's false alarms ran several times their level
+    whenever the noise band was wider than the tolerance (the review of 2026-12-05)."""
+    from pytest_specperf.judging.significance import p_worse
+    from pytest_specperf.judging.verdict import band_limit, decide
+
+    assert decide(0.30, 0.09, 0.25, z=3.3) is Verdict.SLOWER  # a share/points change
+    assert decide(0.30, 0.09, 0.25, z=3.3, relative=True) is Verdict.UNSTABLE
+    assert decide(0.36, 0.09, 0.25, z=3.3, relative=True) is Verdict.SLOWER  # log 0.307
+    # the band is compared with the tolerance on the same scale, in the worse direction
+    assert band_limit(0.25, relative=True) == pytest.approx(math.log(1.25))
+    assert band_limit(0.25, higher_is_better=True, relative=True) == pytest.approx(-math.log(0.75))
+    # a band of 3.3 x 7% = 0.231: under 25%, over log(1.25) = 0.223 (a +25% change could
+    # not be told from none)
+    assert decide(0.01, 0.07, 0.25, z=3.3) is Verdict.SAME
+    assert decide(0.01, 0.07, 0.25, z=3.3, relative=True) is Verdict.UNSTABLE
+    assert decide(0.01, 0.067, 0.25, z=3.3, relative=True) is Verdict.SAME  # 0.221
+    # Holm's p-values are of the same statistic
+    p = p_worse(0.30, 0.09, math.inf, relative=True)
+    assert p == pytest.approx(0.5 * math.erfc(math.log(1.3) / 0.09 / math.sqrt(2)))
+    assert p > p_worse(0.30, 0.09, math.inf)
+    # a faster time: -20% is log(0.8) = -0.223
+    assert decide(-0.20, 0.06, 0.07, z=3.3, relative=True) is Verdict.FASTER
+    assert decide(-0.20, 0.07, 0.07, z=3.3, relative=True) is Verdict.UNSTABLE

@@ -262,7 +262,7 @@ def _holm(
     ``level``: a step's share to its nominal level at this look (``Family.level``)."""
     ps = [
         p_worse(m.change, m.noise, m.df if m.df is not None else math.inf,
-                higher_is_better=spec(m.metric).higher_is_better)
+                higher_is_better=spec(m.metric).higher_is_better, relative=not m.in_points)
         for m in judged
     ]  # fmt: skip
     levels = holm_levels(ps, alpha) if level is None else holm_levels(ps, alpha, level)

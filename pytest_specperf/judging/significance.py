@@ -126,9 +126,15 @@ def critical(alpha: float, df: float) -> float:
     return t_quantile(1.0 - alpha, df)
 
 
-def p_worse(change: float, noise: float, df: float, *, higher_is_better: bool = False) -> float:
-    """One-sided p-value of "got worse": ``P(T_df > worse / noise)``; 1 for no evidence
-    (a NaN change, an unknown or zero noise with no change)."""
+def p_worse(
+    change: float, noise: float, df: float, *, higher_is_better: bool = False,
+    relative: bool = False,
+) -> float:  # fmt: skip
+    """One-sided p-value of "got worse": ``P(T_df > worse / noise)``, ``worse`` on the
+    statistic's scale (``relative``: ``log(1 + change)``, the noise being a log's standard
+    error); 1 for no evidence (a NaN change, an unknown or zero noise with no change)."""
+    if relative and not math.isnan(change):
+        change = math.log1p(change) if change > -1 else -math.inf
     worse = -change if higher_is_better else change
     if math.isnan(worse) or not math.isfinite(noise) or not df > 0:
         return 1.0

@@ -303,7 +303,8 @@ class MetricVerdict:
         device's). ``z`` replaces the stored critical value."""
         higher = spec(self.metric).higher_is_better
         crit = self.critical if z is None else z
-        v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=crit)
+        v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=crit,
+                   relative=not self.in_points)  # fmt: skip
         disturbed = self.disturbed or (case_disturbed and self.metric in DISTURBABLE_METRICS)
         return _undecided_if_disturbed(v, disturbed)
 
@@ -580,6 +581,27 @@ def combine(verdicts: Sequence[Verdict]) -> Verdict:
     return max(verdicts, key=lambda v: _SEVERITY[v]) if verdicts else Verdict.SAME
 
 
+def log_stat(change: float, relative: bool) -> float:
+    """The statistic whose standard error the noise is: ``log(1 + change)`` for a relative
+    change (the noise is that of a mean log difference), the change itself for a share or
+    points change. A relative change of -100% or less (a time of zero) is ``-inf``."""
+    if not relative:
+        return change
+    return math.log1p(change) if change > -1 else -math.inf
+
+
+def band_limit(
+    tolerance: float, *, higher_is_better: bool = False, relative: bool = False
+) -> float:
+    """The tolerance on the statistic's scale, in the worse direction: ``log(1 + tol)`` for
+    a time (``log(1 - tol)``'s size for a higher-is-better quantity), ``tol`` itself for a
+    share or points change. A noise band ``z * noise`` wider than this cannot tell a change
+    of the tolerance's size from none."""
+    if not relative:
+        return tolerance
+    return -math.log1p(-tolerance) if higher_is_better else math.log1p(tolerance)
+
+
 def decide(
     change: float,
     noise: float,
@@ -587,36 +609,60 @@ def decide(
     *,
     higher_is_better: bool = False,
     z: float = Z,
+    relative: bool = False,
 ) -> Verdict:
     """The one verdict rule, for relative, share and points changes alike.
 
-    SLOWER/FASTER when the change exceeds both the tolerance and ``z`` times the noise;
-    UNSTABLE when the noise band (``z * noise``) is wider than the tolerance, so that a
-    change of the tolerance's size could not be told from none, or when the change or
-    the noise cannot be estimated; SAME otherwise. No change at all is SAME whatever the
-    noise.
+    SLOWER/FASTER when the change exceeds the tolerance and its statistic exceeds ``z``
+    times the noise; UNSTABLE when the noise band (``z * noise``) is wider than the
+    tolerance (on the statistic's scale, ``band_limit``), so that a change of the
+    tolerance's size could not be told from none, or when the change or the noise cannot
+    be estimated; SAME otherwise. No change at all is SAME whatever the noise.
+
+    ``relative``: ``change`` is a ratio minus one and ``noise`` the standard error of its
+    log (``judging.noise``), so the significance is judged on ``log(1 + change)``: a +30%
+    change against a noise of 9% is ``0.262 / 0.09 = 2.9`` standard errors, not 3.3 (the
+    ratio would over-state a slowdown, and more so the larger the noise). The tolerance is
+    a ratio, judged on the change itself.
     """
     if change == 0:
         return Verdict.SAME
     if math.isnan(change) or not math.isfinite(noise):
         return Verdict.UNSTABLE
     worse = -change if higher_is_better else change
-    if abs(change) > tolerance and abs(change) > z * noise:
+    if abs(change) > tolerance and abs(log_stat(change, relative)) > z * noise:
         return Verdict.SLOWER if worse > 0 else Verdict.FASTER
-    if z * noise > tolerance:
+    if z * noise > band_limit(tolerance, higher_is_better=higher_is_better, relative=relative):
         return Verdict.UNSTABLE
     return Verdict.SAME
 
 
 def steps_to_decide(
-    n: int, change: float, noise: float, tolerance: float, z: float = Z
+    n: int,
+    change: float,
+    noise: float,
+    tolerance: float,
+    z: float = Z,
+    *,
+    higher_is_better: bool = False,
+    relative: bool = False,
 ) -> int | None:
     """Steps that would shrink the noise band to the tolerance (or to the change, if
-    larger), since the noise of a median over blocks shrinks as 1/sqrt(steps)."""
-    target = max(tolerance, abs(change)) if math.isfinite(change) else tolerance
+    larger; both on the statistic's scale), since the noise of a median over blocks
+    shrinks as 1/sqrt(steps)."""
+    target = _band_target(change, tolerance, higher_is_better, relative)
     if not math.isfinite(noise) or target <= 0:
         return None
     return math.ceil(n * (z * noise / target) ** 2)
+
+
+def _band_target(change: float, tolerance: float, higher_is_better: bool, relative: bool) -> float:
+    """What the noise band must shrink to: the tolerance, or the change if larger, on the
+    statistic's scale."""
+    limit = band_limit(tolerance, higher_is_better=higher_is_better, relative=relative)
+    if not math.isfinite(change):
+        return limit
+    return max(limit, abs(log_stat(change, relative)))
 
 
 def _verdict(
@@ -629,13 +675,14 @@ def _verdict(
 
 
 def _to_decide(
-    noise: Noise, change: float, tolerance: float, steps: int, z: float
+    noise: Noise, change: float, tolerance: float, steps: int, z: float, higher_is_better: bool
 ) -> tuple[int | None, int | None]:
     """Steps per run that would decide (None: more steps cannot), else processes that
-    would. ``steps``: the steps measured per current run."""
+    would, for a relative change. ``steps``: the steps measured per current run."""
     if not noise.paired:  # unpaired: assume all the noise shrinks with steps
-        return steps_to_decide(steps, change, noise.total, tolerance, z), None
-    target = (max(tolerance, abs(change)) if math.isfinite(change) else tolerance) / z
+        return steps_to_decide(steps, change, noise.total, tolerance, z,
+                               higher_is_better=higher_is_better, relative=True), None  # fmt: skip
+    target = _band_target(change, tolerance, higher_is_better, True) / z
     rounds = noise.rounds_for(target)
     if rounds is not None:
         return rounds * max(1, steps // noise.rounds), None
@@ -704,12 +751,12 @@ def judge_metric(
     ratio = disturbance(bs, ns)
     higher = spec(metric).higher_is_better
     z = critical(alpha, noise.df)
-    verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z)
+    verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z, relative=True)
     # the machine, not the code, moved a disturbed run
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio))
     steps = procs = None
     if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
-        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z)
+        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z, higher)
     return MetricVerdict(
         metric, verdict, b, n, change, noise.total, tolerance, spec(metric).unit, steps,
         scatter_ratio=ratio, within=noise.within, between=noise.between,

@@ -280,9 +280,13 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
             f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
             "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
         )
+    band = m.critical * m.noise
+    # a relative change's noise is of its log: the band as a change, beside the tolerance
+    as_change = "" if m.in_points else f", a change of {math.expm1(band) * 100:+.1f}%"
     text += (
-        f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x = "
-        f"{m.critical * m.noise * 100:.1f}{unit} > tol {m.tolerance * 100:.0f}{unit})"
+        f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x "
+        f"{m.noise * 100:.1f}{unit} = {band * 100:.1f}{unit}{as_change} > tol "
+        f"{m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
