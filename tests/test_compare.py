@@ -311,3 +311,18 @@ def test_a_benchmark_case_keeps_every_process_without_its_records(tmp_path, make
     assert len(rebuilt.processes) == 2
     for r, m in zip(rebuilt.processes, now.run.processes, strict=True):
         assert r.summaries[STEP] == m.summaries[STEP] and r.server_pid == m.server_pid
+
+
+def test_a_sibling_without_steps_is_refused_not_judged_as_a_copy(tmp_path, make_run, reference_fp):
+    """A truncated or edited report whose second process lost its steps: rebuilding it
+    from the first process's would judge two identical processes (no spread between
+    them). The rebuild names the case and the process instead."""
+    from pytest_specperf.store.report import ReportError
+
+    path = _write(tmp_path / "b.json", _case(_processes(make_run, 2, 5), reference_fp))
+    data = json.loads(path.read_text())
+    sib = data["cases"][0]["siblings"][0]
+    sib.pop("records", None), sib.pop("samples", None)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match="server process 2 has neither records nor samples"):
+        run_from_case(path, read_report(path).cases[0])

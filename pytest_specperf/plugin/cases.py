@@ -163,10 +163,7 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
         problems = judged.unjudged
         if problems:
             lines.append(strict_failure(sess.config, outcome, problems))
-        if judged.to_record is not None:
-            sess.to_record.append(judged.to_record)
-            sess.notes += [judged.record_note] if judged.record_note else []
-        try:  # before the case counts anywhere: every report reads its record
+        try:  # before the case counts anywhere (recorded included): every report reads it
             view = CaseView.of(
                 outcome,
                 baseline_file=shown,
@@ -174,7 +171,10 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
                 unjudged=tuple(p.label for p in problems),
             )
         except ValueError as e:  # names the case (a non-finite step median)
-            raise pytest.fail(f"specperf: {e}", pytrace=False) from None
+            raise pytest.fail("\n\n".join([*failures, f"specperf: {e}"]), pytrace=False) from None
+        if judged.to_record is not None:
+            sess.to_record.append(judged.to_record)
+            sess.notes += [judged.record_note] if judged.record_note else []
         item.user_properties.extend(junit_properties(outcome, shown, problems))
         sess.outcomes.append(outcome)
         sess.cases.append(view)
