@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,3 +221,18 @@ def test_waiting_for_a_cpu_counts_as_progress_a_still_tree_does_not(tmp_path):
                     "no CPU) for twice the stall time, then still (a /proc stand-in)", 1,
                     "never stalled while waiting for a CPU; stalled once nothing ran or "
                     "waited", True)  # fmt: skip
+
+
+def test_a_reaped_childs_cpu_stays_in_the_tree(tmp_path):
+    """A cold compile's compiler runs, exits and is reaped: its CPU time moves to its
+    parent's ``cutime`` and the tree's total does not drop (had it dropped, the next
+    compiler would first have to make up the lost time before counting as progress)."""
+    proc = tmp_path / "proc"
+    me = os.getpid()
+    ticks = os.sysconf("SC_CLK_TCK")
+    _fake_proc(proc, me, cpu_ticks=100, wait_ns=0, children={me + 1: 50})
+    assert tree_activity_s(me, proc) == 150 / ticks
+    shutil.rmtree(proc / str(me + 1))  # the compiler exits; the server waits for it
+    rest = " ".join(["0"] * 9)
+    (proc / str(me) / "stat").write_text(f"{me} (x y) S 1 {rest} 100 0 50 0\n")
+    assert tree_activity_s(me, proc) == 150 / ticks

@@ -121,12 +121,16 @@ def _pid_of(name: str) -> int | None:
 
 
 def _stat(pid: str, proc: Path) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds) of ``pid`` from ``<proc>/<pid>/stat`` (None: gone)."""
+    """(parent pid, CPU seconds) of ``pid`` from ``<proc>/<pid>/stat`` (None: gone): its
+    own and that of its children it has waited for (a compiler that ran and exited keeps
+    counting in its parent, so the tree's total does not drop when it is reaped)."""
     try:
         raw = (proc / pid / "stat").read_bytes()
         fields = raw[raw.rindex(b")") + 2 :].split()
-        # after the name: state, ppid, ..., utime (index 11), stime (12)
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+        # after the name: state, ppid, ..., utime (index 11), stime (12), cutime (13),
+        # cstime (14)
+        ticks = sum(int(f) for f in fields[11:15])
+        return int(fields[1]), ticks / _TICKS
     except (OSError, ValueError, IndexError):
         return None
 
@@ -255,6 +259,8 @@ class ProgressWatch:
             if tree - was >= CPU_PROGRESS_S:
                 self._tree_from[name] = tree
                 active = True
+            elif tree < was:  # a child reaped by a process outside the tree took its CPU
+                self._tree_from[name] = tree
         return active
 
     def restart(self) -> None:
@@ -276,10 +282,13 @@ class ProgressWatch:
             self._tree_from.clear()
             self._tree_now.clear()
             return None
-        if self._tree_active(now):
+        idle = t - self._since
+        # the kernel's account (a walk of /proc) only once the file has been still for half
+        # the stall time: between two of its writes (every HEARTBEAT_S) a decoding server's
+        # file looks still to most polls, and a walk per poll would load the measurement
+        if idle >= self.stall_s / 2 and self._tree_active(now):
             self._since = t
             return None
-        idle = t - self._since
         return idle if idle >= self.stall_s else None
 
     def describe(self) -> str:
