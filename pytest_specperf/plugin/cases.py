@@ -141,7 +141,7 @@ def _policy(sess: SpecperfSession, inputs: RunInputs) -> Policy:
 def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle) -> None:
     """Judge every run of a test that completed; fail it on a regression, and under
     --specperf-strict on a case that was not judged."""
-    failures = []
+    failures: list[str] = []
     inputs = sess.inputs()
     policy, request = _policy(sess, inputs), handle.request
     reference = sess.reference
