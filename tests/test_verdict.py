@@ -440,3 +440,20 @@ def test_a_relative_change_is_significant_on_the_log_scale_of_its_noise():
     # a faster time: -20% is log(0.8) = -0.223
     assert decide(-0.20, 0.06, 0.07, z=3.3, relative=True) is Verdict.FASTER
     assert decide(-0.20, 0.07, 0.07, z=3.3, relative=True) is Verdict.UNSTABLE
+
+
+def test_a_gate_judged_as_measured_shows_the_blocks_whose_ratio_is_the_change():
+    """A step without a KV reference (live SGLang) is judged as measured: one slow block
+    moves the mean log difference, not the median. The line shows both, so that the
+    numbers beside the change agree with it."""
+    import re
+
+    slow = [x * (1.5 if b == 5 else 1.0) for x, b in zip(BASE, BLOCKS)]
+    v = judge_metric("step", s(BASE), s(slow), 0.25)
+    assert v.basis is None and v.judged_now / v.judged_base == pytest.approx(1 + v.change)
+    text = v.describe()
+    assert " median; blocks' geometric mean " in text, text
+    b, n = (float(x) for x in re.search(r"geometric mean (\S+) -> (\S+),", text).groups())
+    assert n / b - 1 == pytest.approx(v.change, abs=0.002), text
+    # where the two agree, the line stays as it was
+    assert "geometric" not in judge_metric("step", s(BASE), s(BASE, 1.1), 0.25).describe()

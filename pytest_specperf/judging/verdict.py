@@ -200,8 +200,9 @@ class MetricVerdict:
     #: UNSTABLE that more steps cannot decide: the processes that would (the run's, and the
     #: baseline's too when it has fewer runs)
     processes_to_decide: int | None = None
-    #: the judged form's centers (``verify/rest``: 3.20 -> 3.55) when ``basis`` is set;
-    #: ``base`` and ``now`` are then the raw ones (ms)
+    #: the judged centers: the geometric means of the judged form's blocks (``verify/rest``:
+    #: 3.20 -> 3.55; their ratio is ``change``) when the blocks pair; with ``basis`` set,
+    #: ``base`` and ``now`` are the raw metric's (ms)
     judged_base: float | None = None
     judged_now: float | None = None
     #: the multiple of the noise a change must exceed (Student's t at ``alpha`` on ``df``
@@ -263,10 +264,22 @@ class MetricVerdict:
                     f"; raw {self.metric} {b} -> {n} {self.unit} ({self.raw_change * 100:+.1f}%)"
                 )
             return text
-        text = f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}, {noise}"
+        text = f"{self.metric} {self.change * 100:+.1f}% ({b} -> {n} {self.unit}"
+        text += f"{self._blocks_text()}, {noise}"
         if self.basis and self.raw_change is not None:
             text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
         return text + ")"
+
+    def _blocks_text(self) -> str:
+        """Where the centers shown (the runs' medians) move otherwise than the change
+        judged (the mean log difference of the blocks, a slow block weighing in): the
+        blocks' geometric means too, whose ratio is the change."""
+        jb, jn = self.judged_base, self.judged_now
+        if self.basis or jb is None or jn is None or jb <= 0 or self.base <= 0:
+            return ""
+        if abs((self.now / self.base - 1) - self.change) < 0.005:
+            return ""
+        return f" median; blocks' geometric mean {fmt_value(jb)} -> {fmt_value(jn)}"
 
     @property
     def exact_reason(self) -> str:
