@@ -68,19 +68,25 @@ def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
-def family_of(c: CaseRecord) -> Family:
+def saved_family(c: CaseRecord) -> Family | None:
     """The share of its run's false-alarm budget the case was judged at (its run's tests,
-    its test's cases, the looks and the look); ``LONE`` for a report that did not save it."""
+    its test's cases, the looks and the look); None for a report that did not save it, or
+    saved it unusable."""
     raw = c.data.get("family")
     if not isinstance(raw, Mapping):
-        return LONE
+        return None
     try:
         return Family(
             run_alpha=float(raw.get("run_alpha", LONE.run_alpha)),
             **{k: raw.get(k, 1) for k in ("tests", "cases", "looks", "look")},
         )
     except (ValueError, TypeError):
-        return LONE
+        return None
+
+
+def family_of(c: CaseRecord) -> Family:
+    """``saved_family``, else ``LONE`` (one gate of one case, one look: 5%)."""
+    return saved_family(c) or LONE
 
 
 def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
@@ -131,7 +137,27 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
     lines += case_notes(cases)
     in_b = {(c.test, c.key) for c in b.cases}
     lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]
-    return lines + [line for r in (a, b) for line in _first_process_notes(r)]
+    lines += [line for r in (a, b) for line in _first_process_notes(r)]
+    return lines + _fallback_notes(b)
+
+
+def _fallback_notes(b: Report) -> list[str]:
+    """A note per case of ``b`` re-judged without what its run judged it with: the share of
+    the false-alarm budget (a lone comparison's 5% instead, a looser level than a suite's)
+    or the device prior (the provisional one instead)."""
+    out = []
+    for c in b.cases:
+        missing = []
+        if saved_family(c) is None:
+            missing.append("the share of the false-alarm budget it was judged at (judged as a "
+                           "lone comparison, 5% one-sided: looser than in its run)")  # fmt: skip
+        if prior_of(c.data) is None:
+            missing.append("the device prior (judged under the provisional one)")
+        if missing:
+            what = " nor ".join(missing)
+            out.append(f"note: {c.test} {c.key} in {b.path.name} did not save {what}; a "
+                       "report of an older pytest-specperf")  # fmt: skip
+    return out
 
 
 def _first_process_notes(r: Report) -> list[str]:
