@@ -236,3 +236,22 @@ def test_a_reaped_childs_cpu_stays_in_the_tree(tmp_path):
     rest = " ".join(["0"] * 9)
     (proc / str(me) / "stat").write_text(f"{me} (x y) S 1 {rest} 100 0 50 0\n")
     assert tree_activity_s(me, proc) == 150 / ticks
+
+
+def test_a_pid_that_names_another_process_is_not_read_as_the_servers(tmp_path):
+    """A server in another PID namespace (a container with the run directory mounted)
+    writes its own pid, which here may name some other process (pid 1: the whole machine
+    as its "tree", the freeze watch silently off). The progress file carries the process's
+    start time; ``/proc`` is read as the server's only where the two agree."""
+    from pytest_specperf.probe.heartbeat import start_ticks
+
+    beat = Heartbeat(tmp_path, lambda: 0).start()
+    try:
+        [p] = read_progress(tmp_path).values()
+    finally:
+        beat.stop()
+    me = os.getpid()
+    assert p.start is not None and p.start == start_ticks(str(me))
+    assert tree_activity_s(me, start=p.start) is not None
+    assert tree_activity_s(me, start=p.start + 1) is None  # another process of that number
+    assert tree_activity_s(me) is not None  # an older server's file without a start time

@@ -65,6 +65,11 @@ class Progress:
     beats: int
     steps: int
     cpu_s: float
+    #: the process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22),
+    #: None from a server that does not write it: the watch reads ``/proc/<pid>`` as this
+    #: process only when the two agree (a server in another PID namespace, a container
+    #: with the run directory mounted, has a pid that names some other local process)
+    start: int | None = None
 
 
 class Heartbeat:
@@ -81,6 +86,7 @@ class Heartbeat:
         self.path = Path(run_dir) / f"progress-rank{rank}-pid{os.getpid()}.json"
         self._fd = os.open(self.path, _FLAGS, 0o600)  # never an existing file or a link
         self._steps = steps
+        self._start = start_ticks(str(os.getpid()))
         self._interval_s = interval_s
         self._beats = 0
         self._stop = threading.Event()
@@ -94,9 +100,10 @@ class Heartbeat:
     def beat(self) -> None:
         """Write the progress line now (in place: the reader never sees an empty file)."""
         self._beats += 1
-        line = json.dumps(
-            {"beats": self._beats, "steps": self._steps(), "cpu_s": round(time.process_time(), 4)}
-        )
+        line = json.dumps({
+            "beats": self._beats, "steps": self._steps(),
+            "cpu_s": round(time.process_time(), 4), "start": self._start,
+        })  # fmt: skip
         os.pwrite(self._fd, line.ljust(_LINE_BYTES - 1).encode() + b"\n", 0)
 
     def _run(self) -> None:
@@ -135,6 +142,16 @@ def _stat(pid: str, proc: Path) -> tuple[int, float] | None:
         return None
 
 
+def start_ticks(pid: str, proc: Path = Path("/proc")) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``<proc>/<pid>/stat`` field 22);
+    None where ``proc`` does not show it."""
+    try:
+        raw = (proc / pid / "stat").read_bytes()
+        return int(raw[raw.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _run_queue_s(pid: int, proc: Path) -> float:
     """Seconds the live threads of ``pid`` spent runnable without a CPU (schedstat)."""
     total = 0
@@ -150,14 +167,19 @@ def _run_queue_s(pid: int, proc: Path) -> float:
     return total / 1e9
 
 
-def tree_activity_s(pid: int, proc: Path = Path("/proc")) -> float | None:
+def tree_activity_s(
+    pid: int, proc: Path = Path("/proc"), *, start: int | None = None
+) -> float | None:
     """Seconds ``pid`` and its live descendants have run on a CPU or waited on a run
     queue for one (the kernel's account in ``proc``: ``stat`` CPU times, every thread's
     ``schedstat`` wait). It only grows while some process of the tree works or wants to;
     a frozen or blocked tree holds it still. None where ``proc`` does not show ``pid``
-    (another machine, another PID namespace, not Linux)."""
+    (another machine, not Linux), or shows a process that did not start at ``start``
+    (given: the progress file's; another PID namespace, where the number is another's)."""
     mine = _stat(str(pid), proc)
     if mine is None:
+        return None
+    if start is not None and start_ticks(str(pid), proc) != start:
         return None
     parents: dict[int, list[tuple[int, float]]] = {}
     try:
@@ -208,7 +230,11 @@ def read_progress(run_dir: str | os.PathLike[str]) -> dict[str, Progress]:
             finally:
                 os.close(fd)
             d = json.loads(raw)
-            out[path.name] = Progress(int(d["beats"]), int(d["steps"]), float(d["cpu_s"]))
+            start = d.get("start")
+            out[path.name] = Progress(
+                int(d["beats"]), int(d["steps"]), float(d["cpu_s"]),
+                start if isinstance(start, int) and not isinstance(start, bool) else None,
+            )  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -249,9 +275,9 @@ class ProgressWatch:
         """Whether some watched process, or a child of it, ran on a CPU or waited for one
         for ``CPU_PROGRESS_S`` since its file stopped advancing (``tree_activity_s``)."""
         active = False
-        for name in now:
+        for name, p in now.items():
             pid = _pid_of(name)
-            tree = tree_activity_s(pid, self.proc) if pid is not None else None
+            tree = tree_activity_s(pid, self.proc, start=p.start) if pid is not None else None
             if tree is None:
                 continue
             self._tree_now[name] = tree
