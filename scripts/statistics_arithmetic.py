@@ -100,9 +100,10 @@ def noise_ab(lv: Levels, n: int) -> tuple[float, float]:
 
 
 def smallest_caught(noise: float, df: float, alpha: float, tolerance: float) -> float:
-    """The smallest change caught 19 times in 20: the band's edge (tolerance or critical
-    x noise, the larger) plus 1.645 noises."""
-    return max(tolerance, critical(alpha, df) * noise) + Z95 * noise
+    """The smallest change caught 19 times in 20: on the log scale the noise is of, the
+    band's edge (``ln(1 + tolerance)`` or critical x noise, the larger) plus 1.645 noises,
+    as a change."""
+    return math.expm1(max(math.log1p(tolerance), critical(alpha, df) * noise) + Z95 * noise)
 
 
 def boundary_table(share: float) -> None:
@@ -148,9 +149,9 @@ def main() -> None:
     )
 
     print(
-        "\nband = t x noise: the tightest tolerance a quiet run leaves decided (a wider band "
-        "is UNSTABLE);\ncaught: the smallest change caught 19 times in 20 at that tolerance "
-        "and at the shipped one (7% phases, 25% step)"
+        "\nband = exp(t x noise) - 1 (the noise is of a log change): the tightest tolerance a "
+        "quiet run leaves decided (a wider band is UNSTABLE);\ncaught: the smallest change "
+        "caught 19 times in 20 at that tolerance and at the shipped one (7% phases, 25% step)"
     )
     header = (
         f"{'mode':<29} {'form':<12} {'noise':>6} {'df':>5} {'t':>5} {'band':>7} "
@@ -166,10 +167,11 @@ def main() -> None:
             *((f"A/B, {n} a side", noise_ab(lv, n)) for n in (1, 2, 3, 4, 6)),
         ):
             t = critical(alpha, df)
-            band = t * noise
+            band = math.expm1(t * noise)
             print(
                 f"{label:<29} {lv.name:<12} {noise:6.2%} {df:5.1f} {t:5.2f} {band:7.2%} "
-                f"{(t + Z95) * noise:11.1%} {smallest_caught(noise, df, alpha, lv.tolerance):14.1%}"
+                f"{math.expm1((t + Z95) * noise):11.1%} "
+                f"{smallest_caught(noise, df, alpha, lv.tolerance):14.1%}"
                 + ("  (UNSTABLE at shipped)" if band > lv.tolerance else "")
             )
 

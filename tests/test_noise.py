@@ -431,6 +431,11 @@ def test_a_tiny_spread_between_processes_keeps_the_prior():
     assert v.exact_runs is None and v.between is not None and v.between > 0
     # t 3.5 x 2.0% = 7.1% > 6.2%, a 6% drop on the log scale (-log(0.94))
     assert v.noise > 0.02 and v.verdict is Verdict.UNSTABLE
+    # at 7% the band fits: a 7% drop of a higher-is-better quantity is -ln(0.93) = 7.26% on
+    # the log scale (ln(1.07) = 6.77%, the slower direction's, would leave it UNSTABLE)
+    seven = judge_metric("accept_len", base, [accept_of(ACCEPT)], 0.07, prior=PROVISIONAL_PRIOR,
+                         alpha=GATE_ALPHA)  # fmt: skip
+    assert 0.0677 < seven.critical * seven.noise < 0.0726 and seven.verdict is Verdict.SAME
     # a difference in the 6th significant digit between processes is a spread too
     nudged = [ACCEPT[0] * (1 + 2e-5), *ACCEPT[1:]]
     base = [accept_of(ACCEPT, stored=True), accept_of(nudged, stored=True)]

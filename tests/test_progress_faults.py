@@ -9,6 +9,7 @@ real server frozen in a first request and mid-case, one throttled) are in
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -233,8 +234,8 @@ def test_a_reaped_childs_cpu_stays_in_the_tree(tmp_path):
     _fake_proc(proc, me, cpu_ticks=100, wait_ns=0, children={me + 1: 50})
     assert tree_activity_s(me, proc) == 150 / ticks
     shutil.rmtree(proc / str(me + 1))  # the compiler exits; the server waits for it
-    rest = " ".join(["0"] * 9)
-    (proc / str(me) / "stat").write_text(f"{me} (x y) S 1 {rest} 100 0 50 0\n")
+    rest = " ".join(["0"] * 9)  # the compiler's 50 ticks now its parent's cutime + cstime
+    (proc / str(me) / "stat").write_text(f"{me} (x y) S 1 {rest} 100 0 30 20\n")
     assert tree_activity_s(me, proc) == 150 / ticks
 
 
@@ -245,6 +246,14 @@ def test_a_pid_that_names_another_process_is_not_read_as_the_servers(tmp_path):
     start time; ``/proc`` is read as the server's only where the two agree."""
     from pytest_specperf.probe.heartbeat import start_ticks
 
+    ticks = os.sysconf("SC_CLK_TCK")
+    up = float(Path("/proc/uptime").read_text().split()[0]) * ticks
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:  # field 22 read right: a process started now started about now since boot
+        assert abs(start_ticks(str(child.pid)) - up) <= 2 * ticks
+    finally:
+        child.kill()
+        child.wait()
     beat = Heartbeat(tmp_path, lambda: 0).start()
     try:
         [p] = read_progress(tmp_path).values()
@@ -255,3 +264,22 @@ def test_a_pid_that_names_another_process_is_not_read_as_the_servers(tmp_path):
     assert tree_activity_s(me, start=p.start) is not None
     assert tree_activity_s(me, start=p.start + 1) is None  # another process of that number
     assert tree_activity_s(me) is not None  # an older server's file without a start time
+    # the watch: a file whose start does not match the pid's process is never called
+    # stalled (the deadline judges it), one that matches is
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for start, stalls in ((p.start + 1, False), (p.start, True)):
+        line = json.dumps({"beats": 1, "steps": 3, "cpu_s": 1.0, "start": start})
+        (run_dir / f"progress-rank0-pid{me}.json").write_text(line.ljust(255) + "\n")
+        watch = ProgressWatch(run_dir, stall_s=0.3, proc=tmp_path / "no-proc")
+        if stalls:  # a /proc stand-in with this process, still
+            watch.proc = tmp_path / "proc"
+            _fake_proc(watch.proc, me, cpu_ticks=100, wait_ns=0)
+            rest = " ".join(["0"] * 9)
+            (watch.proc / str(me) / "stat").write_text(
+                f"{me} (x y) S 1 {rest} 100 0 0 0 0 0 0 0 {start}\n"
+            )
+        else:
+            watch.proc = Path("/proc")
+        assert watch.stalled_for() is None
+        assert (_watch(watch, 1.0) is not None) is stalls, watch.describe()

@@ -80,13 +80,14 @@ from pytest_specperf.judging.calibration import (
     unstable_parts,
 )
 from pytest_specperf.judging.levels import DEFAULT_COSTS, Costs, parse_costs
-from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.metrics import STEP, MetricKind, spec
 from pytest_specperf.judging.noise import PRIOR_KINDS
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
     Verdict,
     Z,
+    band_limit,
     parse_fraction,
 )
 from pytest_specperf.probe.phases import UNACCOUNTED
@@ -707,7 +708,14 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         if r["noise"] is None:
             return "-"
         wide = (r.get("critical") or Z) * r["noise"]
-        return f"{wide * 100:.1f}% {'>' if wide > r['tolerance'] else '<='} {r['tolerance']:.0%}"
+        # the band is of a log change: against the tolerance on that scale (ln 1.07 = 6.77%)
+        ms = spec(r["metric"])
+        relative = ms.kind not in (MetricKind.SHARE, MetricKind.UTILIZATION)
+        limit = band_limit(r["tolerance"], higher_is_better=ms.higher_is_better, relative=relative)
+        return (
+            f"{wide * 100:.1f}% {'>' if wide > limit else '<='} {limit * 100:.2f}% "
+            f"(tol {r['tolerance']:.0%})"
+        )
 
     cells = [
         [r["case"], r["metric"], f"{r['unstable']}/{r['runs']}", pct(r["noise"]),

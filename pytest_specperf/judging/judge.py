@@ -566,7 +566,9 @@ def not_gated_mark(case: Case) -> NotGated | None:
         if rows is None or f is None or f_sf(*f) >= BIMODAL_P:
             continue
         tau = math.sqrt(anova_between(rows) or 0.0)
-        if BIMODAL_Z * tau * math.sqrt(1 / MAX_PROCESSES + 1 / k) > case.tolerances.of(g):
+        # tau is of a log: against the tolerance on that scale
+        limit = math.log1p(case.tolerances.of(g))
+        if BIMODAL_Z * tau * math.sqrt(1 / MAX_PROCESSES + 1 / k) > limit:
             found[g] = tau
     if not found:
         return None

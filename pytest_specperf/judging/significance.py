@@ -24,7 +24,8 @@ that each case's decision is final when the case ends:
    that fails the comparison are significant. A gate is SLOWER when it is
    significant **and** its change exceeds the tolerance.
 
-Each p-value is Student's t: ``p = P(T_df > change / noise)`` on the noise's
+Each p-value is Student's t: ``p = P(T_df > ln(1 + change) / noise)`` (a share's or
+points change itself, not its log) on the noise's
 Welch-Satterthwaite degrees of freedom (``judging.noise``); the boundary's normal
 critical values enter as nominal levels (the single-look tail they cut), at which the
 t statistic is judged (the usual "nominal p" use of a boundary with estimated noise).

@@ -279,7 +279,8 @@ class MetricVerdict:
             return ""
         if abs((self.now / self.base - 1) - self.change) < 0.005:
             return ""
-        return f" median; blocks' geometric mean {fmt_value(jb)} -> {fmt_value(jn)}"
+        center = spec(self.metric).center
+        return f" {center}; blocks' geometric mean {fmt_value(jb)} -> {fmt_value(jn)}"
 
     @property
     def exact_reason(self) -> str:

@@ -156,8 +156,8 @@ def judge_item(sess: SpecperfSession, item: pytest.Item, handle: SpecperfHandle)
             else:
                 judged = judge_one(inputs, request, handle.server, run, key, shown, policy,
                                    sess.telemetry_note, len(handle.runs))  # fmt: skip
-        except CaseRefused as e:
-            raise pytest.fail(str(e), pytrace=False) from None
+        except CaseRefused as e:  # with what the test's earlier cases failed on
+            raise pytest.fail("\n\n".join([*failures, str(e)]), pytrace=False) from None
         sess.telemetry_note = judged.telemetry_note
         outcome, lines = _report(sess, item, handle, judged.outcome)
         problems = judged.unjudged

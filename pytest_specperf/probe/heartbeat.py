@@ -20,7 +20,11 @@ reads the kernel's own account of the file's process (Linux ``/proc``, same mach
   its heartbeat thread may not get to write at all.
 
 Both count as progress (:func:`tree_activity_s`). A stopped process (SIGSTOP) or one
-blocked on a lock neither runs nor waits to run, in itself or in a child: still stalled.
+blocked on a lock neither runs nor waits to run, in itself or in a child (past its
+heartbeat thread's few milliseconds): still stalled. The file carries its process's start
+time: where ``/proc`` shows another process under that pid (a server in another PID
+namespace, a container with the run directory mounted), its tree is out of sight, and the
+request's deadline alone judges it.
 """
 
 from __future__ import annotations
@@ -277,7 +281,17 @@ class ProgressWatch:
         active = False
         for name, p in now.items():
             pid = _pid_of(name)
-            tree = tree_activity_s(pid, self.proc, start=p.start) if pid is not None else None
+            if pid is None:
+                continue
+            start = start_ticks(str(pid), self.proc) if p.start is not None else None
+            if start is not None and start != p.start:
+                # /proc shows another process of that number: the server is in another PID
+                # namespace (a container), its children out of sight. A cold compile there
+                # leaves the file still for tens of seconds: only the deadline can judge it
+                self._tree_now.pop(name, None)
+                active = True
+                continue
+            tree = tree_activity_s(pid, self.proc)
             if tree is None:
                 continue
             self._tree_now[name] = tree
@@ -309,10 +323,12 @@ class ProgressWatch:
             self._tree_now.clear()
             return None
         idle = t - self._since
-        # the kernel's account (a walk of /proc) only once the file has been still for half
-        # the stall time: between two of its writes (every HEARTBEAT_S) a decoding server's
-        # file looks still to most polls, and a walk per poll would load the measurement
-        if idle >= self.stall_s / 2 and self._tree_active(now):
+        # the kernel's account (a walk of /proc) only once the file has been still for two
+        # of its writes (a quarter of the stall time at most): between two writes (every
+        # HEARTBEAT_S) a decoding server's file looks still to most polls, and a walk per
+        # poll would load the measurement. Growth a walk finds counts from when it is found,
+        # so a freeze is seen at most this much later than STALL_S after the last work.
+        if idle >= min(2 * HEARTBEAT_S, self.stall_s / 4) and self._tree_active(now):
             self._since = t
             return None
         return idle if idle >= self.stall_s else None

@@ -23,6 +23,7 @@ from pytest_specperf.judging.metrics import (
     TOKENS_PER_S,
     active_form,
     device_form,
+    spec,
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
@@ -281,8 +282,10 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
             "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
         )
     band = m.critical * m.noise
-    # a relative change's noise is of its log: the band as a change, beside the tolerance
-    as_change = "" if m.in_points else f", a change of {math.expm1(band) * 100:+.1f}%"
+    # a relative change's noise is of its log: the band as a change in the worse direction
+    # (a rise of a time, a drop of a higher-is-better quantity), beside the tolerance
+    worse = -band if spec(m.metric).higher_is_better else band
+    as_change = "" if m.in_points else f", a change of {math.expm1(worse) * 100:+.1f}%"
     text += (
         f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x "
         f"{m.noise * 100:.1f}{unit} = {band * 100:.1f}{unit}{as_change} > tol "
