@@ -16,6 +16,14 @@ can only count more false alarms than the plugin would raise.
 
 It prints first how far the recorded baseline sits from the quiet A/A runs (the offset
 a judged run inherits whatever its own noise), then the counts per K and tolerance pair.
+
+    python scripts/rejudge_inline.py SITTING_DIR --recorded [--prior-dir DIR]
+
+judges every repetition against the sitting's recorded baseline instead (every stored run,
+with its sitting), under the device prior beside the baseline file in DIR (a
+``specperf calibrate --write-prior DIR``; default: the provisional prior): what a prior
+measured from these very runs would have given (in-sample: a held-out sitting is the test
+of it).
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_specperf.cli.calibrate import expected_metric
-from pytest_specperf.judging.baselines import make_run
+from pytest_specperf.judging.baselines import BaselineFile, make_run
+from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.judging.significance import MAX_LOOKS, Family
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import Runs, Tolerances, Verdict, judge_runs
 from pytest_specperf.store.baselines import load_baselines
+from pytest_specperf.store.prior import load_prior
 
 Run = Mapping[str, Summary]
 #: condition -> repetition -> test and case key -> (its run's summaries, the gates it was
@@ -134,14 +144,69 @@ def judge(
     return n, slower, caught, unstable
 
 
+def judge_recorded(
+    runs: Table, cond: str, expect: str | None, bf: BaselineFile, prior: DevicePrior,
+    tol: Tolerances,
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """As ``judge``, against the recorded baseline's runs (their sittings kept; each
+    repetition a sitting of its own) under ``prior``."""
+    base = {f"{c.test.rsplit('::', 1)[-1]} {c.key}": c for c in bf.all_cases()}
+    n = slower = caught = unstable = 0
+    for rep, cases in sorted(runs[cond].items()):
+        verdicts: list[tuple[str, Verdict]] = []
+        family = Family(tests=max(1, len(cases)), looks=MAX_LOOKS)
+        for key, (now, gates, look) in cases.items():
+            cb = base.get(key)
+            if cb is None:
+                continue
+            stored = tuple(cb.run_metrics(i) for i in range(len(cb.runs)))
+            judged = Runs(stored, (now,), base_sittings=tuple(r.sitting_label for r in cb.runs),
+                          now_sittings=(f"rep {rep}",))  # fmt: skip
+            alpha = dataclasses.replace(family, look=look).gate_alpha(len(gates))
+            for m in gates:
+                mv = judge_runs(m, judged, tol, prior=prior, alpha=alpha)
+                if mv is not None:
+                    verdicts.append((m, mv.verdict))
+        n += 1
+        slower += any(v is Verdict.SLOWER for _, v in verdicts)
+        caught += any(v is Verdict.SLOWER and m == expect for m, v in verdicts)
+        unstable += any(v is Verdict.UNSTABLE for _, v in verdicts)
+    return n, slower, caught, unstable
+
+
+def recorded(work_dir: Path, runs: Table, expect: dict[str, str], prior_dir: Path | None) -> None:
+    (path,) = (work_dir / "baselines").glob("*.yaml")
+    bf = load_baselines(path)
+    assert bf is not None
+    prior = load_prior(prior_dir / path.name) if prior_dir is not None else PROVISIONAL_PRIOR
+    print(f"\nevery repetition against the recorded baseline ({path.name}), under "
+          f"{prior.describe()}")  # fmt: skip
+    conds = sorted(runs, key=lambda c: (c in expect, c))
+    print("phases  step  " + "  ".join(f"{c:>14}" for c in conds))
+    for phase, step in PAIRS:
+        tol, cells = Tolerances(phase, step), []
+        for c in conds:
+            n, slower, caught, unstable = judge_recorded(runs, c, expect.get(c), bf, prior, tol)
+            cell = f"{caught}/{n}" if c in expect else f"{slower}/{n} F {unstable}/{n} U"
+            cells.append(f"{cell:>14}")
+        print(f"{phase:>6.0%} {step:>5.0%}  " + "  ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("work_dir", type=Path)
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5, 8])
+    ap.add_argument("--recorded", action="store_true",
+                    help="judge against the recorded baseline instead of inline ones")  # fmt: skip
+    ap.add_argument("--prior-dir", type=Path, default=None,
+                    help="with --recorded: the prior beside the baseline in DIR")  # fmt: skip
     args = ap.parse_args()
     runs, aa_values, expect = read_runs(args.work_dir)
+    if args.recorded:
+        recorded(args.work_dir, runs, expect, args.prior_dir)
+        return
     offsets(args.work_dir, aa_values)
     print("\nthe later repetitions judged against the first K quiet A/A runs (A/A and hog:")
     print("runs that fail, F, and with an UNSTABLE gate, U; injected: runs caught on their gate)")
