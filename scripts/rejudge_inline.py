@@ -33,7 +33,7 @@ import dataclasses
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pytest_specperf.cli.calibrate import expected_metric
@@ -113,65 +113,81 @@ def offsets(work_dir: Path, aa: Values) -> None:
             )
 
 
-def judge(
-    runs: Table, cond: str, expect: str | None, k: int, tol: Tolerances
+#: how a repetition's case is judged: (rep, case name, its run, its gates, its level) ->
+#: its gates' verdicts
+CaseJudge = Callable[[int, str, Run, list[str], float], list[tuple[str, Verdict]]]
+
+
+def _count(
+    runs: Table, cond: str, expect: str | None, first_rep: int, judge_case: CaseJudge
 ) -> tuple[int, int, int, int]:
-    """Runs judged, runs with a SLOWER gate, runs failing on the expected gate, runs with
-    an UNSTABLE gate."""
-    aa = runs["A_A"]
-    first = sorted(aa)[:k]
+    """Runs judged (repetitions ``first_rep`` and later), runs with a SLOWER gate, runs
+    failing on the expected gate, runs with an UNSTABLE gate. Each case at the plugin's
+    budget: the run's cases as its tests, the extension's looks (each case at the look its
+    rounds reached), each case's gates."""
     n = slower = caught = unstable = 0
     for rep, cases in sorted(runs[cond].items()):
-        if rep < k:
+        if rep < first_rep:
             continue
         verdicts: list[tuple[str, Verdict]] = []
-        # the plugin's budget: the run's cases as its tests, the extension's looks (each
-        # case at the look its rounds reached), each case's gates; every A/A run of the
-        # inline baseline is a sitting of its own
         family = Family(tests=max(1, len(cases)), looks=MAX_LOOKS)
         for key, (now, gates, look) in cases.items():
-            base = tuple(aa[i][key][0] for i in first)
-            sittings = tuple(f"A/A rep {i}" for i in first)
             alpha = dataclasses.replace(family, look=look).gate_alpha(len(gates))
-            for m in gates:
-                mv = judge_runs(m, Runs(base, (now,), base_sittings=sittings), tol, alpha=alpha)
-                if mv is not None:
-                    verdicts.append((m, mv.verdict))
+            verdicts += judge_case(rep, key, now, gates, alpha)
         n += 1
         slower += any(v is Verdict.SLOWER for _, v in verdicts)
         caught += any(v is Verdict.SLOWER and m == expect for m, v in verdicts)
         unstable += any(v is Verdict.UNSTABLE for _, v in verdicts)
     return n, slower, caught, unstable
+
+
+def _verdicts(
+    gates: list[str], judged: Runs, tol: Tolerances, alpha: float, prior: DevicePrior
+) -> list[tuple[str, Verdict]]:
+    out = []
+    for m in gates:
+        mv = judge_runs(m, judged, tol, prior=prior, alpha=alpha)
+        if mv is not None:
+            out.append((m, mv.verdict))
+    return out
+
+
+def judge(
+    runs: Table, cond: str, expect: str | None, k: int, tol: Tolerances
+) -> tuple[int, int, int, int]:
+    """``_count`` against the first ``k`` quiet A/A runs, each a sitting of its own."""
+    aa = runs["A_A"]
+    first = sorted(aa)[:k]
+    sittings = tuple(f"A/A rep {i}" for i in first)
+
+    def judge_case(rep: int, key: str, now: Run, gates: list[str], alpha: float
+                   ) -> list[tuple[str, Verdict]]:  # fmt: skip
+        base = tuple(aa[i][key][0] for i in first)
+        return _verdicts(gates, Runs(base, (now,), base_sittings=sittings), tol, alpha,
+                         PROVISIONAL_PRIOR)  # fmt: skip
+
+    return _count(runs, cond, expect, k, judge_case)
 
 
 def judge_recorded(
     runs: Table, cond: str, expect: str | None, bf: BaselineFile, prior: DevicePrior,
     tol: Tolerances,
 ) -> tuple[int, int, int, int]:  # fmt: skip
-    """As ``judge``, against the recorded baseline's runs (their sittings kept; each
+    """``_count`` against the recorded baseline's runs (their sittings kept; each
     repetition a sitting of its own) under ``prior``."""
     base = {f"{c.test.rsplit('::', 1)[-1]} {c.key}": c for c in bf.all_cases()}
-    n = slower = caught = unstable = 0
-    for rep, cases in sorted(runs[cond].items()):
-        verdicts: list[tuple[str, Verdict]] = []
-        family = Family(tests=max(1, len(cases)), looks=MAX_LOOKS)
-        for key, (now, gates, look) in cases.items():
-            cb = base.get(key)
-            if cb is None:
-                continue
-            stored = tuple(cb.run_metrics(i) for i in range(len(cb.runs)))
-            judged = Runs(stored, (now,), base_sittings=tuple(r.sitting_label for r in cb.runs),
-                          now_sittings=(f"rep {rep}",))  # fmt: skip
-            alpha = dataclasses.replace(family, look=look).gate_alpha(len(gates))
-            for m in gates:
-                mv = judge_runs(m, judged, tol, prior=prior, alpha=alpha)
-                if mv is not None:
-                    verdicts.append((m, mv.verdict))
-        n += 1
-        slower += any(v is Verdict.SLOWER for _, v in verdicts)
-        caught += any(v is Verdict.SLOWER and m == expect for m, v in verdicts)
-        unstable += any(v is Verdict.UNSTABLE for _, v in verdicts)
-    return n, slower, caught, unstable
+
+    def judge_case(rep: int, key: str, now: Run, gates: list[str], alpha: float
+                   ) -> list[tuple[str, Verdict]]:  # fmt: skip
+        cb = base.get(key)
+        if cb is None:
+            return []
+        stored = tuple(cb.run_metrics(i) for i in range(len(cb.runs)))
+        judged = Runs(stored, (now,), base_sittings=tuple(r.sitting_label for r in cb.runs),
+                      now_sittings=(f"rep {rep}",))  # fmt: skip
+        return _verdicts(gates, judged, tol, alpha, prior)
+
+    return _count(runs, cond, expect, 0, judge_case)
 
 
 def recorded(work_dir: Path, runs: Table, expect: dict[str, str], prior_dir: Path | None) -> None:

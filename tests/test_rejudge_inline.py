@@ -39,7 +39,7 @@ def test_each_case_is_judged_at_its_look(script, monkeypatch):
     asked: list[float] = []
     looks: list[int] = []
 
-    def judge_runs(metric, runs, tol, *, alpha):  # a test double: records the level
+    def judge_runs(metric, runs, tol, *, alpha, prior=None):  # a test double: records the level
         asked.append(alpha)
 
     class RecordingFamily(Family):  # the real family, recording the look it is read at

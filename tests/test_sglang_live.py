@@ -17,7 +17,6 @@ before them); a server no later test needs is stopped at once. Contexts stay at 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,14 +28,7 @@ from e2e import SHORT_RUN
 from sglang_cpu import live
 from sglang_cpu.models import write_models
 
-REASON = live.missing()
-if REASON is not None and os.environ.get("SPECPERF_REQUIRE_LIVE_SGLANG") == "1":
-    raise RuntimeError(f"SPECPERF_REQUIRE_LIVE_SGLANG=1 but {REASON}")  # CI's live step
-pytestmark = [
-    pytest.mark.live_sglang,
-    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
-    pytest.mark.timeout(600),
-]
+pytestmark = live.marks(timeout_s=600)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = live.prompt(1000)

@@ -17,7 +17,6 @@ SGLang's CPU dependency set is not installed.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,7 @@ from e2e import SHORT_RUN
 from sglang_cpu import live
 from sglang_cpu.models import write_models
 
-REASON = live.missing()
-if REASON is not None and os.environ.get("SPECPERF_REQUIRE_LIVE_SGLANG") == "1":
-    raise RuntimeError(f"SPECPERF_REQUIRE_LIVE_SGLANG=1 but {REASON}")  # CI's live step
-pytestmark = [
-    pytest.mark.live_sglang,
-    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
-    pytest.mark.timeout(900),
-]
+pytestmark = live.marks(timeout_s=900)
 
 CASE = """
 import pytest

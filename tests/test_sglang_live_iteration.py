@@ -32,12 +32,7 @@ from pytest_specperf.engines.sglang.backend import SGLangBackend
 from pytest_specperf.judging.strict import silent_targets
 from pytest_specperf.probe.phases import SCHEDULER_PHASES
 
-REASON = live.missing()
-pytestmark = [
-    pytest.mark.live_sglang,
-    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
-    pytest.mark.timeout(600),
-]
+pytestmark = live.marks(timeout_s=600)
 
 PROMPT = live.prompt(1000, seed=7)
 NEW_TOKENS = 48  # STANDALONE accepts 4 tokens a step here: about 12 decode steps

@@ -93,6 +93,22 @@ SERVER_ENV = {
 }
 
 
+def marks(timeout_s: int) -> list[Any]:
+    """A live SGLang test module's ``pytestmark``: ``live_sglang``, a skip naming what is
+    missing (an error instead under ``SPECPERF_REQUIRE_LIVE_SGLANG=1``: CI's live step must
+    not pass by skipping), and the module's timeout."""
+    import pytest
+
+    reason = missing()
+    if reason is not None and os.environ.get("SPECPERF_REQUIRE_LIVE_SGLANG") == "1":
+        raise RuntimeError(f"SPECPERF_REQUIRE_LIVE_SGLANG=1 but {reason}")
+    return [
+        pytest.mark.live_sglang,
+        pytest.mark.skipif(reason is not None, reason=reason or ""),
+        pytest.mark.timeout(timeout_s),
+    ]
+
+
 def missing() -> str | None:
     """Why live SGLang cannot run here (None: it can)."""
     absent = [m for m in NEEDED if importlib.util.find_spec(m) is None]
