@@ -96,11 +96,6 @@ class Family:
         (``alpha`` itself with one look)."""
         return look_level(alpha, self.look, self.looks, LOOK_RULE)
 
-    @property
-    def look_alpha(self) -> float:
-        """The case's level at this look (Holm's last step)."""
-        return self.level(self.case_alpha)
-
     def gate_alpha(self, gates: int) -> float:
         """A gate's level at this look in the worst case (the first Holm step,
         Bonferroni's share of the case spent over the looks)."""
