@@ -477,6 +477,7 @@ def test_a_compacted_report_keeps_what_the_calibration_reads(tmp_path):
     case = _case("ctx=46000", "SAME", [("verify", "SAME", 0.012, 0.003)])
     case |= {"samples": {"step_ms": [40.0] * 5000}, "kernels": {"k": 1},
              "siblings": [{"samples": {"step_ms": [40.0] * 5000}}],
+             "records": [{"v": 1, "step": i, "phases": {"verify": 1.0}} for i in range(500)],
              "runs": [{"blocks": {"verify/rest": [1.0, 1.1, 0.9]}}]}  # fmt: skip
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps({"schema_version": 1, "cases": [case]}, indent=1))
@@ -485,7 +486,7 @@ def test_a_compacted_report_keeps_what_the_calibration_reads(tmp_path):
     back = read_report(tmp_path / "rep00-A_A.json")
     assert [m.metric for m in back.cases[0].metrics] == ["verify"]
     assert "samples" not in back.cases[0].data and back.cases[0].data["runs"]
-    assert "siblings" not in back.cases[0].data
+    assert "siblings" not in back.cases[0].data and "records" not in back.cases[0].data
 
 
 def test_a_sitting_starts_from_the_previous_sittings_baseline(tmp_path):

@@ -55,11 +55,11 @@ LEVEL_FORMS = ("verify/rest", "draft/rest", "step/ref")
 #: ``draft/rest`` mirror each other on the reference engine: one of them per case).
 PRIOR_FORMS = {"phase": ("verify/rest", "draft/rest"), "step": ("step/ref",)}
 #: Per-case parts of a report a calibration does not read back (per-step samples and
-#: diagnostics; ``siblings``: the other server processes' steps): dropped from the
-#: committed copy.
+#: diagnostics; ``siblings``: the other server processes' steps; ``records``: the probe's
+#: step records, 60 KB a case): dropped from the committed copy.
 DROPPED_CASE_KEYS = (
     "samples", "activity", "kernels", "telemetry", "cross_check", "graphs", "bottleneck",
-    "siblings",
+    "siblings", "records",
 )  # fmt: skip
 #: Summaries whose block centers are dropped too (the stored ``runs`` keep the judged
 #: forms' blocks, and the metric verdicts keep what judging reads).
