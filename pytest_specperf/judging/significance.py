@@ -122,6 +122,15 @@ def critical(alpha: float, df: float) -> float:
     return t_quantile(1.0 - alpha, df)
 
 
+def log_stat(change: float, relative: bool) -> float:
+    """The statistic whose standard error the noise is: ``log(1 + change)`` for a relative
+    change (the noise is that of a mean log difference), the change itself for a share or
+    points change. A relative change of -100% or less (a time of zero) is ``-inf``."""
+    if not relative:
+        return change
+    return math.log1p(change) if change > -1 else -math.inf
+
+
 def p_worse(
     change: float, noise: float, df: float, *, higher_is_better: bool = False,
     relative: bool = False,
@@ -129,8 +138,8 @@ def p_worse(
     """One-sided p-value of "got worse": ``P(T_df > worse / noise)``, ``worse`` on the
     statistic's scale (``relative``: ``log(1 + change)``, the noise being a log's standard
     error); 1 for no evidence (a NaN change, an unknown or zero noise with no change)."""
-    if relative and not math.isnan(change):
-        change = math.log1p(change) if change > -1 else -math.inf
+    if not math.isnan(change):
+        change = log_stat(change, relative)
     worse = -change if higher_is_better else change
     if math.isnan(worse) or not math.isfinite(noise) or not df > 0:
         return 1.0

@@ -56,7 +56,7 @@ from pytest_specperf.judging.noise import (
     RunBlocks,
     relative_noise,
 )
-from pytest_specperf.judging.significance import LONE, critical
+from pytest_specperf.judging.significance import LONE, critical, log_stat
 from pytest_specperf.judging.stats import Summary, center_of_centers
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES
 
@@ -593,15 +593,6 @@ def case_disturbed(judged: Sequence[MetricVerdict]) -> bool:
 
 def combine(verdicts: Sequence[Verdict]) -> Verdict:
     return max(verdicts, key=lambda v: _SEVERITY[v]) if verdicts else Verdict.SAME
-
-
-def log_stat(change: float, relative: bool) -> float:
-    """The statistic whose standard error the noise is: ``log(1 + change)`` for a relative
-    change (the noise is that of a mean log difference), the change itself for a share or
-    points change. A relative change of -100% or less (a time of zero) is ``-inf``."""
-    if not relative:
-        return change
-    return math.log1p(change) if change > -1 else -math.inf
 
 
 def band_limit(

@@ -131,28 +131,39 @@ def _pid_of(name: str) -> int | None:
         return None
 
 
+def _stat_fields(pid: str, proc: Path) -> list[bytes] | None:
+    """The fields of ``<proc>/<pid>/stat`` after the process's name (index 0 is field 3,
+    the state); None where it cannot be read (gone, not shown)."""
+    try:
+        raw = (proc / pid / "stat").read_bytes()
+        return raw[raw.rindex(b")") + 2 :].split()
+    except (OSError, ValueError):
+        return None
+
+
 def _stat(pid: str, proc: Path) -> tuple[int, float] | None:
     """(parent pid, CPU seconds) of ``pid`` from ``<proc>/<pid>/stat`` (None: gone): its
     own and that of its children it has waited for (a compiler that ran and exited keeps
     counting in its parent, so the tree's total does not drop when it is reaped)."""
+    fields = _stat_fields(pid, proc)
+    if fields is None:
+        return None
     try:
-        raw = (proc / pid / "stat").read_bytes()
-        fields = raw[raw.rindex(b")") + 2 :].split()
-        # after the name: state, ppid, ..., utime (index 11), stime (12), cutime (13),
-        # cstime (14)
-        ticks = sum(int(f) for f in fields[11:15])
-        return int(fields[1]), ticks / _TICKS
-    except (OSError, ValueError, IndexError):
+        # ppid (index 1), utime (11), stime (12), cutime (13), cstime (14)
+        return int(fields[1]), sum(int(f) for f in fields[11:15]) / _TICKS
+    except (ValueError, IndexError):
         return None
 
 
 def start_ticks(pid: str, proc: Path = Path("/proc")) -> int | None:
     """When ``pid`` started, in clock ticks since boot (``<proc>/<pid>/stat`` field 22);
     None where ``proc`` does not show it."""
+    fields = _stat_fields(pid, proc)
+    if fields is None:
+        return None
     try:
-        raw = (proc / pid / "stat").read_bytes()
-        return int(raw[raw.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
+        return int(fields[19])
+    except (ValueError, IndexError):
         return None
 
 
