@@ -58,13 +58,22 @@ def test_a_canary_on_the_tested_side_fails_against_the_same_build_with_other_arg
         )
     ]
     pytester.makepyfile(test_case=CASE)
-    result = pytester.runpytest_subprocess(
-        "test_case.py", *SHORT_RUN, "--specperf-backend=sglang",
-        f"--specperf-model={models['target4']}", f"--specperf-draft-model={models['draft']}",
-        *server_args, "--specperf-processes=1", f"--specperf-ab=args={REFERENCE_ARGS}",
-        "--specperf-inject=verify=3", "--specperf-tolerance=30%", "--specperf-json=r.json",
-        timeout=800,
-    )  # fmt: skip
+    for attempt in (1, 2):
+        result = pytester.runpytest_subprocess(
+            "test_case.py", *SHORT_RUN, "--specperf-backend=sglang",
+            f"--specperf-model={models['target4']}", f"--specperf-draft-model={models['draft']}",
+            *server_args, "--specperf-processes=1", f"--specperf-ab=args={REFERENCE_ARGS}",
+            "--specperf-inject=verify=3", "--specperf-tolerance=30%", "--specperf-json=r.json",
+            timeout=800,
+        )  # fmt: skip
+        disturbed = "blocks scatter" in result.stdout.str()
+        if attempt == 1 and disturbed and result.parseoutcomes().get("failed", 0) == 0:
+            # a disturbed machine (one side's blocks scattering several times the other's:
+            # a CI run saw A's at 4.4x with verify +155%) makes the case UNSTABLE, and the
+            # run must say the canary went undetected; then, as the message asks, run again
+            result.stdout.fnmatch_lines(["*UNSTABLE*blocks scatter*", "ERROR: canary not detected*"])
+            continue
+        break
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*verify / rest of step * -> * (+*%*[[]A/B in this run against A: "
