@@ -152,14 +152,31 @@ def test_ab_a_deterministic_accept_length_is_judged_exactly() -> None:
     no noise (the prior said 2%: UNSTABLE before), a 10% drop is SLOWER, 3% is SAME."""
     same = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, [ACCEPT_A] * 2), TOLS, alpha=ALPHA)
     assert same is not None and same.verdict is Verdict.SAME
-    assert (same.noise, same.exact_runs) == (0.0, 6)
+    assert (same.noise, same.exact_runs) == (0.0, 4)  # B's runs as history are not more runs
     drop = [[x * 0.9 for x in ACCEPT_A]] * 2
     slower = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, drop), TOLS, alpha=ALPHA)
     assert slower is not None and slower.verdict is Verdict.SLOWER
     assert slower.noise == 0.0 and slower.change == pytest.approx(-0.1, abs=1e-6)
     small = [[x * 0.97 for x in ACCEPT_A]] * 2
     within = judge_runs("accept_len", _ab_runs([ACCEPT_A] * 2, small), TOLS, alpha=ALPHA)
-    assert within is not None and within.verdict is Verdict.SAME and within.exact_runs == 6
+    assert within is not None and within.verdict is Verdict.SAME and within.exact_runs == 4
+
+
+def test_an_ab_verdict_line_counts_each_side_s_processes_once() -> None:
+    """An A/B case reads "over 2 reference and 2 tested processes", not A's processes as
+    baseline runs and B's again as history runs; the JSON keeps the mark."""
+    from pytest_specperf.judging.ab import as_ab_verdict
+    from pytest_specperf.judging.verdict import CaseVerdict, MetricVerdict
+
+    other = list(ACCEPT_A)
+    other[2] += 0.25
+    mv = judge_runs("accept_len", _ab_runs([ACCEPT_A, other], [ACCEPT_A] * 2), TOLS, alpha=ALPHA)
+    assert mv is not None and (mv.base_runs, mv.now_runs, mv.history_runs) == (2, 2, 2)
+    assert "over 2 baseline runs, 2 history runs, 2 processes" in mv.describe()
+    [ab] = as_ab_verdict(CaseVerdict(mv.verdict, (mv,))).metrics
+    assert ab.ab_sides and "over 2 reference and 2 tested processes)" in ab.describe()
+    assert "history" not in ab.describe()
+    assert MetricVerdict.from_json(ab.to_json()).describe() == ab.describe()
 
 
 def test_ab_processes_that_disagree_keep_the_prior() -> None:

@@ -457,3 +457,60 @@ def test_a_gate_judged_as_measured_shows_the_blocks_whose_ratio_is_the_change():
     assert n / b - 1 == pytest.approx(v.change, abs=0.002), text
     # where the two agree, the line stays as it was
     assert "geometric" not in judge_metric("step", s(BASE), s(BASE, 1.1), 0.25).describe()
+
+
+def test_a_change_beyond_what_a_disturbance_can_move_stays_slower():
+    """A disturbed run's blocks scatter; a disturbance moves their center by at most
+    ``DISTURBANCE_REACH`` x that scatter (docs/statistics.md, "Disturbed runs"). A change
+    far beyond it (a 3x verify canary beside a side whose blocks scatter) is the code's:
+    SLOWER, saying why; the same scatter beside a change within reach stays UNSTABLE."""
+    from pytest_specperf.judging.verdict import DISTURBANCE_REACH, largest_scatter
+
+    quiet = s(BASE)
+    bumps = [1.0] * 4 + [1.25] * 4 + [1.05] * 4 + [1.3] * 4  # some blocks slowed
+    shaken = s([x * f for x, f in zip(BASE, bumps)])
+    spread = largest_scatter(quiet, shaken)
+    assert spread is not None and 0.06 < spread < 0.2
+    tripled = judge_metric("verify", quiet, s([x * f * 3 for x, f in zip(BASE, bumps)]), 0.07)
+    assert tripled.disturbed and tripled.verdict is Verdict.SLOWER, tripled.describe()
+    assert tripled.block_scatter == pytest.approx(spread)
+    assert "a disturbance moves a center at most" in tripled.describe()
+    assert f"{DISTURBANCE_REACH:g} x {spread * 100:.1f}%" in tripled.describe()
+    # the stored form re-decides the same way (the calibration's tables)
+    stored = MetricVerdict.from_json(tripled.to_json())
+    assert stored.block_scatter == pytest.approx(spread)
+    assert stored.rejudged(0.07) is Verdict.SLOWER
+    # within reach: the disturbance alone could have made it
+    near = judge_metric("verify", quiet, s([x * f * 1.25 for x, f in zip(BASE, bumps)]), 0.07)
+    assert near.disturbed and near.verdict is Verdict.UNSTABLE
+    assert MetricVerdict.from_json(near.to_json()).rejudged(0.07) is Verdict.UNSTABLE
+
+
+def test_a_disturbed_case_keeps_a_step_change_beyond_its_phases_scatter():
+    """The case-level rule: the step of a case whose verify blocks scatter (ratio 4.4,
+    largest scatter 9%) is UNSTABLE at +30% (log 0.262 - 3 x 0.09 < 0), SLOWER at +155%;
+    without the case's scatter (an older caller) nothing is beyond it."""
+    from pytest_specperf.judging.verdict import downgrade_disturbed
+
+    small = judge_metric("step", s(BASE), s(BASE, 1.3), 0.15)
+    large = judge_metric("step", s(BASE), s(BASE, 2.555), 0.15)
+    assert small.verdict is large.verdict is Verdict.SLOWER
+    small_d, large_d = downgrade_disturbed([small, large], 1 / 4.4, 0.09)
+    assert small_d.verdict is Verdict.UNSTABLE and small_d.disturbed
+    assert large_d.verdict is Verdict.SLOWER and large_d.block_scatter == 0.09
+    assert "one side's blocks scatter 4.4x the other's" in large_d.describe()
+    [unknown] = downgrade_disturbed([large], 1 / 4.4)
+    assert unknown.verdict is Verdict.UNSTABLE
+
+
+def test_an_ab_case_names_the_side_whose_blocks_scattered():
+    """A/B records nothing: a scattered reference side is side A, not "the baseline"."""
+    from pytest_specperf.judging.verdict import downgrade_disturbed
+    from pytest_specperf.reporting.terminal import unstable_advice
+
+    [m] = downgrade_disturbed([judge_metric("step", s(BASE), s(BASE, 1.3), 0.15)], 1 / 4.4, 0.09)
+    text = unstable_advice(m, ab=True)
+    assert "side A's blocks scatter 4.4x more than the other's" in text, text
+    assert "3 x 9.0% = 27% on the log scale" in text
+    assert "baseline" not in text
+    assert "the baseline was recorded on a busy machine" in unstable_advice(m)

@@ -45,6 +45,7 @@ from pytest_specperf.judging.baselines import (
 from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.stats import Summary
+from pytest_specperf.judging.verdict import CaseVerdict
 
 #: The side letters: the reference (A) and the build under test (B).
 REFERENCE, UNDER_TEST = "A", "B"
@@ -112,6 +113,14 @@ def tested_evidence(run: DecodeRun, fingerprint_hash: str,
         HistoryRun(fingerprint_hash, f"A/B tested process {i + 1}", r.summaries, sitting=group)
         for i, r in enumerate(run.processes)
     )
+
+
+def as_ab_verdict(judged: CaseVerdict) -> CaseVerdict:
+    """An A/B case's verdict as its lines should read it: every metric marked as judged
+    between the sides (``MetricVerdict.ab_sides``: "over 2 reference and 2 tested
+    processes", not A's as baseline runs and B's again as history runs)."""
+    metrics = tuple(dataclasses.replace(m, ab_sides=True) for m in judged.metrics)
+    return dataclasses.replace(judged, metrics=metrics)
 
 
 def engine_differences(reference: Mapping[str, Any], tested: Mapping[str, Any]) -> str | None:

@@ -65,6 +65,8 @@ class RunOutcome:
     resumed: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """The run's outcome for the summary; its judged metrics stay in its compacted
+        report (``--summarize`` re-judges from those), not repeated here."""
         return {
             "rep": self.rep,
             "exit": self.exit,
@@ -77,7 +79,6 @@ class RunOutcome:
             "names": list(self.names),
             "slower_cases": [c.__dict__ | {"metrics": list(c.metrics), "gated": list(c.gated)}
                              for c in self.slower_cases],
-            "judged": [[m.to_json() for m in case] for case in self.judged],
         }  # fmt: skip
 
 

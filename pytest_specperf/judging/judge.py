@@ -72,6 +72,7 @@ from pytest_specperf.judging.verdict import (
     judged_form,
     noisiest_phase,
     runs_disturbance,
+    runs_scatter,
 )
 from pytest_specperf.probe.inject import CONTROL_FILE
 from pytest_specperf.probe.phases import PHASES, UNACCOUNTED
@@ -364,7 +365,7 @@ def compare(
         else:
             judged.append(mv)
     judged = _holm(judged, family.case_alpha, family.level)
-    judged = downgrade_disturbed(judged, runs_disturbance(runs))
+    judged = downgrade_disturbed(judged, runs_disturbance(runs), runs_scatter(runs))
     judged = _untie_mirrors(judged, mirror_pairs(base, [m.metric for m in judged]))
     if missing:
         reasons.insert(0, f"gated metric(s) {', '.join(missing)} missing in the baseline")

@@ -492,7 +492,10 @@ def exact_sides(
     hist = [h for h in history if log_rows(h.blocks, period) is not None]
     if any(_stored_rounds(h.blocks, period) not in (a, b) for h in hist):
         return None
-    return a, b, len(base) + len(now) + len(hist)
+    # a history run that is one of the current runs (A/B's tested side as the evidence of
+    # the between-process noise, ``judging.ab.tested_evidence``) is not another run
+    others = [h for h in hist if not any(h.blocks is n.blocks for n in now)]
+    return a, b, len(base) + len(now) + len(others)
 
 
 def _unpaired_within(base: RunBlocks, now: RunBlocks) -> float:

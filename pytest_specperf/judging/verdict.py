@@ -128,6 +128,7 @@ class MetricVerdictJSON(TypedDict):
     share_based: bool
     points_based: bool
     scatter_ratio: float | None
+    block_scatter: float | None
     basis: str | None
     raw_change: float | None
     steps_to_decide: int | None
@@ -151,6 +152,7 @@ class MetricVerdictJSON(TypedDict):
     sittings: int
     mirror_of: str | None
     exact_runs: int | None
+    ab_sides: bool
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -183,6 +185,9 @@ class MetricVerdict:
     points_based: bool = False
     #: this run's block scatter over the baseline's (see ``disturbance``)
     scatter_ratio: float | None = None
+    #: the largest block scatter of the runs compared (log units, ``largest_scatter``): how
+    #: far a disturbance could have moved a center (``beyond_disturbance``)
+    block_scatter: float | None = None
     #: the noise's parts (``judging.noise``): paired block noise, between-process
     #: standard deviation (after the prior), its raw estimate and the runs behind it,
     #: and the noise that more steps cannot lower
@@ -219,6 +224,10 @@ class MetricVerdict:
     #: the runs whose blocks were all identical within their side (``noise.exact_sides``):
     #: a deterministic metric, judged with zero noise and no prior; None: not exact
     exact_runs: int | None = None
+    #: judged against the reference side of this run (A/B): ``base_runs`` are A's server
+    #: processes, ``now_runs`` B's, and the history runs B's again, as the evidence of the
+    #: between-process noise (``judging.ab.tested_evidence``)
+    ab_sides: bool = False
 
     @property
     def disturbed(self) -> bool:
@@ -250,11 +259,12 @@ class MetricVerdict:
                 f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
                 f"tol {self.tolerance * 100:.0f} pp)"
             )
-        noise = f"tol {self.tolerance * 100:.0f}%, " + (
+        spread = (
             self.exact_reason
             if self.exact_runs
             else f"noise +-{self.noise * 100:.1f}%{self._runs_text()}"
         )
+        noise = f"tol {self.tolerance * 100:.0f}%, {spread}{self._beyond_text()}"
         if self.basis and self.judged_base is not None and self.judged_now is not None:
             # the judged quantity first, in its own units; the raw milliseconds second
             jb, jn = _fmt_judged(self.judged_base), _fmt_judged(self.judged_now)
@@ -269,6 +279,19 @@ class MetricVerdict:
         if self.basis and self.raw_change is not None:
             text += f"; judged {self.basis}, raw {self.raw_change * 100:+.1f}%"
         return text + ")"
+
+    def _beyond_text(self) -> str:
+        """A disturbed comparison that kept its verdict: why (``beyond_disturbance``)."""
+        r, sc = self.scatter_ratio, self.block_scatter
+        if not self.disturbed or r is None or sc is None or self.verdict not in (
+            Verdict.SLOWER, Verdict.FASTER):  # fmt: skip
+            return ""
+        reach = DISTURBANCE_REACH * sc
+        return (
+            f"; one side's blocks scatter {max(r, 1 / r):.1f}x the other's, but a disturbance "
+            f"moves a center at most {DISTURBANCE_REACH:g} x {sc * 100:.1f}% = "
+            f"{reach * 100:.0f}% (log), far less than this change"
+        )
 
     def _blocks_text(self) -> str:
         """Where the centers shown (the runs' medians) move otherwise than the change
@@ -298,6 +321,11 @@ class MetricVerdict:
         """`` over 3 baseline runs x 2 processes, 2 rounds``: what the noise was taken over,
         when more than one run against one run."""
         parts = []
+        if self.ab_sides:  # the history runs are B's processes again: not more runs
+            parts.append(f"{self.base_runs} reference and {self.now_runs} tested processes")
+            if self.rounds > 1:
+                parts.append(f"{self.rounds} rounds")
+            return f" over {', '.join(parts)}"
         if self.base_runs > 1 or self.history_runs:
             parts.append(f"{self.base_runs} baseline runs")
         if self.history_runs:
@@ -320,7 +348,10 @@ class MetricVerdict:
         v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=crit,
                    relative=not self.in_points)  # fmt: skip
         disturbed = self.disturbed or (case_disturbed and self.metric in DISTURBABLE_METRICS)
-        return _undecided_if_disturbed(v, disturbed)
+        beyond = beyond_disturbance(self.change, self.noise, tolerance, higher_is_better=higher,
+                                    z=crit, relative=not self.in_points,
+                                    scatter=self.block_scatter)  # fmt: skip
+        return _undecided_if_disturbed(v, disturbed, beyond=beyond)
 
     def to_json(self) -> MetricVerdictJSON:
         return {
@@ -335,6 +366,7 @@ class MetricVerdict:
             "share_based": self.share_based,
             "points_based": self.points_based,
             "scatter_ratio": _finite_or_none(self.scatter_ratio),
+            "block_scatter": _finite_or_none(self.block_scatter),
             "basis": self.basis,
             "raw_change": _finite_or_none(self.raw_change),
             "steps_to_decide": self.steps_to_decide,
@@ -358,6 +390,7 @@ class MetricVerdict:
             "sittings": self.sittings,
             "mirror_of": self.mirror_of,
             "exact_runs": self.exact_runs,
+            "ab_sides": self.ab_sides,
         }
 
     @classmethod
@@ -389,8 +422,10 @@ class MetricVerdict:
             raw_change=None if raw is None else _number(raw, math.nan),
             points_based=bool(d.get("points_based")),
             scatter_ratio=None if sr is None else _number(sr, math.nan),
+            block_scatter=_optional(d.get("block_scatter")),
             judged_base=_optional(d.get("judged_base")),
             judged_now=_optional(d.get("judged_now")),
+            ab_sides=d.get("ab_sides") is True,
         )
 
 
@@ -515,9 +550,55 @@ def is_disturbed(ratio: float | None) -> bool:
     return ratio is not None and (ratio > DISTURBED_RATIO or ratio < 1 / DISTURBED_RATIO)
 
 
-def _undecided_if_disturbed(verdict: Verdict, disturbed: bool) -> Verdict:
-    """SLOWER or FASTER of a disturbed run or case becomes UNSTABLE (the one place)."""
-    if disturbed and verdict in (Verdict.SLOWER, Verdict.FASTER):
+#: How far a disturbance can move a run's center, in multiples of the block scatter it
+#: leaves: one that slows a share ``f`` of the blocks by ``d`` (log) moves their mean by
+#: ``f d`` and scatters them by ``d sqrt(f (1 - f))``, a ratio of ``sqrt(f / (1 - f))``:
+#: 3 when it hits 90% of the blocks (1 at half, 1.7 for a slowdown spread evenly from
+#: nothing to ``d``). One that hits every block alike scatters nothing and is not seen
+#: as a disturbance at all (the sitting's noise, or A/B, answers it).
+DISTURBANCE_REACH = 3.0
+
+
+def largest_scatter(
+    base: Summary | Sequence[Summary], now: Summary | Sequence[Summary]
+) -> float | None:
+    """The largest block scatter (log units) of any run on either side (runs of at least
+    ``MIN_SCATTER_BLOCKS`` blocks): the disturbed side's, whichever it is."""
+    found = _scatters(_seq(base)) + _scatters(_seq(now))
+    return max(found) if found else None
+
+
+def beyond_disturbance(
+    change: float,
+    noise: float,
+    tolerance: float,
+    *,
+    higher_is_better: bool,
+    z: float,
+    relative: bool,
+    scatter: float | None,
+) -> bool:
+    """Whether a SLOWER or FASTER ``change`` holds even after taking off the most that a
+    disturbance of ``scatter`` could explain (``DISTURBANCE_REACH`` x ``scatter`` off its
+    log): a 2.5x slowdown beside blocks that scatter 9% is the code, not the machine."""
+    if not relative or scatter is None or not scatter >= 0:
+        return False  # a share or points change has no log scatter to weigh it against
+    if not math.isfinite(change) or not math.isfinite(noise):
+        return False
+    stat = log_stat(change, relative)
+    left = math.copysign(max(abs(stat) - DISTURBANCE_REACH * scatter, 0.0), stat)
+    shrunk = math.expm1(left) if relative else left
+    before = decide(change, noise, tolerance, higher_is_better=higher_is_better, z=z,
+                    relative=relative)  # fmt: skip
+    after = decide(shrunk, noise, tolerance, higher_is_better=higher_is_better, z=z,
+                   relative=relative)  # fmt: skip
+    return before in (Verdict.SLOWER, Verdict.FASTER) and after is before
+
+
+def _undecided_if_disturbed(verdict: Verdict, disturbed: bool, *, beyond: bool = False) -> Verdict:
+    """SLOWER or FASTER of a disturbed run or case becomes UNSTABLE (the one place), unless
+    the change is ``beyond_disturbance``."""
+    if disturbed and not beyond and verdict in (Verdict.SLOWER, Verdict.FASTER):
         return Verdict.UNSTABLE
     return verdict
 
@@ -561,11 +642,25 @@ def runs_disturbance(runs: Runs) -> float | None:
     return worst
 
 
+def runs_scatter(runs: Runs) -> float | None:
+    """``largest_scatter`` over the judged forms of the phases ``runs_disturbance`` looks
+    at: how far the case's disturbance could have moved any of its centers."""
+    found = []
+    for p in _large_phases(runs.latest):
+        pair = runs.of(rest_form(p))
+        sc = largest_scatter(pair[0], pair[1]) if pair is not None else None
+        if sc is not None:
+            found.append(sc)
+    return max(found) if found else None
+
+
 def downgrade_disturbed(
-    metrics: Sequence[MetricVerdict], case_ratio: float | None
+    metrics: Sequence[MetricVerdict], case_ratio: float | None, case_scatter: float | None = None
 ) -> list[MetricVerdict]:
     """In a case whose phases scatter far more (or far less) than the baseline's, a SLOWER
-    or FASTER phase or step says more about the machine than about the code: UNSTABLE.
+    or FASTER phase or step says more about the machine than about the code: UNSTABLE,
+    unless the change is ``beyond_disturbance`` of the largest block scatter (the case's
+    ``case_scatter``, or the metric's own).
 
     A CPU hog or the host's memory management can slow one phase in some blocks; the
     other phases, judged against a rest made mostly of the disturbed one, then move too,
@@ -578,10 +673,17 @@ def downgrade_disturbed(
         if m.metric not in DISTURBABLE_METRICS:
             out.append(m)
             continue
-        v = _undecided_if_disturbed(m.verdict, True)
-        steps = None if v is not m.verdict else m.steps_to_decide
         ratio = m.scatter_ratio if m.disturbed else case_ratio
-        out.append(replace(m, verdict=v, steps_to_decide=steps, scatter_ratio=ratio))
+        # the case's scatter, and the metric's own beside it; without the case's, its own
+        # only where it is the disturbed one (a case-level disturbance's reach is unknown)
+        own = m.block_scatter if (m.disturbed or case_scatter is not None) else None
+        found = [x for x in (own, case_scatter) if x is not None]
+        scatter = max(found) if found else None  # unknown: no change is beyond it
+        marked = replace(m, scatter_ratio=ratio, block_scatter=scatter)
+        v = marked.rejudged(m.tolerance, z=m.critical) if m.verdict in (
+            Verdict.SLOWER, Verdict.FASTER) else m.verdict  # fmt: skip
+        steps = None if v is not m.verdict else m.steps_to_decide
+        out.append(replace(marked, verdict=v, steps_to_decide=steps))
     return out
 
 
@@ -753,18 +855,20 @@ def judge_metric(
         history=[_blocks_of(x, s) for x, s in zip(history, _labels(sittings[2], len(history)))],
     )
     change = math.expm1(noise.log_change) if math.isfinite(noise.log_change) else _change(b, n)
-    ratio = disturbance(bs, ns)
+    ratio, spread = disturbance(bs, ns), largest_scatter(bs, ns)
     higher = spec(metric).higher_is_better
     z = critical(alpha, noise.df)
     verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z, relative=True)
-    # the machine, not the code, moved a disturbed run
-    verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio))
+    # the machine, not the code, moved a disturbed run (unless it moved far beyond it)
+    beyond = beyond_disturbance(change, noise.total, tolerance, higher_is_better=higher, z=z,
+                                relative=True, scatter=spread)  # fmt: skip
+    verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio), beyond=beyond)
     steps = procs = None
     if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
         steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z, higher)
     return MetricVerdict(
         metric, verdict, b, n, change, noise.total, tolerance, spec(metric).unit, steps,
-        scatter_ratio=ratio, within=noise.within, between=noise.between,
+        scatter_ratio=ratio, block_scatter=spread, within=noise.within, between=noise.between,
         between_hat2=noise.between_hat2, between_runs=noise.between_runs,
         floor=noise.floor, base_runs=noise.base_runs, now_runs=noise.now_runs,
         history_runs=noise.history_runs, rounds=noise.rounds, processes_to_decide=procs,

@@ -27,7 +27,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict
+from pytest_specperf.judging.verdict import DISTURBANCE_REACH, MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
@@ -271,15 +271,29 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
+        reach = ""
+        if m.block_scatter is not None:  # beyond_disturbance: what it would have taken
+            reach = (
+                f" (a disturbance can move a center by up to {DISTURBANCE_REACH:g} x "
+                f"{m.block_scatter * 100:.1f}% = {DISTURBANCE_REACH * m.block_scatter * 100:.0f}%"
+                " on the log scale)"
+            )
+        if ab:  # both sides measured in this sitting: nothing was recorded
+            busy = "A" if m.scatter_ratio < 1 else "B"
+            return text + (
+                f", but side {busy}'s blocks scatter "
+                f"{max(m.scatter_ratio, 1 / m.scatter_ratio):.1f}x more than the other's"
+                f"{reach}: the machine was busy while {busy} ran; rerun on a quiet machine"
+            )
         if m.scatter_ratio < 1:
             return text + (
                 f", but the baseline's blocks scatter {1 / m.scatter_ratio:.1f}x more than "
-                "this run's: the baseline was recorded on a busy machine; re-record it on a "
-                "quiet one"
+                f"this run's{reach}: the baseline was recorded on a busy machine; re-record "
+                "it on a quiet one"
             )
         return text + (
             f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
-            "baseline's: the machine was busy or disturbed; rerun it on a quiet machine"
+            f"baseline's{reach}: the machine was busy or disturbed; rerun it on a quiet machine"
         )
     band = m.critical * m.noise
     # a relative change's noise is of its log: the band as a change in the worse direction

@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_specperf.judging.ab import engine_differences, reference_baseline, tested_evidence
+from pytest_specperf.judging.ab import (
+    as_ab_verdict,
+    engine_differences,
+    reference_baseline,
+    tested_evidence,
+)
 from pytest_specperf.judging.baselines import (
     CaseBaseline,
     CaseProblem,
@@ -343,6 +348,7 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
     base = ab_baseline(inputs, request, reference, reference_run, key, cases,
                        server.fingerprint, look)  # fmt: skip
     outcome = judge_case(case, base, inputs.baseline_path, missing="", record=False)
+    outcome = dataclasses.replace(outcome, verdict=as_ab_verdict(outcome.verdict))
     differ = engine_differences(reference.server.fingerprint, server.fingerprint)
     notes = (*outcome.notes, *([differ] if differ else []))
     outcome = dataclasses.replace(outcome, reference=reference.label, ab_order=order, notes=notes)
