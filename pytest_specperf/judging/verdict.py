@@ -348,9 +348,9 @@ class MetricVerdict:
         v = decide(self.change, self.noise, tolerance, higher_is_better=higher, z=crit,
                    relative=not self.in_points)  # fmt: skip
         disturbed = self.disturbed or (case_disturbed and self.metric in DISTURBABLE_METRICS)
-        beyond = beyond_disturbance(self.change, self.noise, tolerance, higher_is_better=higher,
-                                    z=crit, relative=not self.in_points,
-                                    scatter=self.block_scatter)  # fmt: skip
+        beyond = disturbed and beyond_disturbance(
+            v, self.change, self.noise, tolerance, higher_is_better=higher, z=crit,
+            relative=not self.in_points, scatter=self.block_scatter)  # fmt: skip
         return _undecided_if_disturbed(v, disturbed, beyond=beyond)
 
     def to_json(self) -> MetricVerdictJSON:
@@ -569,6 +569,7 @@ def largest_scatter(
 
 
 def beyond_disturbance(
+    verdict: Verdict,
     change: float,
     noise: float,
     tolerance: float,
@@ -578,21 +579,21 @@ def beyond_disturbance(
     relative: bool,
     scatter: float | None,
 ) -> bool:
-    """Whether a SLOWER or FASTER ``change`` holds even after taking off the most that a
-    disturbance of ``scatter`` could explain (``DISTURBANCE_REACH`` x ``scatter`` off its
-    log): a 2.5x slowdown beside blocks that scatter 9% is the code, not the machine."""
+    """Whether ``verdict`` (SLOWER or FASTER, as ``decide`` gave it for ``change``) holds
+    even after taking off the most that a disturbance of ``scatter`` could explain
+    (``DISTURBANCE_REACH`` x ``scatter`` off the change's log): a 2.5x slowdown beside
+    blocks that scatter 9% is the code, not the machine."""
+    if verdict not in (Verdict.SLOWER, Verdict.FASTER):
+        return False
     if not relative or scatter is None or not scatter >= 0:
         return False  # a share or points change has no log scatter to weigh it against
     if not math.isfinite(change) or not math.isfinite(noise):
         return False
-    stat = log_stat(change, relative)
+    stat = log_stat(change, True)
     left = math.copysign(max(abs(stat) - DISTURBANCE_REACH * scatter, 0.0), stat)
-    shrunk = math.expm1(left) if relative else left
-    before = decide(change, noise, tolerance, higher_is_better=higher_is_better, z=z,
-                    relative=relative)  # fmt: skip
-    after = decide(shrunk, noise, tolerance, higher_is_better=higher_is_better, z=z,
-                   relative=relative)  # fmt: skip
-    return before in (Verdict.SLOWER, Verdict.FASTER) and after is before
+    after = decide(math.expm1(left), noise, tolerance, higher_is_better=higher_is_better, z=z,
+                   relative=True)  # fmt: skip
+    return after is verdict
 
 
 def _undecided_if_disturbed(verdict: Verdict, disturbed: bool, *, beyond: bool = False) -> Verdict:
@@ -860,8 +861,9 @@ def judge_metric(
     z = critical(alpha, noise.df)
     verdict = decide(change, noise.total, tolerance, higher_is_better=higher, z=z, relative=True)
     # the machine, not the code, moved a disturbed run (unless it moved far beyond it)
-    beyond = beyond_disturbance(change, noise.total, tolerance, higher_is_better=higher, z=z,
-                                relative=True, scatter=spread)  # fmt: skip
+    beyond = is_disturbed(ratio) and beyond_disturbance(
+        verdict, change, noise.total, tolerance, higher_is_better=higher, z=z, relative=True,
+        scatter=spread)  # fmt: skip
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio), beyond=beyond)
     steps = procs = None
     if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
