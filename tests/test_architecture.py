@@ -75,6 +75,21 @@ def test_the_plugin_wing_is_the_entry_point() -> None:
     }
 
 
+def test_every_hook_of_the_plugin_wing_reaches_pytest() -> None:
+    """pytest calls only the hooks it finds on the entry point's module: a hook defined in
+    ``plugin.hooks`` and not imported there is never called (``pytest_collection_finish``
+    was not, until 2026-12-05, and every run judged its cases at one test's share)."""
+    import ast
+
+    import pytest_specperf.plugin as wing
+
+    tree = ast.parse((PACKAGE / "plugin" / "hooks.py").read_text())
+    hooks = [n.name for n in tree.body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("pytest_")]  # fmt: skip
+    assert "pytest_collection_finish" in hooks
+    assert [h for h in hooks if not hasattr(wing, h)] == []
+
+
 @pytest.mark.parametrize(
     "banned",
     [

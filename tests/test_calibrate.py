@@ -16,7 +16,7 @@ from pytest_specperf.judging.calibration import (
     slower_at,
     sweep,
 )
-from pytest_specperf.judging.verdict import MetricVerdict, Z
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, Z
 from pytest_specperf.store.report import read_report
 
 
@@ -640,3 +640,46 @@ def test_one_sitting_runs_for_real_and_resumes_from_its_committed_files(tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming: baseline" in again.stdout and "2 runs resumed" in again.stdout
     assert {p.name: p.stat().st_mtime_ns for p in d.glob("*.rc")} == stamps  # nothing re-ran
+
+
+def test_a_report_judged_at_one_tests_share_is_read_at_its_runs_share():
+    """Before 2026-12-05 pytest never called the hook that counts a run's tests: every
+    case was judged at one test's share (``family.tests`` 1). Read again, each gate gets
+    the first Holm step of its run's share, on its own degrees of freedom; a case that
+    saved its run's share is left as stored."""
+    from pytest_specperf.cli.calibrate import at_report_share
+    from pytest_specperf.cli.compare import _fallback_notes
+    from pytest_specperf.judging.significance import Family, critical
+
+    one = {"run_alpha": 0.05, "tests": 1, "cases": 1, "looks": 4, "look": 2}
+    loose = Family(tests=1, looks=4, look=2).gate_alpha(2)
+
+    def case(n, family):
+        c = _case(f"ctx={n}", "SLOWER", [("verify", "SLOWER", 0.075, 0.02),
+                                         ("step", "SAME", 0.01, 0.03)])  # fmt: skip
+        for m in c["metrics"]:  # as the run judged it: at one test's share
+            m.update(alpha=loose, df=12.0, critical=critical(loose, 12.0), tolerance=0.07)
+        return {**c, "test": f"t{n}", "nodeid": f"t{n}[x]", "family": family}
+
+    # +7.5% at a noise of 2%: log 0.0723 = 3.6 noises, beyond one test's t (2.73 on 12 df,
+    # look 2 of 4, 2 gates) but not seven tests' (3.85), whose band 3.85 x 2% = 7.7% is
+    # wider than ln 1.07 = 6.77%: UNSTABLE, where the run said SLOWER
+    report = _report({"cases": [case(n, one) for n in range(7)]})
+    assert report.tests == 7
+    stored = {m.rejudged(0.07) for c in report.cases for m in c.metrics if m.metric == "verify"}
+    assert stored == {Verdict.SLOWER}  # what the run itself said
+    level = Family(tests=7, looks=4, look=2).gate_alpha(2)
+    for c in at_report_share(report):
+        for m in c.metrics:
+            assert m.alpha == pytest.approx(level)
+            assert m.critical == pytest.approx(critical(level, 12.0))
+    reread = judge_report(report, "verify")  # every report at its run's share
+    assert reread.slower_cases == () and len(reread.unstable_cases) == 7
+    (note,) = [n for n in _fallback_notes(report) if "one test's share" in n]
+    assert "its cases are judged here at the share of its 7 tests" in note
+
+    # a report that saved its run's share (written since): read as stored
+    report = _report({"cases": [case(n, {**one, "tests": 7}) for n in range(7)]})
+    assert [c.metrics for c in at_report_share(report)] == [c.metrics for c in report.cases]
+    assert len(judge_report(report, "verify").slower_cases) == 7
+    assert not [n for n in _fallback_notes(report) if "one test's share" in n]

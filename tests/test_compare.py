@@ -294,9 +294,9 @@ def test_every_process_is_rebuilt_and_judged_as_the_gate_did(tmp_path, make_run,
             "report (written before pytest-specperf saved every process's steps) holds the "
             "first one's: it is re-judged from that process alone") in lines  # fmt: skip
     assert (f"note: {TEST} {KEY} in old.json did not save the share of the false-alarm budget "
-            "it was judged at (judged as a lone comparison, 5% one-sided: looser than in its "
-            "run) nor the device prior (judged under the provisional one); a report of an "
-            "older pytest-specperf") in lines  # fmt: skip
+            "it was judged at (judged as a lone comparison's 5% one-sided, shared by the "
+            "report's 1 test(s)) nor the device prior (judged under the provisional one); a "
+            "report of an older pytest-specperf") in lines  # fmt: skip
     assert not any(line.startswith("note:") for line in compare.compare_lines(
         read_report(a), read_report(b), [got]))  # fmt: skip
 

@@ -78,6 +78,8 @@ def test_strict_run_without_baselines_fails_every_case_and_reports_it(pytester, 
         "*--specperf-steps=8,warmup=2 * --specperf-markdown=out/summary.md * --specperf-update-baselines",
     ])  # fmt: skip
     command = result.stdout.str().split("record it with: ")[1].split("\n")[0]
+    report = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert [c["family"]["tests"] for c in report["cases"]] == [2, 2]  # the run's 2 tests
     assert "--specperf-strict" not in command
     assert _last_summary_line(result) == (
         "strict: judged 0 of 2 cases; not judged: test_decode ctx=1024 kv=contiguous bs=1 "
@@ -208,4 +210,6 @@ def test_xdist_workers_measure_and_the_controller_writes_once(pytester):
     assert "NO_BASELINE" not in again.stdout.str()
     judged = json.loads((pytester.path / "again.json").read_text())["cases"]
     assert sorted(c["key"] for c in judged) == sorted(KEYS)
+    # each worker collected both tests: each case was judged at half the run's budget
+    assert [c["family"]["tests"] for c in judged] == [2, 2]
     assert all(c["baseline"] is not None for c in judged), [c["verdict"] for c in judged]

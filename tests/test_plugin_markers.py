@@ -126,3 +126,33 @@ def test_gpu_marker_skips_with_a_reason_without_cuda(pytester):
     result = pytester.runpytest("-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*needs a CUDA GPU: torch.cuda.is_available() is False*"])
+
+
+FAMILY_TESTS = """
+import pytest
+
+@pytest.mark.parametrize("context_len", [2048, 4096])
+def test_decode(specperf, context_len): pass
+
+@pytest.mark.gpu
+def test_graphs(specperf): pass
+
+def test_plain(): pass
+"""
+
+
+@pytest.mark.parametrize(("select", "judged"), [((), 2), (("-k", "2048"), 1), (("-k", "plain"), 1)])
+def test_the_run_budget_is_shared_by_every_selected_specperf_test(
+    pytester: pytest.Pytester, select: tuple[str, ...], judged: int
+) -> None:
+    """The false-alarm budget's divisor (``Family.tests``) counts the selected tests that
+    use ``specperf``; a ``gpu`` one counts only where CUDA is usable (it is skipped
+    elsewhere), a plain test never; at least 1."""
+    from pytest_specperf.plugin.session import get_session
+    from pytest_specperf.telemetry.cuda import cuda_unavailable_reason
+
+    pytester.makepyfile(test_case=FAMILY_TESTS)
+    rec = pytester.inline_run("--collect-only", "-p", "no:cacheprovider", *select)
+    (call,) = rec.getcalls("pytest_collection_finish")
+    gpu = 0 if cuda_unavailable_reason() or select else 1
+    assert get_session(call.session.config).judged_tests == judged + gpu

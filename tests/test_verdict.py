@@ -511,6 +511,6 @@ def test_an_ab_case_names_the_side_whose_blocks_scattered():
     [m] = downgrade_disturbed([judge_metric("step", s(BASE), s(BASE, 1.3), 0.15)], 1 / 4.4, 0.09)
     text = unstable_advice(m, ab=True)
     assert "side A's blocks scatter 4.4x more than the other's" in text, text
-    assert "3 x 9.0% = 27% on the log scale" in text
+    assert "3 x 9.0% = 27% (log)" in text
     assert "baseline" not in text
     assert "the baseline was recorded on a busy machine" in unstable_advice(m)

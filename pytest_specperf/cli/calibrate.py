@@ -71,6 +71,7 @@ from pytest_specperf.cli.options import (
 from pytest_specperf.judging.calibration import (
     Condition,
     RunOutcome,
+    at_run_share,
     detects,
     judge_run,
     pair_sweep,
@@ -82,6 +83,7 @@ from pytest_specperf.judging.calibration import (
 from pytest_specperf.judging.levels import DEFAULT_COSTS, Costs, parse_costs
 from pytest_specperf.judging.metrics import STEP, MetricKind, spec
 from pytest_specperf.judging.noise import PRIOR_KINDS
+from pytest_specperf.judging.significance import LONE, share_of_run
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -103,10 +105,12 @@ from pytest_specperf.settings import (
 from pytest_specperf.store.baseline_schema import MAX_RUNS
 from pytest_specperf.store.prior import write_prior
 from pytest_specperf.store.report import (
+    CaseRecord,
     Report,
     ReportError,
     comparison_json,
     read_report,
+    saved_family,
     strict,
 )
 
@@ -126,7 +130,24 @@ def judge_report(
         report.tolerance or DEFAULT_TOLERANCE,
         report.step_tolerance or DEFAULT_STEP_TOLERANCE,
     )
-    return judge_run(report.cases, expect, tol_phase, tol_step)
+    return judge_run(at_report_share(report), expect, tol_phase, tol_step)
+
+
+def at_report_share(report: Report) -> list[CaseRecord]:
+    """The report's cases, each gate at no looser a level than the share of its report's
+    tests (``Report.tests``, a lower bound of its run's: a test that skipped itself left no
+    case) gives it (``judging.calibration.at_run_share``): a report written before
+    2026-12-05 saved one test's share for every case of a run of many; one older still
+    saved none (a lone comparison's, ``LONE``)."""
+    out = []
+    for c in report.cases:
+        saved = saved_family(c) or LONE
+        if saved.tests >= report.tests:
+            out.append(c)
+        else:
+            fixed = at_run_share(c.metrics, share_of_run(saved, report.tests))
+            out.append(replace(c, metrics=fixed))
+    return out
 
 
 @dataclass(frozen=True)

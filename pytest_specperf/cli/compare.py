@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,7 +23,7 @@ from pytest_specperf import plain_text
 from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
-from pytest_specperf.judging.significance import LONE, Family
+from pytest_specperf.judging.significance import LONE, Family, share_of_run
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
@@ -31,7 +31,14 @@ from pytest_specperf.server.protocol import is_speculative
 from pytest_specperf.settings import DEFAULT_TOLERANCES, TOLERANCE_FORM, ToleranceSpec
 from pytest_specperf.store.baselines import utc_now
 from pytest_specperf.store.rebuild import first_process_only, run_from_case
-from pytest_specperf.store.report import CaseRecord, Report, ReportError, prior_of, read_report
+from pytest_specperf.store.report import (
+    CaseRecord,
+    Report,
+    ReportError,
+    prior_of,
+    read_report,
+    saved_family,
+)
 
 #: Where pytest-benchmark keeps saved runs unless ``--benchmark-storage`` says otherwise.
 DEFAULT_STORAGE = Path(".benchmarks")
@@ -68,25 +75,12 @@ def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
-def saved_family(c: CaseRecord) -> Family | None:
-    """The share of its run's false-alarm budget the case was judged at (its run's tests,
-    its test's cases, the looks and the look); None for a report that did not save it, or
-    saved it unusable."""
-    raw = c.data.get("family")
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        return Family(
-            run_alpha=float(raw.get("run_alpha", LONE.run_alpha)),
-            **{k: raw.get(k, 1) for k in ("tests", "cases", "looks", "look")},
-        )
-    except (ValueError, TypeError):
-        return None
-
-
-def family_of(c: CaseRecord) -> Family:
-    """``saved_family``, else ``LONE`` (one gate of one case, one look: 5%)."""
-    return saved_family(c) or LONE
+def family_of(c: CaseRecord, tests: int = 1) -> Family:
+    """``saved_family``, else ``LONE`` (one gate of one case, one look: 5%), shared by at
+    least ``tests`` tests (its report's, ``Report.tests``): reports written before
+    2026-12-05 saved 1 whatever the run held, because pytest never called the hook that
+    counts them (``share_of_run``)."""
+    return share_of_run(saved_family(c) or LONE, tests)
 
 
 def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
@@ -100,7 +94,7 @@ def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
         tolerances=tolerances,
         gates=tuple(str(g) for g in gates) if isinstance(gates, list) and gates else None,
         speculative=is_speculative(c.fingerprint),
-        family=family_of(c),
+        family=family_of(c, report.tests),
         prior=prior_of(c.data) or PROVISIONAL_PRIOR,
     )
 
@@ -142,15 +136,24 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
 
 
 def _fallback_notes(b: Report) -> list[str]:
-    """A note per case of ``b`` re-judged without what its run judged it with: the share of
-    the false-alarm budget (a lone comparison's 5% instead, a looser level than a suite's)
-    or the device prior (the provisional one instead)."""
+    """Notes on what ``b``'s cases are re-judged without, or with otherwise than in their
+    run: a case that did not save its share of the false-alarm budget (a lone comparison's
+    5%, shared by the report's tests) or the device prior (the provisional one instead), a
+    note each; a report that saved one test's share in a run of many (before 2026-12-05),
+    one note."""
     out = []
+    n = b.tests
+    if any(f is not None and f.tests < n for f in map(saved_family, b.cases)):
+        out.append(f"note: {b.path.name} was judged in its run at one test's share of the "
+                   "false-alarm budget (a report written before 2026-12-05, when the tests "
+                   f"were not counted); its cases are judged here at the share of its {n} "
+                   "tests")  # fmt: skip
     for c in b.cases:
         missing = []
         if saved_family(c) is None:
             missing.append("the share of the false-alarm budget it was judged at (judged as a "
-                           "lone comparison, 5% one-sided: looser than in its run)")  # fmt: skip
+                           f"lone comparison's 5% one-sided, shared by the report's {n} "
+                           "test(s))")  # fmt: skip
         if prior_of(c.data) is None:
             missing.append("the device prior (judged under the provisional one)")
         if missing:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.significance import Family, critical
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, case_disturbed
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 
@@ -136,6 +137,22 @@ def _unstable_at(case: Sequence[MetricVerdict], tol_phase: float, tol_step: floa
         is Verdict.UNSTABLE
         for m in case
     )
+
+
+def at_run_share(metrics: Sequence[MetricVerdict], family: Family) -> tuple[MetricVerdict, ...]:
+    """A case's gates at ``family``'s share where their stored level is looser (a report
+    written before 2026-12-05 judged every case at one test's share: ``share_of_run``):
+    each such gate's critical value is recomputed at Bonferroni's first Holm step of that
+    share, on its own degrees of freedom (none stored: a known variance). Holm's later
+    steps are not applied, so a run read again counts no more SLOWER than the plugin would
+    at that share. The rest as stored."""
+    level = family.gate_alpha(len(metrics))
+    return tuple(
+        m if m.alpha is None or m.alpha <= level * (1 + 1e-9)
+        else replace(m, alpha=level,
+                     critical=critical(level, m.df if m.df is not None else math.inf))
+        for m in metrics
+    )  # fmt: skip
 
 
 def judge_run(

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_specperf.judging.spending import POCOCK_CONSTANT, look_level
 from pytest_specperf.judging.stats import t_quantile, t_sf
@@ -111,6 +111,14 @@ class Family:
 
 #: The family of a lone comparison (one gate of one case, one look): 5% one-sided.
 LONE = Family()
+
+
+def share_of_run(family: Family, tests: int) -> Family:
+    """``family`` shared by at least ``tests`` tests. A report written before 2026-12-05
+    saved ``tests = 1`` for every case of a run of many tests (pytest never called
+    ``pytest_collection_finish``, which counts them), and its cases were judged at that
+    looser share; read again, they are judged at the share their run's tests give."""
+    return family if family.tests >= tests else replace(family, tests=tests)
 
 
 def critical(alpha: float, df: float) -> float:

@@ -286,11 +286,9 @@ class MetricVerdict:
         if not self.disturbed or r is None or sc is None or self.verdict not in (
             Verdict.SLOWER, Verdict.FASTER):  # fmt: skip
             return ""
-        reach = DISTURBANCE_REACH * sc
         return (
             f"; one side's blocks scatter {max(r, 1 / r):.1f}x the other's, but a disturbance "
-            f"moves a center at most {DISTURBANCE_REACH:g} x {sc * 100:.1f}% = "
-            f"{reach * 100:.0f}% (log), far less than this change"
+            f"moves a center at most {reach_text(sc)}, far less than this change"
         )
 
     def _blocks_text(self) -> str:
@@ -557,6 +555,15 @@ def is_disturbed(ratio: float | None) -> bool:
 #: nothing to ``d``). One that hits every block alike scatters nothing and is not seen
 #: as a disturbance at all (the sitting's noise, or A/B, answers it).
 DISTURBANCE_REACH = 3.0
+
+
+def reach_text(scatter: float) -> str:
+    """How far a disturbance can move a center, as the failure line and the UNSTABLE
+    advice both say it: ``3 x 9.0% = 27% (log)``."""
+    return (
+        f"{DISTURBANCE_REACH:g} x {scatter * 100:.1f}% = "
+        f"{DISTURBANCE_REACH * scatter * 100:.0f}% (log)"
+    )
 
 
 def largest_scatter(

@@ -12,6 +12,7 @@ from pytest_specperf.plugin.fixtures import (
 )
 from pytest_specperf.plugin.hooks import (
     pytest_addoption,
+    pytest_collection_finish,
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_call,
@@ -26,6 +27,7 @@ __all__ = [
     "fragmented_kv",
     "model_server",
     "pytest_addoption",
+    "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_runtest_call",

@@ -77,11 +77,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The number of specperf tests the run judges: the false-alarm budget's divisor."""
+    """The number of specperf tests the run judges: the false-alarm budget's divisor
+    (``judging.significance.Family.tests``). A ``gpu`` test on a machine without CUDA is
+    skipped at setup (``pytest_runtest_setup``) and judges nothing, so it takes no share;
+    every other selected test that uses the ``specperf`` fixture does, even one that
+    skips itself later (a conservative count: its share goes unspent)."""
     if SESSION_KEY not in session.config.stash:
         return
-    n = sum(1 for item in session.items if "specperf" in getattr(item, "fixturenames", ()))
-    get_session(session.config).judged_tests = max(1, n)
+    get_session(session.config).judged_tests = judged_tests(session.items)
+
+
+def judged_tests(items: list[pytest.Item]) -> int:
+    """The selected tests that use the ``specperf`` fixture, less the ``gpu`` ones when
+    CUDA is unusable here (at least 1). A test that asks for it only at run time
+    (``request.getfixturevalue``) is not seen here: name it as an argument."""
+    mine = [item for item in items if "specperf" in getattr(item, "fixturenames", ())]
+    if any(item.get_closest_marker("gpu") is not None for item in mine):
+        from pytest_specperf.telemetry.cuda import cuda_unavailable_reason
+
+        if cuda_unavailable_reason():
+            mine = [item for item in mine if item.get_closest_marker("gpu") is None]
+    return max(1, len(mine))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

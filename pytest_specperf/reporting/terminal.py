@@ -27,7 +27,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.stats import Summary
-from pytest_specperf.judging.verdict import DISTURBANCE_REACH, MetricVerdict, Verdict
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, reach_text
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
@@ -274,9 +274,7 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
         reach = ""
         if m.block_scatter is not None:  # beyond_disturbance: what it would have taken
             reach = (
-                f" (a disturbance can move a center by up to {DISTURBANCE_REACH:g} x "
-                f"{m.block_scatter * 100:.1f}% = {DISTURBANCE_REACH * m.block_scatter * 100:.0f}%"
-                " on the log scale)"
+                f", and a disturbance can move a center by {reach_text(m.block_scatter)} at most"
             )
         if ab:  # both sides measured in this sitting: nothing was recorded
             busy = "A" if m.scatter_ratio < 1 else "B"

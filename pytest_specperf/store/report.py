@@ -36,6 +36,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.noise import PRIOR_KINDS, DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import DecodeRun
+from pytest_specperf.judging.significance import LONE, Family
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
@@ -258,6 +259,22 @@ def prior_json(prior: DevicePrior) -> dict[str, Any]:
 
 
 _LEVEL = ("between", "between_df", "sitting", "sitting_df")
+
+
+def saved_family(c: CaseRecord) -> Family | None:
+    """The share of its run's false-alarm budget the case was judged at (its run's tests,
+    its test's cases, the looks and the look); None for a report that did not save it, or
+    saved it unusable."""
+    raw = c.data.get("family")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return Family(
+            run_alpha=float(raw.get("run_alpha", LONE.run_alpha)),
+            **{k: raw.get(k, 1) for k in ("tests", "cases", "looks", "look")},
+        )
+    except (ValueError, TypeError):
+        return None
 
 
 def prior_of(c: Mapping[str, Any]) -> DevicePrior | None:
@@ -512,6 +529,12 @@ class Report:
     commit: Mapping[str, Any] = field(default_factory=dict)
     #: ``report`` (``--specperf-json``) or ``pytest-benchmark`` (its JSON or storage)
     source: str = "report"
+
+    @property
+    def tests(self) -> int:
+        """The specperf tests whose cases the report holds (its distinct node ids, at
+        least 1): the fewest the run's false-alarm budget was shared by."""
+        return max(1, len({c.nodeid for c in self.cases}))
 
 
 def _case(path: Path, i: int, c: Any) -> CaseRecord:
