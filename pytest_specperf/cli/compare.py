@@ -144,9 +144,10 @@ def _fallback_notes(b: Report) -> list[str]:
     out = []
     n = b.tests
     if any(f is not None and f.tests < n for f in map(saved_family, b.cases)):
-        out.append(f"note: {b.path.name} was judged in its run at one test's share of the "
-                   "false-alarm budget (a report written before 2026-12-05, when the tests "
-                   f"were not counted); its cases are judged here at the share of its {n} "
+        out.append(f"note: {b.path.name} saved a larger share of the false-alarm budget "
+                   f"than its {n} tests give (a report written before 2026-12-05, when a "
+                   "run's tests were not counted, or tests that take specperf only through "
+                   f"request.getfixturevalue); its cases are judged here at the share of {n} "
                    "tests")  # fmt: skip
     for c in b.cases:
         missing = []
