@@ -83,7 +83,7 @@ from pytest_specperf.judging.calibration import (
 from pytest_specperf.judging.levels import DEFAULT_COSTS, Costs, parse_costs
 from pytest_specperf.judging.metrics import STEP, MetricKind, spec
 from pytest_specperf.judging.noise import PRIOR_KINDS
-from pytest_specperf.judging.significance import LONE, share_of_run
+from pytest_specperf.judging.significance import LONE
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
     DEFAULT_TOLERANCE,
@@ -110,6 +110,7 @@ from pytest_specperf.store.report import (
     ReportError,
     comparison_json,
     read_report,
+    run_family,
     saved_family,
     strict,
 )
@@ -141,12 +142,11 @@ def at_report_share(report: Report) -> list[CaseRecord]:
     saved none (a lone comparison's, ``LONE``)."""
     out = []
     for c in report.cases:
-        saved = saved_family(c) or LONE
-        if saved.tests >= report.tests:
+        family = run_family(c, report.tests)
+        if family == (saved_family(c) or LONE):  # judged at that share already
             out.append(c)
         else:
-            fixed = at_run_share(c.metrics, share_of_run(saved, report.tests))
-            out.append(replace(c, metrics=fixed))
+            out.append(replace(c, metrics=at_run_share(c.metrics, family)))
     return out
 
 

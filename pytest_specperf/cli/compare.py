@@ -23,7 +23,6 @@ from pytest_specperf import plain_text
 from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
-from pytest_specperf.judging.significance import LONE, Family, share_of_run
 from pytest_specperf.judging.verdict import Tolerances, Verdict
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
@@ -37,6 +36,7 @@ from pytest_specperf.store.report import (
     ReportError,
     prior_of,
     read_report,
+    run_family,
     saved_family,
 )
 
@@ -75,14 +75,6 @@ def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
-def family_of(c: CaseRecord, tests: int = 1) -> Family:
-    """``saved_family``, else ``LONE`` (one gate of one case, one look: 5%), shared by at
-    least ``tests`` tests (its report's, ``Report.tests``): reports written before
-    2026-12-05 saved 1 whatever the run held, because pytest never called the hook that
-    counts them (``share_of_run``)."""
-    return share_of_run(saved_family(c) or LONE, tests)
-
-
 def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
     gates = c.data.get("gates")
     return Case(
@@ -94,7 +86,7 @@ def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
         tolerances=tolerances,
         gates=tuple(str(g) for g in gates) if isinstance(gates, list) and gates else None,
         speculative=is_speculative(c.fingerprint),
-        family=family_of(c, report.tests),
+        family=run_family(c, report.tests),
         prior=prior_of(c.data) or PROVISIONAL_PRIOR,
     )
 
@@ -143,15 +135,16 @@ def _fallback_notes(b: Report) -> list[str]:
     one note."""
     out = []
     n = b.tests
-    if any(f is not None and f.tests < n for f in map(saved_family, b.cases)):
+    saved = [saved_family(c) for c in b.cases]
+    if any(f is not None and f.tests < n for f in saved):
         out.append(f"note: {b.path.name} saved a larger share of the false-alarm budget "
                    f"than its {n} tests give (a report written before 2026-12-05, when a "
                    "run's tests were not counted, or tests that take specperf only through "
                    f"request.getfixturevalue); its cases are judged here at the share of {n} "
                    "tests")  # fmt: skip
-    for c in b.cases:
+    for c, family in zip(b.cases, saved, strict=True):
         missing = []
-        if saved_family(c) is None:
+        if family is None:
             missing.append("the share of the false-alarm budget it was judged at (judged as a "
                            f"lone comparison's 5% one-sided, shared by the report's {n} "
                            "test(s))")  # fmt: skip

@@ -36,7 +36,7 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.noise import PRIOR_KINDS, DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import DecodeRun
-from pytest_specperf.judging.significance import LONE, Family
+from pytest_specperf.judging.significance import LONE, Family, share_of_run
 from pytest_specperf.judging.stats import Summary, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
@@ -275,6 +275,14 @@ def saved_family(c: CaseRecord) -> Family | None:
         )
     except (ValueError, TypeError):
         return None
+
+
+def run_family(c: CaseRecord, tests: int) -> Family:
+    """The share a case is judged at when read again: ``saved_family``, else ``LONE`` (one
+    gate of one case, one look: 5%), shared by at least ``tests`` tests (its report's,
+    ``Report.tests``): reports written before 2026-12-05 saved 1 whatever the run held,
+    because pytest never called the hook that counts them (``share_of_run``)."""
+    return share_of_run(saved_family(c) or LONE, tests)
 
 
 def prior_of(c: Mapping[str, Any]) -> DevicePrior | None:
