@@ -598,15 +598,42 @@ def test_a_prior_given_is_put_beside_the_baseline_and_checked(tmp_path, capsys):
     cal = Calibration(_args(tmp_path / "w", prior=measured / "box.prior.yaml"))
     cal.baselines.mkdir(parents=True)
     (cal.baselines / "box.yaml").write_text("")
-    cal.use_prior()
+    first = _report({"device": {"slug": "box"}, **AA})
+    cal.use_prior(first)
     assert (cal.baselines / "box.prior.yaml").read_text() == (
         measured / "box.prior.yaml").read_text()  # fmt: skip
     assert "noise prior (PROVISIONAL" in capsys.readouterr().out
     (tmp_path / "bad.yaml").write_text("schema_version: 7\n")
     cal = Calibration(_args(tmp_path / "w", prior=tmp_path / "bad.yaml"))
     with pytest.raises(SystemExit, match=r"--prior .*bad.yaml: .*schema_version is 7"):
-        cal.use_prior()
+        cal.use_prior(first)
     assert not (cal.baselines / "box.prior.yaml").exists()
+
+
+def test_a_prior_given_in_ab_mode_is_put_where_the_runs_read_it(tmp_path, capsys):
+    """A/B records no baseline file: the prior goes beside the one the runs would read,
+    named by the first A/A run's device (before 2026-12-05 it was silently left out, and
+    the A/B repetitions were judged under the provisional prior). A prior measured for
+    another device is refused, and so is a first run that names none."""
+    from pytest_specperf.cli.calibrate import Calibration
+    from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
+    from pytest_specperf.store.prior import load_prior, write_prior
+
+    measured = tmp_path / "measured"
+    write_prior(measured / "box.yaml", PROVISIONAL_PRIOR)
+    cal = Calibration(_args(tmp_path / "w", prior=measured / "box.prior.yaml", ab="args=-x"))
+    assert not cal.baselines.exists()
+    cal.use_prior(_report({"device": {"slug": "box"}, **AA}))
+    assert load_prior(cal.baselines / "box.yaml") == PROVISIONAL_PRIOR
+    assert [p.name for p in cal.baselines.iterdir()] == ["box.prior.yaml"]
+    assert "noise prior (PROVISIONAL" in capsys.readouterr().out
+    other = Calibration(_args(tmp_path / "o", prior=measured / "box.prior.yaml", ab="args=-x"))
+    with pytest.raises(SystemExit, match=r"measured for another device than this one "
+                       r"\(cpu-amd-epyc-2c\); give cpu-amd-epyc-2c.prior.yaml"):  # fmt: skip
+        other.use_prior(_report({"device": {"slug": "cpu-amd-epyc-2c"}, **AA}))
+    with pytest.raises(SystemExit, match=r"names no device, so no run would read the prior"):
+        other.use_prior(_report(AA))
+    assert not other.baselines.exists()  # nothing written
 
 
 def test_one_sitting_runs_for_real_and_resumes_from_its_committed_files(tmp_path):

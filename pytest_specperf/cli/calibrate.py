@@ -268,7 +268,6 @@ def _check_ab(ab: ABSpec, args: argparse.Namespace, sitting: int | None,
         ("--sitting", sitting is not None),
         ("--summarize", summarize),
         ("--write-prior", getattr(args, "write_prior", None) is not None),
-        ("--prior", getattr(args, "prior", None) is not None),
     ):
         if given:
             raise ValueError(
@@ -525,17 +524,36 @@ class Calibration:
                       wall_s=None if dt is None else round(dt, 1))  # fmt: skip
         return out, rc, dt
 
-    def use_prior(self) -> None:
+    def use_prior(self, first: Report) -> None:
         """``--prior FILE``: the repetitions are judged under it (a held-out sitting after
-        a calibration wrote the device's prior): copied beside every baseline file."""
+        a calibration wrote the device's prior): copied beside every baseline file, or in
+        A/B mode (no baseline file) beside the one the runs would read, named by the device
+        of the ``first`` run (the baseline's, or A/B's first A/A run). A prior named for
+        another device (``<slug>.prior.yaml``) is refused."""
         from pytest_specperf.store.baselines import BaselineError
         from pytest_specperf.store.prior import load_prior, prior_path
 
         if self.opts.prior is None or self.opts.summarize:
             return
-        for path in sorted(self.baselines.glob("*.yaml")):
-            if path.name.endswith(".prior.yaml"):
-                continue
+        paths = [p for p in sorted(self.baselines.glob("*.yaml"))
+                 if not p.name.endswith(".prior.yaml")]  # fmt: skip
+        if not paths:  # A/B: the runs read the prior beside the file they would have used
+            slug = (first.data.get("device") or {}).get("slug")
+            if not isinstance(slug, str) or not slug or "/" in slug:
+                raise SystemExit(
+                    f"--prior {self.opts.prior}: the first run's report "
+                    f"({first.path}) names no device, so no run would read the prior"
+                )
+            paths = [self.baselines / f"{slug}.yaml"]
+        name = self.opts.prior.name
+        for path in paths:
+            if name.endswith(".prior.yaml") and name != prior_path(path).name:
+                raise SystemExit(
+                    f"--prior {self.opts.prior}: measured for another device than this "
+                    f"one ({path.stem}); give {prior_path(path).name}, this device's prior"
+                )
+        self.baselines.mkdir(parents=True, exist_ok=True)
+        for path in paths:
             shutil.copyfile(self.opts.prior, prior_path(path))
             try:
                 print(load_prior(path).describe(), flush=True)
@@ -546,7 +564,7 @@ class Calibration:
     def run(self) -> dict[str, Any]:
         self.conds: list[Condition] = []
         base = self.record()
-        self.use_prior()
+        self.use_prior(base)
         steps = sorted(c.step_median_ms for c in base.cases)
         ref_step = steps[len(steps) // 2]
         stall_ms = round(self.opts.host_stall_share * ref_step, 1)
@@ -1075,7 +1093,8 @@ def _add_sitting_options(c: Any) -> None:
         type=Path,
         metavar="FILE",
         help="judge the repetitions under this device prior file (a measured "
-        "<slug>.prior.yaml: the held-out sitting after a calibration)",
+        "<slug>.prior.yaml: the held-out sitting after a calibration; with --ab, A/B "
+        "runs under it: its between-process level)",
     )
     c.add_argument(
         "--costs",
