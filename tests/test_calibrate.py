@@ -615,7 +615,8 @@ def test_a_prior_given_in_ab_mode_is_put_where_the_runs_read_it(tmp_path, capsys
     named by the first A/A run's device (before 2026-12-05 it was silently left out, and
     the A/B repetitions were judged under the provisional prior). A prior measured for
     another device is refused, and so is a first run that names none."""
-    from pytest_specperf.cli.calibrate import Calibration
+    from pytest_specperf.cli.calibrate import Calibration, baseline_noise
+    from pytest_specperf.cli.calibrate_sittings import baseline_runs, baseline_sittings
     from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
     from pytest_specperf.store.prior import load_prior, write_prior
 
@@ -627,6 +628,10 @@ def test_a_prior_given_in_ab_mode_is_put_where_the_runs_read_it(tmp_path, capsys
     assert load_prior(cal.baselines / "box.yaml") == PROVISIONAL_PRIOR
     assert [p.name for p in cal.baselines.iterdir()] == ["box.prior.yaml"]
     assert "noise prior (PROVISIONAL" in capsys.readouterr().out
+    # the summary reads the directory's baseline files, not the prior beside them (the
+    # first A/B calibration under a prior crashed there, after its last run)
+    assert baseline_noise(cal.baselines) == [] and cal._noisy_cases() == []
+    assert baseline_sittings(cal.baselines) == 0 and baseline_runs(cal.baselines) == {}
     other = Calibration(_args(tmp_path / "o", prior=measured / "box.prior.yaml", ab="args=-x"))
     with pytest.raises(SystemExit, match=r"measured for another device than this one "
                        r"\(cpu-amd-epyc-2c\); give cpu-amd-epyc-2c.prior.yaml"):  # fmt: skip

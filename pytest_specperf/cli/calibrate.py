@@ -103,7 +103,7 @@ from pytest_specperf.settings import (
     parse_ab,
 )
 from pytest_specperf.store.baseline_schema import MAX_RUNS
-from pytest_specperf.store.prior import write_prior
+from pytest_specperf.store.prior import baseline_files, write_prior
 from pytest_specperf.store.report import (
     CaseRecord,
     Report,
@@ -447,7 +447,7 @@ class Calibration:
         from pytest_specperf.store.baselines import load_baselines
 
         out = []
-        for path in self.baselines.glob("*.yaml"):
+        for path in baseline_files(self.baselines):
             bf = load_baselines(path)
             for case in bf.all_cases() if bf else ():
                 # a sitting's file holds the earlier sittings' runs too: this one's are last
@@ -535,8 +535,7 @@ class Calibration:
 
         if self.opts.prior is None or self.opts.summarize:
             return
-        paths = [p for p in sorted(self.baselines.glob("*.yaml"))
-                 if not p.name.endswith(".prior.yaml")]  # fmt: skip
+        paths = baseline_files(self.baselines)
         if not paths:  # A/B: the runs read the prior beside the file they would have used
             slug = (first.data.get("device") or {}).get("slug")
             if not isinstance(slug, str) or not slug or "/" in slug:
@@ -702,8 +701,7 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
     if opts.write_prior is not None:
         written = [
             str(write_prior(opts.write_prior / path.name, prior))
-            for path in sorted(last.baselines.glob("*.yaml"))
-            if not path.name.endswith(".prior.yaml")
+            for path in baseline_files(last.baselines)
         ]
         summary["prior"]["written"] = written
     return summary
@@ -721,7 +719,7 @@ def baseline_noise(directory: Path) -> list[dict[str, Any]]:
     from pytest_specperf.store.baselines import load_baselines
 
     rows = []
-    for path in sorted(directory.glob("*.yaml")):
+    for path in baseline_files(directory):
         bf = load_baselines(path)
         for case in bf.all_cases() if bf else ():
             row: dict[str, Any] = {"case": f"{case.test.rsplit('::', 1)[-1]} {case.key}",

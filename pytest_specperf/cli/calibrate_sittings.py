@@ -166,11 +166,10 @@ Runs = list[tuple[str, Mapping[str, Sequence[float]]]]
 def baseline_runs(baselines: Path) -> dict[str, Runs]:
     """Per case (``test key``), its stored runs as ``(sitting, {form: block centers})``."""
     from pytest_specperf.store.baselines import load_baselines
+    from pytest_specperf.store.prior import baseline_files
 
     out: dict[str, Runs] = {}
-    for path in sorted(baselines.glob("*.yaml")):
-        if path.name.endswith(".prior.yaml"):
-            continue
+    for path in baseline_files(baselines):
         bf = load_baselines(path)
         for case in bf.all_cases() if bf else ():
             runs = out.setdefault(f"{case.test} {case.key}", [])
@@ -181,12 +180,12 @@ def baseline_runs(baselines: Path) -> dict[str, Runs]:
 def baseline_sittings(baselines: Path) -> int:
     """The most sittings a case of the baseline files in ``baselines`` holds."""
     from pytest_specperf.store.baselines import load_baselines
+    from pytest_specperf.store.prior import baseline_files
 
     most = 0
-    for path in baselines.glob("*.yaml"):
-        if not path.name.endswith(".prior.yaml"):
-            bf = load_baselines(path)
-            most = max([most, *(c.sittings for c in (bf.all_cases() if bf else ()))])
+    for path in baseline_files(baselines):
+        bf = load_baselines(path)
+        most = max([most, *(c.sittings for c in (bf.all_cases() if bf else ()))])
     return most
 
 

@@ -51,6 +51,12 @@ def prior_path(baseline_path: Path) -> Path:
     return baseline_path.with_name(f"{baseline_path.stem}.prior.yaml")
 
 
+def baseline_files(directory: Path) -> list[Path]:
+    """The baseline files in ``directory``, sorted: every ``*.yaml`` but the device priors
+    beside them (``prior_path``)."""
+    return [p for p in sorted(directory.glob("*.yaml")) if not p.name.endswith(".prior.yaml")]
+
+
 def _level(path: Path, raw: Any, kind: str) -> LevelPrior:
     if not isinstance(raw, dict) or set(raw) != set(_LEVEL_FIELDS):
         raise BaselineError(
