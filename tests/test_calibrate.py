@@ -582,10 +582,49 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert forms["verify/rest"]["sitting_df"] == 3  # 2 baseline sittings + 2 A/A runs - 1
     assert forms["verify/rest"]["sitting_sd"] > 0.005  # the 3% step between sittings
     assert "Kalibera & Jones" in text and "per sitting" in text
+    assert summary["offsets"] == []  # these runs carry no sitting term to check against
     prior = load_prior(prior_dir / "box.yaml")
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)
     assert not list(tmp_path.glob("sitting-*/raw"))  # nothing was run
+
+
+def test_a_sittings_offsets_are_read_against_the_sitting_term_its_runs_were_judged_with():
+    """Held-out check of a prior: per case the median A/A log change (one outlying run
+    does not move it), against sqrt(c_s) x sigma_s as judged; cases without the term and
+    recorded cases are left out; the ratio and the farthest case are the table's."""
+    from pytest_specperf.cli.calibrate_sittings import offsets_table, sitting_offsets
+
+    def case(key, changes, sitting=0.02, coef=1.25, provisional=False):
+        return {"test": "perf_tests/t.py::test_d", "key": key,
+                "prior": {"provisional": provisional},
+                "metrics": [{"metric": m, "change": c, "sitting": sitting,
+                             "sitting_coef": coef} for m, c in changes]}  # fmt: skip
+
+    runs = [
+        {"cases": [case("a", [("verify", 0.02), ("step", 0.0)]),
+                   case("b", [("verify", -0.01)]),
+                   case("c", [("verify", 0.5)], sitting=None),
+                   {**case("d", [("verify", 0.5)]), "recorded": True}]}
+        for _ in range(3)
+    ]  # fmt: skip
+    runs[0]["cases"][0]["metrics"][0]["change"] = 0.30  # one outlying run of case a
+    rows = {r["form"]: r for r in sitting_offsets(4, runs)}
+    assert set(rows) == {"verify/rest", "step/ref"}
+    v = rows["verify/rest"]
+    assert (v["sitting"], v["cases"], v["runs"], v["prior"]) == (4, 2, 3, "measured")
+    want = math.sqrt((math.log1p(0.02) ** 2 + math.log1p(-0.01) ** 2) / 2)
+    assert v["offset_rms"] == pytest.approx(want)
+    assert v["predicted_rms"] == pytest.approx(0.02 * math.sqrt(1.25))
+    assert v["ratio"] == pytest.approx(want / (0.02 * math.sqrt(1.25)))
+    assert v["farthest"] == "test_d a" and v["farthest_z"] == pytest.approx(
+        math.log1p(0.02) / (0.02 * math.sqrt(1.25)))  # fmt: skip
+    assert rows["step/ref"]["offset_rms"] == 0.0
+    runs[1]["cases"][1]["prior"]["provisional"] = True
+    assert sitting_offsets(4, runs)[0]["prior"] == "provisional"
+    text = "\n".join(offsets_table(list(rows.values())))
+    assert "verify/rest" in text and "test_d a +2.00% (+0.9 sd)" in text and "2 x 3" in text
+    assert sitting_offsets(1, []) == [] and offsets_table([]) == []
 
 
 def test_a_prior_given_is_put_beside_the_baseline_and_checked(tmp_path, capsys):

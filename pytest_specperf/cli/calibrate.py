@@ -54,9 +54,11 @@ from pytest_specperf.cli.calibrate_sittings import (
     levels_json,
     levels_table,
     merge_conditions,
+    offsets_table,
     prepare_sitting,
     sitting_dir,
     sitting_dirs,
+    sitting_offsets,
     sitting_rows,
     sittings_table,
 )
@@ -682,13 +684,18 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
     summary["sittings"] = sitting_rows(per)
     cases = baseline_runs(last.baselines)
     aa_runs = 0
+    offsets: list[dict[str, Any]] = []
     for k, _, _ in per:
         d = sitting_dir(root, k)
+        quiet = []
         for path in sorted(d.glob(f"rep*-{_slug(AA)}.json")):
             report = _read(path)
             if report is not None:
                 add_report_runs(cases, report.data, f"{d.name}/{path.stem}")
-                aa_runs += 1
+                quiet.append(report.data)
+        aa_runs += len(quiet)
+        offsets.extend(sitting_offsets(k, quiet))
+    summary["offsets"] = offsets
     summary["levels"] = levels_json(cases, opts.costs, opts.target)
     summary["costs"] = vars(opts.costs)
     prior = device_prior(
@@ -983,6 +990,7 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         *_verdict_table(summary),
         *sittings_table(summary.get("sittings") or ()),
         *levels_table(summary.get("levels") or (), Costs(**costs) if costs else None),
+        *offsets_table(summary.get("offsets") or ()),
         *_prior_lines(summary),
         *_sweep_table(summary, "phase"),
         *_sweep_table(summary, "step"),

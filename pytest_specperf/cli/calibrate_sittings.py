@@ -25,8 +25,10 @@ every sitting (``summarize_sittings``) is recomputed from those files alone
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,12 @@ SITTING_DIR = re.compile(r"sitting-(\d+)")
 REP_FILE = re.compile(r"rep(\d+)-(.+)\.json")
 RAW = "raw"
 AA = "A/A"
+#: The judged metrics whose sitting offsets the summary checks, and the form each judges.
+OFFSET_FORMS = {"verify": "verify/rest", "draft": "draft/rest", "step": "step/ref"}
+#: An offsets ratio above this says the sitting term understates the machine: about the
+#: 95th percentile of ``sqrt(chi2_k / k)`` for the 6-7 cases of the default suite (1.45 at
+#: k = 6, 1.41 at 7), were the cases' offsets independent draws of the term.
+OFFSET_RATIO_LIMIT = 1.5
 
 
 def sitting_dir(root: Path, k: int) -> Path:
@@ -316,3 +324,91 @@ def sittings_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "that detected it)",
         *render_table(["sitting", "baseline sittings", *names], cells),
     ]
+
+
+def _number(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def sitting_offsets(k: int, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What sitting ``k``'s quiet A/A runs (their reports' data) say of the sitting term
+    they were judged with: a held-out check of a device prior.
+
+    Per judged form (``OFFSET_FORMS``): each case's offset, the median over the runs of
+    its judged log change (the runs' process and block noise average out, the sitting's
+    offset from the baseline's sittings does not), against the standard deviation the runs
+    were judged to have, ``sqrt(c_s) x sigma_s`` (the metric's ``sitting`` after the prior,
+    and its ``sitting_coef``); the root mean squares over the cases, their ratio (about 1
+    when the term fits; over ``OFFSET_RATIO_LIMIT``, it understates the machine's offset
+    from one sitting to the next) and the case farthest out in those units."""
+    per: dict[tuple[str, str], tuple[list[float], list[float], set[bool]]] = {}
+    for data in reports:
+        for c in data.get("cases") or ():
+            if not isinstance(c, Mapping) or c.get("recorded"):
+                continue
+            prior = c.get("prior")
+            provisional = not isinstance(prior, Mapping) or bool(prior.get("provisional"))
+            for m in c.get("metrics") or ():
+                metric = m.get("metric") if isinstance(m, Mapping) else None
+                form = OFFSET_FORMS.get(metric) if isinstance(metric, str) else None
+                if form is None:
+                    continue
+                change, sd, coef = (_number(m.get(f)) for f in ("change", "sitting",
+                                                                  "sitting_coef"))  # fmt: skip
+                if change is None or sd is None or coef is None or change <= -1 or coef <= 0:
+                    continue
+                logs, sds, priors = per.setdefault(
+                    (form, f"{c.get('test')} {c.get('key')}"), ([], [], set())
+                )
+                logs.append(math.log1p(change))
+                sds.append(sd * math.sqrt(coef))
+                priors.add(provisional)
+    rows = []
+    for form in OFFSET_FORMS.values():
+        cases = [
+            (name.rsplit("::", 1)[-1], statistics.median(logs), statistics.median(sds), pr)
+            for (f, name), (logs, sds, pr) in sorted(per.items())
+            if f == form
+        ]
+        if not cases:
+            continue
+        offset = math.sqrt(statistics.fmean(o * o for _, o, _, _ in cases))
+        predicted = math.sqrt(statistics.fmean(p * p for _, _, p, _ in cases))
+        name, far, sd, _ = max(cases, key=lambda c: abs(c[1]) / c[2] if c[2] > 0 else 0.0)
+        priors = {p for *_, pr in cases for p in pr}
+        rows.append({
+            "sitting": k, "form": form, "cases": len(cases), "runs": len(reports),
+            "prior": "provisional" if True in priors else "measured",
+            "offset_rms": offset, "predicted_rms": predicted,
+            "ratio": offset / predicted if predicted > 0 else None,
+            "farthest": name, "farthest_offset": far,
+            "farthest_z": far / sd if sd > 0 else None,
+        })  # fmt: skip
+    return rows
+
+
+def offsets_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    cells = [
+        [str(r["sitting"]), r["prior"], r["form"], f"{r['cases']} x {r['runs']}",
+         _pct(r["offset_rms"]), _pct(r["predicted_rms"]), num(r["ratio"], ".2f"),
+         f"{r['farthest']} {math.expm1(r['farthest_offset']) * 100:+.2f}% "
+         f"({num(r['farthest_z'], '+.1f')} sd)"]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "",
+        "each sitting's offset against the sitting term its runs were judged with (per case "
+        "the median log change of its quiet A/A runs; root mean squares over the cases; a "
+        f"ratio over {OFFSET_RATIO_LIMIT:g} says the term understates this machine)",
+        *render_table(
+            ["sitting", "prior", "form", "cases x runs", "offset", "sqrt(c_s) x sitting",
+             "ratio", "farthest case (its change, in sd)"],
+            cells,
+        ),
+    ]  # fmt: skip
