@@ -41,7 +41,7 @@ from pytest_specperf.judging.levels import (
     form_levels,
     plan,
 )
-from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.metrics import STEP, STEP_PER_REF, rest_form, spec
 from pytest_specperf.judging.noise import (
     PRIOR_KINDS,
     PROVISIONAL_PRIOR,
@@ -49,6 +49,7 @@ from pytest_specperf.judging.noise import (
     LevelEstimate,
     measured_prior,
 )
+from pytest_specperf.probe.phases import DRAFT, VERIFY
 from pytest_specperf.reporting.table import render_table
 
 #: Judged forms whose levels the calibration measures (those a case has).
@@ -72,7 +73,7 @@ REP_FILE = re.compile(r"rep(\d+)-(.+)\.json")
 RAW = "raw"
 AA = "A/A"
 #: The judged metrics whose sitting offsets the summary checks, and the form each judges.
-OFFSET_FORMS = {"verify": "verify/rest", "draft": "draft/rest", "step": "step/ref"}
+OFFSET_FORMS = {VERIFY: rest_form(VERIFY), DRAFT: rest_form(DRAFT), STEP: STEP_PER_REF}
 #: An offsets ratio above this says the sitting term understates the machine: about the
 #: 95th percentile of ``sqrt(chi2_k / k)`` for the 6-7 cases of the default suite (1.45 at
 #: k = 6, 1.41 at 7), were the cases' offsets independent draws of the term.
