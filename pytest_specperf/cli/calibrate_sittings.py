@@ -339,9 +339,11 @@ def sitting_offsets(k: int, reports: Sequence[Mapping[str, Any]]) -> list[dict[s
     its judged log change (the runs' process and block noise average out, the sitting's
     offset from the baseline's sittings does not), against the standard deviation the runs
     were judged to have, ``sqrt(c_s) x sigma_s`` (the metric's ``sitting`` after the prior,
-    and its ``sitting_coef``); the root mean squares over the cases, their ratio (about 1
-    when the term fits; over ``OFFSET_RATIO_LIMIT``, it understates the machine's offset
-    from one sitting to the next) and the case farthest out in those units."""
+    and its ``sitting_coef``); the root mean squares over the cases, their ratio and the
+    case farthest out in those units. One-sided: over ``OFFSET_RATIO_LIMIT`` the term
+    understates the machine's offset from one sitting to the next; each run being a
+    sitting of its own, the median averages away the part of the offset each run draws, so
+    a ratio under 1 does not say the term is too wide."""
     per: dict[tuple[str, str], tuple[list[float], list[float], set[bool]]] = {}
     for data in reports:
         for c in data.get("cases") or ():
