@@ -549,6 +549,7 @@ def _sitting_files(root, k, make_case, sittings, offsets):
     (d / "conditions.json").write_text(json.dumps(["A/A", "verify=1.05"]))
     now = make_case(seed=11 + k, factors={"verify": offsets[-1]}).runs[0]
     aa = _case(base["key"], "SAME", [("verify", "SAME", 0.01, 0.004)])
+    aa["metrics"][0] |= {"sitting": 0.01, "sitting_coef": 1 + 1 / k}  # as judged
     aa |= {"test": base["test"], "runs": [{"blocks": {m: list(b) for m, b in now.blocks.items()}}]}
     (d / "rep00-A_A.json").write_text(json.dumps({"schema_version": 1, "cases": [aa]}))
     (d / "rep00-A_A.rc").write_text("0 70.0\n")
@@ -582,7 +583,13 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert forms["verify/rest"]["sitting_df"] == 3  # 2 baseline sittings + 2 A/A runs - 1
     assert forms["verify/rest"]["sitting_sd"] > 0.005  # the 3% step between sittings
     assert "Kalibera & Jones" in text and "per sitting" in text
-    assert summary["offsets"] == []  # these runs carry no sitting term to check against
+    # each sitting's A/A run read +1% against sqrt(1 + 1/k) x 1% as judged (provisional:
+    # the runs name no measured prior)
+    assert [(r["sitting"], r["form"], r["prior"]) for r in summary["offsets"]] == [
+        (1, "verify/rest", "provisional"), (2, "verify/rest", "provisional")]  # fmt: skip
+    assert [r["ratio"] for r in summary["offsets"]] == pytest.approx(
+        [math.log1p(0.01) / (0.01 * math.sqrt(1 + 1 / k)) for k in (1, 2)])  # fmt: skip
+    assert "each sitting's offset against the sitting term" in text
     prior = load_prior(prior_dir / "box.yaml")
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)
@@ -596,8 +603,8 @@ def test_a_sittings_offsets_are_read_against_the_sitting_term_its_runs_were_judg
     from pytest_specperf.cli.calibrate_sittings import offsets_table, sitting_offsets
 
     def case(key, changes, sitting=0.02, coef=1.25, provisional=False):
-        return {"test": "perf_tests/t.py::test_d", "key": key,
-                "prior": {"provisional": provisional},
+        return {"test": "perf_tests/t.py::test_d", "key": key, "verdict": "SAME",
+                "step_ms": {"median": 40.0}, "prior": {"provisional": provisional},
                 "metrics": [{"metric": m, "change": c, "sitting": sitting,
                              "sitting_coef": coef} for m, c in changes]}  # fmt: skip
 
@@ -609,7 +616,7 @@ def test_a_sittings_offsets_are_read_against_the_sitting_term_its_runs_were_judg
         for _ in range(3)
     ]  # fmt: skip
     runs[0]["cases"][0]["metrics"][0]["change"] = 0.30  # one outlying run of case a
-    rows = {r["form"]: r for r in sitting_offsets(4, runs)}
+    rows = {r["form"]: r for r in sitting_offsets(4, [_report(r) for r in runs])}
     assert set(rows) == {"verify/rest", "step/ref"}
     v = rows["verify/rest"]
     assert (v["sitting"], v["cases"], v["runs"], v["prior"]) == (4, 2, 3, "measured")
@@ -621,7 +628,7 @@ def test_a_sittings_offsets_are_read_against_the_sitting_term_its_runs_were_judg
         math.log1p(0.02) / (0.02 * math.sqrt(1.25)))  # fmt: skip
     assert rows["step/ref"]["offset_rms"] == 0.0
     runs[1]["cases"][1]["prior"]["provisional"] = True
-    assert sitting_offsets(4, runs)[0]["prior"] == "provisional"
+    assert sitting_offsets(4, [_report(r) for r in runs])[0]["prior"] == "provisional"
     text = "\n".join(offsets_table(list(rows.values())))
     assert "verify/rest" in text and "test_d a +2.00% (+0.9 sd)" in text and "2 x 3" in text
     assert sitting_offsets(1, []) == [] and offsets_table([]) == []

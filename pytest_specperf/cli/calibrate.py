@@ -692,7 +692,7 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
             report = _read(path)
             if report is not None:
                 add_report_runs(cases, report.data, f"{d.name}/{path.stem}")
-                quiet.append(report.data)
+                quiet.append(report)
         aa_runs += len(quiet)
         offsets.extend(sitting_offsets(k, quiet))
     summary["offsets"] = offsets

@@ -31,7 +31,7 @@ import shutil
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_specperf.judging.calibration import Condition
 from pytest_specperf.judging.levels import (
@@ -51,6 +51,9 @@ from pytest_specperf.judging.noise import (
 )
 from pytest_specperf.probe.phases import DRAFT, VERIFY
 from pytest_specperf.reporting.table import render_table
+
+if TYPE_CHECKING:
+    from pytest_specperf.store.report import Report
 
 #: Judged forms whose levels the calibration measures (those a case has).
 LEVEL_FORMS = ("verify/rest", "draft/rest", "step/ref")
@@ -327,13 +330,9 @@ def sittings_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def _number(x: object) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-def sitting_offsets(k: int, reports: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """What sitting ``k``'s quiet A/A runs (their reports' data) say of the sitting term
-    they were judged with: a held-out check of a device prior.
+def sitting_offsets(k: int, reports: Sequence[Report]) -> list[dict[str, Any]]:
+    """What sitting ``k``'s quiet A/A runs say of the sitting term they were judged with:
+    a held-out check of a device prior.
 
     Per judged form (``OFFSET_FORMS``): each case's offset, the median over the runs of
     its judged log change (the runs' process and block noise average out, the sitting's
@@ -345,25 +344,21 @@ def sitting_offsets(k: int, reports: Sequence[Mapping[str, Any]]) -> list[dict[s
     sitting of its own, the median averages away the part of the offset each run draws, so
     a ratio under 1 does not say the term is too wide."""
     per: dict[tuple[str, str], tuple[list[float], list[float], set[bool]]] = {}
-    for data in reports:
-        for c in data.get("cases") or ():
-            if not isinstance(c, Mapping) or c.get("recorded"):
+    for report in reports:
+        for c in report.cases:
+            if c.data.get("recorded"):
                 continue
-            prior = c.get("prior")
+            prior = c.data.get("prior")
             provisional = not isinstance(prior, Mapping) or bool(prior.get("provisional"))
-            for m in c.get("metrics") or ():
-                metric = m.get("metric") if isinstance(m, Mapping) else None
-                form = OFFSET_FORMS.get(metric) if isinstance(metric, str) else None
-                if form is None:
+            for m in c.metrics:
+                form = OFFSET_FORMS.get(m.metric)
+                sd, coef = m.sitting, m.sitting_coef
+                if form is None or sd is None or coef is None or coef <= 0:
                     continue
-                change, sd, coef = (_number(m.get(f)) for f in ("change", "sitting",
-                                                                  "sitting_coef"))  # fmt: skip
-                if change is None or sd is None or coef is None or change <= -1 or coef <= 0:
+                if not math.isfinite(m.change) or m.change <= -1 or not math.isfinite(sd):
                     continue
-                logs, sds, priors = per.setdefault(
-                    (form, f"{c.get('test')} {c.get('key')}"), ([], [], set())
-                )
-                logs.append(math.log1p(change))
+                logs, sds, priors = per.setdefault((form, f"{c.test} {c.key}"), ([], [], set()))
+                logs.append(math.log1p(m.change))
                 sds.append(sd * math.sqrt(coef))
                 priors.add(provisional)
     rows = []
