@@ -204,6 +204,26 @@ def _args(tmp_path, resume=True, **kw):
     return CalibrateOptions.from_args(argparse.Namespace(**ns))
 
 
+def test_history_gives_every_repetition_the_earlier_repetitions_reports(tmp_path, monkeypatch):
+    """``--history``: each repetition reads the work dir's compacted reports (the earlier
+    repetitions') as ``--specperf-history``, as a nightly job keeping its reports does;
+    without it, none."""
+    from pytest_specperf.cli.calibrate import Calibration
+
+    for history, want in ((True, [f"--specperf-history={tmp_path}"]), (False, [])):
+        seen = []
+        cal = Calibration(_args(tmp_path, resume=False, history=history))
+
+        def fake_pytest(tag, extra, seen=seen):  # a test double for the repetition's pytest
+            seen.append((tag, extra))
+            return 1, None, 0.1
+
+        monkeypatch.setattr(cal, "_pytest", fake_pytest)
+        cond = cal.conditions(9.0)[1]
+        assert cal.repetition(cond, 0) == (None, 1, 0.1)
+        assert seen == [("rep00-verify_1.10", ["--specperf-inject=verify=1.10", *want])]
+
+
 def test_resume_reuses_finished_runs_and_their_exit_status(tmp_path):
     import json
 
@@ -402,6 +422,116 @@ def test_unstable_parts_say_which_case_and_what_more_steps_could_fix():
     assert "6.9% > 6.77% (tol 7%)" in "\n".join(_unstable_table({"unstable_parts": [edge]}))
 
 
+def test_chi2_quantile_is_wilson_hilferty_within_a_percent_of_the_tables():
+    from pytest_specperf.judging.calibration import chi2_quantile
+
+    # exact values from the chi-square tables (k = 6, 10, 20)
+    for p, k, exact in ((0.95, 6, 12.592), (0.05, 6, 1.635), (0.95, 10, 18.307),
+                        (0.05, 20, 10.851), (0.95, 20, 31.410)):  # fmt: skip
+        assert chi2_quantile(p, k) == pytest.approx(exact, rel=0.012)
+    for bad in ((0.0, 6), (1.0, 6), (0.5, 0)):
+        with pytest.raises(ValueError, match="chi2_quantile needs"):
+            chi2_quantile(*bad)
+
+
+def test_the_noise_fit_says_whether_the_a_a_changes_were_as_wide_as_the_gates_said():
+    """RMS of ln(1 + change) / noise over the quiet runs' gates against the model's
+    sqrt(mean df/(df-2)): 1 fits; 2 is UNDERSTATED and 0.3 overstated over 20 runs of 6
+    cases (range from n = 6); gates without a usable noise are left out; the farthest
+    case carries its pooled between-process estimate beside the one judged with."""
+    from pytest_specperf.cli.calibrate import _fit_table
+    from pytest_specperf.judging.calibration import noise_fit
+
+    def runs(z, df=None, worst=None, extra=()):
+        out = []
+        for i in range(20):
+            sign = 1 if i % 2 else -1
+            cases = []
+            for j in range(6):
+                zz = worst if worst is not None and j == 0 else z
+                c = _case(f"ctx={j}", "SAME", [("verify", "SAME", math.expm1(sign * zz * 0.01),
+                                                0.01), *extra])  # fmt: skip
+                c["metrics"][0].update(df=df, between=0.005, between_hat2=0.0001 * (1 + i % 2))
+                cases.append(c)
+            out.append(_run_outcome({"cases": cases}, None))
+        return out
+
+    (fits,) = noise_fit(runs(1.0), "all")
+    assert (fits["metric"], fits["gates"], fits["cases"], fits["independent"]) == (
+        "verify", 120, 6, 6)  # fmt: skip
+    assert fits["ratio"] == pytest.approx(1.0) and fits["fit"] == "fits"
+    assert fits["high"] == pytest.approx(math.sqrt(12.592 / 6), rel=0.01)
+    assert noise_fit(runs(2.0), "all")[0]["fit"] == "UNDERSTATED"
+    assert noise_fit(runs(0.3), "all")[0]["fit"] == "overstated"
+    # Student's t on 10 df: a z of 1 is 1/sqrt(10/8) of what the model allows
+    t10 = noise_fit(runs(1.0, df=10.0), "all")[0]
+    assert t10["expected"] == pytest.approx(math.sqrt(10 / 8)) and t10["ratio"] < 1
+    # not usable: t on 2 df (no variance), a deterministic metric, a share in points
+    assert noise_fit(runs(1.0, df=2.0), "all") == []
+    shares = noise_fit(runs(1.0, extra=[("unaccounted", "SAME", 0.5, 0.01)]), "all")
+    assert [r["metric"] for r in shares] == ["verify"]
+    far = noise_fit(runs(1.0, worst=3.0), "A/B")[0]
+    assert far["worst_case"] == "t ctx=0" and far["worst_rms_z"] == pytest.approx(3.0)
+    assert far["worst_between_hat"] == pytest.approx(math.sqrt(0.00015))
+    assert far["worst_between"] == pytest.approx(0.005)
+    text = "\n".join(_fit_table({"noise_fit": [far]}))
+    assert "verify/rest" in text and "UNDERSTATED" in text and "t ctx=0 3.00" in text
+    assert "1.22% / 0.50%" in text and "120 (6)" in text
+    assert noise_fit([], "all") == [] and _fit_table({"noise_fit": []}) == []
+
+
+def test_ab_levels_project_the_measured_process_spread_to_more_processes_a_side():
+    """Per case of A/B's A/A runs: w (median), tau measured (between_hat2 pooled over the
+    runs, 2 df a run at 2 + 2 processes) beside tau judged, and at P a side the noise
+    sqrt((w^2 + tau^2 x 1) x (2/P) / 1), its band at the median critical value and the
+    smallest change caught 19/20 by exp(max(ln 1.07, t x noise) + 1.645 x noise) - 1;
+    stored-mode gates (not between the sides) are left out."""
+    from pytest_specperf.cli.calibrate import _ab_levels_table
+    from pytest_specperf.judging.calibration import ab_levels
+
+    def run(i, ab=True):
+        c = _case("ctx=1", "SAME", [("verify", "SAME", 0.001, 0.015)])
+        c["metrics"][0].update(ab_sides=ab, within=0.005, between=0.005, base_runs=2,
+                               now_runs=2, critical=3.7, tolerance=0.07, df=25.0,
+                               between_hat2=0.0001 if i % 2 else 0.0003)  # fmt: skip
+        return _run_outcome({"cases": [c]}, None)
+
+    (row,) = ab_levels([run(i) for i in range(4)])
+    assert (row["case"], row["metric"], row["runs"], row["between_df"]) == ("t ctx=1", "verify", 4, 8)
+    assert row["between_hat"] == pytest.approx(math.sqrt(0.0002))
+    assert row["within"] == pytest.approx(0.005) and row["between_judged"] == pytest.approx(0.005)
+    two, four = row["processes"]["2"], row["processes"]["4"]
+    assert two["noise"] == pytest.approx(0.015) and two["band"] == pytest.approx(3.7 * 0.015)
+    assert two["decided"] and two["smallest_caught"] == pytest.approx(
+        math.expm1(math.log1p(0.07) + 1.6448536 * 0.015))  # fmt: skip
+    assert four["noise"] == pytest.approx(0.015 / math.sqrt(2))
+    text = "\n".join(_ab_levels_table({"ab_levels": [row], "run_wall_s": {"median": 228.0}}))
+    assert "1.41% (8)" in text and "5.5%, +9.7%" in text and "228 s" in text
+    wide = dict(row, processes={**row["processes"], "2": {**two, "decided": False}})
+    assert "5.5% U, +9.7%" in "\n".join(_ab_levels_table({"ab_levels": [wide]}))
+    assert ab_levels([run(i, ab=False) for i in range(4)]) == []
+    assert _ab_levels_table({"ab_levels": []}) == []
+
+
+def test_case_spread_df_says_what_one_device_value_is_worth_for_one_case():
+    """Cases whose variances differ by far more than their sampling: one pooled value
+    predicts a case as well as 2 m^2 / (var(v) - mean(2 v^2 / df)) degrees of freedom;
+    cases that agree within their sampling, or too few cases, give None."""
+    from pytest_specperf.cli.calibrate import _spread_lines
+    from pytest_specperf.judging.calibration import case_spread_df
+
+    parts = [(1e-4, 40), (4e-4, 40), (9e-4, 40), (36e-4, 40)]
+    m = sum(v for v, _ in parts) / 4
+    var = sum((v - m) ** 2 for v, _ in parts) / 3 - sum(2 * v * v / 40 for v, _ in parts) / 4
+    assert case_spread_df(parts) == pytest.approx(2 * m * m / var)
+    assert case_spread_df(parts) < 2  # a 6x spread of sd: barely 1-2 df
+    assert case_spread_df([(1e-4, 40), (1.01e-4, 40), (0.99e-4, 40)]) is None
+    assert case_spread_df(parts[:2]) is None
+    line = "\n".join(_spread_lines({"verify": 1.23, "step": None}))
+    assert "verify/rest about 1.2 df" in line and "step" not in line
+    assert _spread_lines({"step": None}) == []
+
+
 # -- a calibration over sittings (issue 28, item 5) -------------------------------------
 
 
@@ -590,6 +720,12 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert [r["ratio"] for r in summary["offsets"]] == pytest.approx(
         [math.log1p(0.01) / (0.01 * math.sqrt(1 + 1 / k)) for k in (1, 2)])  # fmt: skip
     assert "each sitting's offset against the sitting term" in text
+    # the noise fit, per sitting then over all: one A/A gate each at ln(1.01) / 0.004
+    assert [(r["runs"], r["metric"]) for r in summary["noise_fit"]] == [
+        ("sitting 1", "verify"), ("sitting 2", "verify"), ("all", "verify")]  # fmt: skip
+    assert [r["rms_z"] for r in summary["noise_fit"]] == pytest.approx(
+        [math.log1p(0.01) / 0.004] * 3)  # fmt: skip
+    assert "does the stated noise fit the quiet A/A runs?" in text
     prior = load_prior(prior_dir / "box.yaml")
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)

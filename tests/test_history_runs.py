@@ -45,6 +45,8 @@ def test_runs_are_read_and_unusable_ones_skipped_with_the_reason(tmp_path, make_
     assert len(runs) == 3  # n1 (1 run) and n2 (2 runs); the rest left out
     assert {r.fingerprint_hash for r in runs} == {fingerprint_hash(fp)}
     assert [r.source.split(" ")[0] for r in runs] == ["n1.json", "n2.json", "n2.json"]
+    # a report's server processes share its sitting: their spread is process noise
+    assert [r.sitting for r in runs] == ["report n1.json", "report n2.json", "report n2.json"]
     skipped = " | ".join(history.skipped)
     assert "torn.json" in skipped and "old.json" in skipped and "older than" in skipped
     assert "bad.json" in skipped and "values.step: must be > 0" in skipped
@@ -83,6 +85,25 @@ def test_only_the_newest_reports_are_read(tmp_path, make_run, reference_fp):
     history = load_history(tmp_path, limit=2)
     assert history.reports == 2
     assert [r.source.split(" ")[0] for r in history.of(TEST, KEY)] == ["night3.json", "night4.json"]
+
+
+def test_a_canary_report_does_not_push_a_night_out(tmp_path, make_run, reference_fp):
+    """The newest ``limit`` reports that hold runs: a canary's (every case injected) is
+    read and left out without counting; an A/B report's runs are marked as such."""
+    _report(tmp_path / "night1.json", [make_run(seed=1)], fp=reference_fp,
+            created="2026-11-01T00:00:00+00:00")  # fmt: skip
+    _report(tmp_path / "night2.json", [make_run(seed=2), make_run(seed=3)], fp=reference_fp,
+            created="2026-11-02T00:00:00+00:00")  # fmt: skip
+    _report(tmp_path / "canary.json", [make_run(seed=4)], inject="verify=1.05", fp=reference_fp,
+            created="2026-11-03T00:00:00+00:00")  # fmt: skip
+    data = json.loads((tmp_path / "night2.json").read_text())
+    data["cases"][0]["ab"] = {"reference": "python=/opt/release/bin/python"}
+    (tmp_path / "night2.json").write_text(json.dumps(data))
+    history = load_history(tmp_path, limit=2)
+    assert history.reports == 2
+    runs = history.of(TEST, KEY)
+    assert [(r.source.split(" ")[0], r.ab) for r in runs] == [
+        ("night1.json", False), ("night2.json", True), ("night2.json", True)]  # fmt: skip
 
 
 def test_the_judge_uses_history_runs_of_the_baselines_engine_only(

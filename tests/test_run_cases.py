@@ -147,3 +147,36 @@ def test_a_case_with_a_non_finite_step_median_is_named_when_it_cannot_be_reporte
                        "step_ms.median"):  # fmt: skip
         CaseRecord.of(outcome)
     assert CaseRecord.of(judged.outcome).step_median_ms == run.summaries[STEP].median
+
+
+def test_history_runs_go_to_runs_of_the_mode_they_were_measured_in(make_run, reference_fp):
+    """``--specperf-history``: an A/B run takes the earlier A/B runs' tested processes as
+    evidence of the between-process noise, beside its own; a stored-baseline run the
+    earlier stored-baseline runs; neither takes the other's (an A/B run's processes live
+    side by side and spread otherwise)."""
+    from pytest_specperf.judging.baselines import fingerprint_hash
+    from pytest_specperf.judging.judge import HistoryRun
+    from pytest_specperf.store.history_runs import History
+
+    h = fingerprint_hash(reference_fp)
+    ab_run = HistoryRun(h, "ab.json [k]", make_run(seed=5).summaries, "report ab.json", ab=True)
+    stored_run = HistoryRun(h, "n.json [k]", make_run(seed=6).summaries, "report n.json")
+    history = History({(TEST, KEY): (ab_run, stored_run)}, 2, ())
+    inputs = RunInputs(None, Path("b.yaml"), None, None, history, (), None)  # type: ignore[arg-type]
+    assert inputs.history_of(TEST, KEY) == (stored_run,)
+    assert inputs.history_of(TEST, KEY, ab=True) == (ab_run,)
+    server, reference = _server(reference_fp), Reference(_server(reference_fp), "url=http://127.0.0.1:1")
+    order = (describe_order(abba_order(1, 1)),)
+    b, a = make_run(), make_run(seed=1)
+    with_history = judge_ab(inputs, REQUEST, server, b, reference, a, KEY, NOT_STRICT, None,
+                            order=order)  # fmt: skip
+    alone = judge_ab(_inputs(), REQUEST, server, b, reference, a, KEY, NOT_STRICT, None,
+                     order=order)  # fmt: skip
+    assert with_history.case.history[-1] is ab_run
+    assert stored_run not in with_history.case.history
+    assert len(with_history.case.history) == len(alone.case.history) + 1
+    counted = {m.metric: m.history_runs for m in with_history.outcome.verdict.metrics}
+    before = {m.metric: m.history_runs for m in alone.outcome.verdict.metrics}
+    assert any(counted[k] == before[k] + 1 for k in before)  # the verdict counts it
+    stored = judge_one(inputs, REQUEST, server, make_run(), KEY, "b.yaml", NOT_STRICT, None)
+    assert stored.case.history == (stored_run,)

@@ -43,6 +43,7 @@ from typing import Any
 from pytest_specperf import plain_text
 from pytest_specperf.cli.calibrate_sittings import (
     AA,
+    OFFSET_FORMS,
     RAW,
     REP_FILE,
     add_report_runs,
@@ -71,11 +72,16 @@ from pytest_specperf.cli.options import (
     arg_type,
 )
 from pytest_specperf.judging.calibration import (
+    AB_PROCESSES,
+    FIT_RANGE,
     Condition,
     RunOutcome,
+    ab_levels,
     at_run_share,
+    case_spread_df,
     detects,
     judge_run,
+    noise_fit,
     pair_sweep,
     recommend,
     smallest_detected,
@@ -183,6 +189,8 @@ class CalibrateOptions:
     target: float = 0.05
     #: ``--ab SIDE``: every run is A/B against this reference side (no baseline recorded)
     ab: ABSpec | None = None
+    #: every repetition reads the earlier ones' reports as ``--specperf-history``
+    history: bool = False
 
     def run_args(self) -> list[str]:
         """pytest options every run of the calibration gets: the tolerances asked for, the
@@ -248,8 +256,7 @@ class CalibrateOptions:
             host_stall_share=args.host_stall_share,
             hog=bool(args.hog),
             tolerances=_tolerances(args.tolerance),
-            json_path=args.json,
-            work_dir=args.work_dir,
+            json_path=args.json, work_dir=args.work_dir,
             resume=bool(args.resume),
             suite=tuple(args.pytest_args or DEFAULT_SUITE),
             sitting=sitting,
@@ -260,6 +267,7 @@ class CalibrateOptions:
             target=target_f,
             attach=args.attach,
             ab=ab,
+            history=bool(getattr(args, "history", False)),
         )
 
 
@@ -512,6 +520,8 @@ class Calibration:
             return None, -1, None
         else:
             extra = [f"--specperf-inject={cond.inject}"] if cond.inject else []
+            if self.opts.history:  # the earlier repetitions' compacted reports
+                extra.append(f"--specperf-history={self.work}")
             hog = _start_hog() if cond.hog else None
             try:
                 rc, maybe, dt = self._pytest(tag, extra)
@@ -630,10 +640,37 @@ class Calibration:
             "baseline_cases": [c.key for c in base.cases],
             "baseline_noise": baseline_noise(self.baselines),
             "unstable_parts": unstable_parts(conds[0]),  # the quiet A/A runs
+            **_noise_checks(conds),
             "work_dir": str(self.work),
             # A/B mode: every run measured the reference side too (``--ab``)
             "comparison": comparison_json(str(self.opts.ab) if self.opts.ab else None),
         }
+
+
+def _noise_checks(conds: Sequence[Condition]) -> dict[str, Any]:
+    """What the quiet A/A runs say of the noise they were judged with: the fit over all of
+    them, and in A/B mode the levels per case and what one device value is worth."""
+    levels = ab_levels(_quiet_runs(conds))  # A/B mode's A/A runs only
+    return {
+        "noise_fit": noise_fit(_quiet_runs(conds), "all"),
+        "ab_levels": levels,
+        "ab_case_spread_df": _case_spread(levels),
+    }
+
+
+def _case_spread(levels: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Per metric of ``ab_levels``' rows, ``case_spread_df`` over its cases."""
+    return {
+        metric: case_spread_df(
+            [(r["between_hat"] ** 2, r["between_df"]) for r in levels if r["metric"] == metric]
+        )
+        for metric in sorted({r["metric"] for r in levels})
+    }
+
+
+def _quiet_runs(conds: Sequence[Condition]) -> list[RunOutcome]:
+    """The quiet A/A runs (not the hog's) of ``conds``."""
+    return [r for c in conds if c.name == AA and not c.hog for r in c.runs]
 
 
 def conditions_from_names(names: Sequence[str]) -> list[Condition]:
@@ -683,19 +720,7 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
     summary["work_dir"] = str(root)
     summary["sittings"] = sitting_rows(per)
     cases = baseline_runs(last.baselines)
-    aa_runs = 0
-    offsets: list[dict[str, Any]] = []
-    for k, _, _ in per:
-        d = sitting_dir(root, k)
-        quiet = []
-        for path in sorted(d.glob(f"rep*-{_slug(AA)}.json")):
-            report = _read(path)
-            if report is not None:
-                add_report_runs(cases, report.data, f"{d.name}/{path.stem}")
-                quiet.append(report)
-        aa_runs += len(quiet)
-        offsets.extend(sitting_offsets(k, quiet))
-    summary["offsets"] = offsets
+    aa_runs = _per_sitting_checks(root, per, cases, summary)
     summary["levels"] = levels_json(cases, opts.costs, opts.target)
     summary["costs"] = vars(opts.costs)
     prior = device_prior(
@@ -712,6 +737,34 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
         ]
         summary["prior"]["written"] = written
     return summary
+
+
+def _per_sitting_checks(
+    root: Path,
+    per: Sequence[tuple[int, Sequence[Condition], int]],
+    cases: dict[str, Any],
+    summary: dict[str, Any],
+) -> int:
+    """Each sitting's quiet A/A runs: their processes added to ``cases`` (the levels),
+    their offsets and their noise fit into ``summary`` (the fit over all after them); the
+    number of those runs."""
+    aa_runs = 0
+    offsets: list[dict[str, Any]] = []
+    fits: list[dict[str, Any]] = []
+    for k, conds, _ in per:
+        fits.extend(noise_fit(_quiet_runs(conds), f"sitting {k}"))
+        d = sitting_dir(root, k)
+        quiet = []
+        for path in sorted(d.glob(f"rep*-{_slug(AA)}.json")):
+            report = _read(path)
+            if report is not None:
+                add_report_runs(cases, report.data, f"{d.name}/{path.stem}")
+                quiet.append(report)
+        aa_runs += len(quiet)
+        offsets.extend(sitting_offsets(k, quiet))
+    summary["offsets"] = offsets
+    summary["noise_fit"] = [*fits, *summary["noise_fit"]]  # each sitting's, then all
+    return aa_runs
 
 
 #: Judged forms whose between-process noise the calibration shows (those that exist).
@@ -958,6 +1011,91 @@ def _footer(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _fit_table(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("noise_fit") or ()
+    if not rows:
+        return []
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.2f}%"
+
+    cells = [
+        [r["runs"], OFFSET_FORMS.get(r["metric"], r["metric"]),
+         f"{r['gates']} ({r['independent']})",
+         f"{r['rms_z']:.2f}", f"{r['expected']:.2f}", f"{r['ratio']:.2f}",
+         f"{r['low']:.2f}-{r['high']:.2f}", r["fit"],
+         f"{r['worst_case'].rsplit('::', 1)[-1]} {r['worst_rms_z']:.2f}",
+         f"{pct(r['worst_between_hat'])} / {pct(r['worst_between'])}"]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "",
+        "does the stated noise fit the quiet A/A runs? (per gate z = ln(1 + change) / noise; "
+        "its RMS against the model's, sqrt(mean df/(df-2)); the range: sqrt(chi2_n/n) at "
+        f"{FIT_RANGE:.0%}, n the fewer of runs and cases)",
+        *render_table(
+            ["A/A runs", "form", "gates (n)", "RMS z", "model", "ratio", "range", "noise",
+             "farthest case (RMS z)", "its tau: runs' own / judged"],
+            cells,
+        ),
+    ]  # fmt: skip
+
+
+def _ab_levels_table(summary: dict[str, Any]) -> list[str]:
+    rows = summary.get("ab_levels") or ()
+    if not rows:
+        return []
+    runs = summary.get("run_wall_s") or {}
+    per_run = runs.get("median")
+
+    def at(r: dict[str, Any], p: int) -> str:
+        a = r["processes"][str(p)]
+        return f"{a['band']:.1%}{'' if a['decided'] else ' U'}, {a['smallest_caught']:+.1%}"
+
+    cells = [
+        [r["case"].rsplit("::", 1)[-1], OFFSET_FORMS.get(r["metric"], r["metric"]),
+         str(r["runs"]), f"{r['within']:.2%}",
+         f"{r['between_hat']:.2%} ({r['between_df']})", f"{r['between_judged']:.2%}",
+         *(at(r, p) for p in AB_PROCESSES)]
+        for r in rows
+    ]  # fmt: skip
+    cost = (
+        f"; a run took {per_run:.0f} s at the calibration's processes a side, and grows "
+        "about in proportion to them"
+        if per_run
+        else ""
+    )
+    return [
+        "",
+        "A/B's levels per case, from the quiet A/A runs: paired block noise w, the "
+        "between-process sd the runs measured within each side (df) and the one judged "
+        "with; at P processes a side, were the measured one right: the band (the least "
+        "tolerance that decides the case; U: over the runs' tolerance) and the smallest "
+        f"change caught 19 times in 20 at the runs' tolerance{cost}",
+        *render_table(
+            ["case", "form", "A/A runs", "w", "tau measured (df)", "tau judged",
+             *(f"{p} a side: band, caught" for p in AB_PROCESSES)],
+            cells,
+        ),
+        *_spread_lines(summary.get("ab_case_spread_df") or {}),
+    ]  # fmt: skip
+
+
+def _spread_lines(spread: dict[str, float | None]) -> list[str]:
+    """What the cases' spread says of one device-wide between-process value."""
+    said = [
+        f"{OFFSET_FORMS.get(metric, metric)} about {df:.1f} df"
+        for metric, df in spread.items()
+        if df is not None
+    ]
+    if not said:
+        return []
+    return [
+        "the cases' process spreads differ beyond their sampling: one device-wide value "
+        f"predicts a case's as well as {', '.join(said)} would (case_spread_df)"
+    ]
+
+
 def _prior_lines(summary: dict[str, Any]) -> list[str]:
     prior = summary.get("prior")
     if not prior:
@@ -991,6 +1129,8 @@ def format_table(summary: dict[str, Any]) -> list[str]:
         *sittings_table(summary.get("sittings") or ()),
         *levels_table(summary.get("levels") or (), Costs(**costs) if costs else None),
         *offsets_table(summary.get("offsets") or ()),
+        *_fit_table(summary),
+        *_ab_levels_table(summary),
         *_prior_lines(summary),
         *_sweep_table(summary, "phase"),
         *_sweep_table(summary, "step"),
@@ -1140,6 +1280,13 @@ def _add_run_options(c: Any) -> None:
         help="A/B mode: every run as --specperf-ab SIDE (python=PATH, args=ARGS or "
         "url=URL); no baseline recorded; the injections slow the tested side only; "
         "--processes is then per side",
+    )
+    c.add_argument(
+        "--history",
+        action="store_true",
+        help="every repetition reads the earlier repetitions' reports in --work-dir as "
+        "--specperf-history (the newest 14), as a nightly job that keeps its reports does: "
+        "with --ab, each case's between-process noise is then learnt run after run",
     )
     add_replaced_options(
         c.add_argument,

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from pytest_specperf.judging.metrics import spec
+from pytest_specperf.judging.metrics import STEP, spec
 from pytest_specperf.judging.significance import Family, critical
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict, case_disturbed
-from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, band_limit, case_disturbed
+from pytest_specperf.probe.phases import ALL_PHASES, DRAFT, UNACCOUNTED, VERIFY
 
 _UNCOMPARED = (Verdict.NO_BASELINE, Verdict.INVALID)
 
@@ -312,3 +312,162 @@ def detects(expect: str | None, kind: str) -> bool:
     """Whether a sweep table of ``kind`` counts detections of ``expect`` (its metric is
     judged at that kind's tolerance) rather than failed runs."""
     return expect is not None and kind == "phase" and spec(expect).tolerance == "phase"
+
+
+#: The metrics whose stated noise ``noise_fit`` checks: the judged phase forms (against the
+#: rest of the step) and the step (against its reference), each a change on the log scale.
+FIT_METRICS = (VERIFY, DRAFT, STEP)
+#: The two-sided probability of the fit's range: a ratio outside it says the noise is
+#: misstated at the 10% level.
+FIT_RANGE = 0.90
+
+
+def chi2_quantile(p: float, k: float) -> float:
+    """The ``p`` quantile of chi-square on ``k`` degrees of freedom, by Wilson and
+    Hilferty's cube-root normal approximation (within 1% of the exact one from ``k = 3``
+    on: ``chi2_quantile(0.95, 6) = 12.57``, exactly 12.59)."""
+    if not 0.0 < p < 1.0 or not k > 0:
+        raise ValueError(f"chi2_quantile needs 0 < p < 1 and k > 0, got p={p!r}, k={k!r}")
+    z = statistics.NormalDist().inv_cdf(p)
+    a = 2.0 / (9.0 * k)
+    return k * max(1.0 - a + z * math.sqrt(a), 0.0) ** 3
+
+
+def _fit_z(m: MetricVerdict) -> tuple[float, float] | None:
+    """A gate's standardized change ``ln(1 + change) / noise`` and its variance under the
+    model (Student's t on the gate's degrees of freedom: ``df / (df - 2)``; 1 on the normal
+    scale); None where the gate states no usable noise (not compared, deterministic, judged
+    in points, or t without a variance)."""
+    if m.verdict in _UNCOMPARED or m.exact_runs is not None or m.share_based or m.points_based:
+        return None
+    if not (math.isfinite(m.noise) and m.noise > 0 and math.isfinite(m.change) and m.change > -1):
+        return None
+    df = math.inf if m.df is None else m.df
+    if not df > 2:
+        return None
+    return math.log1p(m.change) / m.noise, (1.0 if math.isinf(df) else df / (df - 2.0))
+
+
+def noise_fit(runs: Sequence[RunOutcome], label: str) -> list[dict[str, Any]]:
+    """Whether the quiet A/A ``runs`` changed as much as their gates said they could: per
+    metric of ``FIT_METRICS``, the root mean square of ``z = ln(1 + change) / noise`` over
+    every gate, against the square root of its mean variance under the model (``_fit_z``).
+
+    Their ratio is 1 when the whole stated noise (blocks, processes, sittings) fits the
+    changes. Its range (``FIT_RANGE``) is that of ``sqrt(chi2_n / n)`` with ``n`` the fewer
+    of the runs and the cases: the gates of one run share its offsets and, against a stored
+    baseline, those of one case share the baseline's, so they are not counted as
+    independent. Over the range the noise is UNDERSTATED (a tighter tolerance would meet
+    false alarms the bands do not foresee); under it, overstated (wider bands than the
+    machine needs). Per metric also the case farthest out (its own RMS z) with its
+    between-process standard deviation as the runs estimated it (``between_hat2`` pooled
+    over the runs) and as they were judged with (the median ``between``, after the prior):
+    where they part, the prior's between-process term is what misstates."""
+    per: dict[str, dict[str, list[tuple[float, float, MetricVerdict]]]] = {}
+    for run in runs:
+        for name, case in zip(run.names, run.judged):
+            for m in case:
+                if m.metric not in FIT_METRICS or (fit := _fit_z(m)) is None:
+                    continue
+                per.setdefault(m.metric, {}).setdefault(name, []).append((*fit, m))
+    rows = []
+    for metric in FIT_METRICS:
+        cases = per.get(metric)
+        if not cases:
+            continue
+        gates = [g for gs in cases.values() for g in gs]
+        rms = math.sqrt(statistics.fmean(z * z for z, _, _ in gates))
+        expected = math.sqrt(statistics.fmean(v for _, v, _ in gates))
+        n = min(len(runs), len(cases))
+        tail = (1.0 - FIT_RANGE) / 2.0
+        low, high = (math.sqrt(chi2_quantile(p, n) / n) for p in (tail, 1.0 - tail))
+        ratio = rms / expected
+        worst, worst_gates = max(
+            cases.items(), key=lambda kv: statistics.fmean(z * z for z, _, _ in kv[1])
+        )
+        hats = [m.between_hat2 for *_, m in worst_gates if m.between_hat2 is not None]
+        used = [m.between for *_, m in worst_gates if m.between is not None]
+        rows.append({
+            "runs": label, "metric": metric, "gates": len(gates), "cases": len(cases),
+            "independent": n, "rms_z": rms, "expected": expected, "ratio": ratio,
+            "low": low, "high": high,
+            "fit": "UNDERSTATED" if ratio > high else "overstated" if ratio < low else "fits",
+            "worst_case": worst,
+            "worst_rms_z": math.sqrt(statistics.fmean(z * z for z, _, _ in worst_gates)),
+            "worst_between_hat": math.sqrt(max(statistics.fmean(hats), 0.0)) if hats else None,
+            "worst_between": statistics.median(used) if used else None,
+        })  # fmt: skip
+    return rows
+
+
+#: The processes a side ``ab_levels`` projects the A/B noise to.
+AB_PROCESSES = (2, 3, 4)
+#: The gated forms ``ab_levels`` shows (``draft/rest`` mirrors ``verify/rest``).
+AB_LEVEL_METRICS = (VERIFY, STEP)
+#: ``z`` of the power a "caught" change is caught with (95%: 19 runs in 20).
+Z_POWER = statistics.NormalDist().inv_cdf(0.95)
+
+
+def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
+    """A/B's levels per case, from its quiet A/A runs (judged between the sides,
+    ``MetricVerdict.ab_sides``): the paired block noise ``w`` (median), the
+    between-process standard deviation the runs measured within each side (their
+    ``between_hat2`` pooled over the runs, on ``sum(N_A - 1 + N_B - 1)`` degrees of
+    freedom) beside the one they were judged with (after the prior), and, were that
+    measured ``tau`` right, the noise ``sqrt(w^2 + tau^2 (1/N_A + 1/N_B))`` projected to
+    ``P`` processes a side (``AB_PROCESSES``: ``w^2`` and ``tau^2``'s part scale by
+    ``(2/P) / (1/N_A + 1/N_B)``), its band at the runs' median critical value against the
+    tolerance on the log scale, and the smallest change caught 19 times in 20 by the gate's
+    rule (``exp(max(ln(1 + tol), t x noise) + 1.645 x noise) - 1``, docs/statistics.md
+    section 7): the sample size A/B needs per case, measured. (Runs that read earlier
+    reports, ``--history``, estimate ``between_hat2`` from those too; the degrees of
+    freedom shown count their own processes only.)"""
+    per: dict[tuple[str, str], list[MetricVerdict]] = {}
+    for run in runs:
+        for name, case in zip(run.names, run.judged):
+            for m in case:
+                if (m.metric in AB_LEVEL_METRICS and m.ab_sides and _fit_z(m) is not None
+                        and m.within is not None and m.between_hat2 is not None):  # fmt: skip
+                    per.setdefault((name, m.metric), []).append(m)
+    rows = []
+    for (name, metric), ms in sorted(per.items(), key=lambda kv: (kv[0][1] != VERIFY, kv[0])):
+        hat2 = max(statistics.fmean(m.between_hat2 or 0.0 for m in ms), 0.0)
+        inv = statistics.median(1 / m.base_runs + 1 / m.now_runs for m in ms)
+        w = statistics.median(m.within or 0.0 for m in ms)
+        crit = statistics.median(m.critical for m in ms)
+        tol = ms[0].tolerance
+        limit = band_limit(tol, relative=True)
+        at = {}
+        for p in AB_PROCESSES:
+            noise = math.sqrt((w * w + hat2 * inv) * (2 / p) / inv)
+            at[str(p)] = {
+                "noise": noise, "band": crit * noise, "decided": crit * noise <= limit,
+                "smallest_caught": math.expm1(max(limit, crit * noise) + Z_POWER * noise),
+            }  # fmt: skip
+        rows.append({
+            "case": name, "metric": metric, "runs": len(ms), "within": w,
+            "between_hat": math.sqrt(hat2),
+            "between_df": sum(m.base_runs - 1 + m.now_runs - 1 for m in ms),
+            "between_judged": statistics.median(m.between or 0.0 for m in ms),
+            "critical": crit, "tolerance": tol, "processes": at,
+        })  # fmt: skip
+    return rows
+
+
+def case_spread_df(parts: Sequence[tuple[float, float]]) -> float | None:
+    """How many degrees of freedom one device-wide value is worth as a predictor of one
+    case's variance, given each case's estimate ``(v_i, df_i)``: were the cases' true
+    variances ``m x chi2_nu / nu`` around the pooled ``m = sum(df_i v_i) / sum(df_i)``,
+    their spread would be ``2 m^2 / nu``; the spread is the variance of the ``v_i`` over the
+    cases less what their own sampling adds (``mean(2 v_i^2 / df_i)``). None with fewer
+    than 3 cases, or where the cases differ no more than their sampling says (the pooled
+    degrees of freedom then stand)."""
+    usable = [(v, df) for v, df in parts if df > 0 and math.isfinite(v) and v >= 0]
+    if len(usable) < 3:
+        return None
+    m = sum(df * v for v, df in usable) / sum(df for _, df in usable)
+    spread = statistics.variance([v for v, _ in usable])
+    spread -= statistics.fmean(2 * v * v / df for v, df in usable)
+    if spread <= 0 or m <= 0:
+        return None
+    return 2 * m * m / spread

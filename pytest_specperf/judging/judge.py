@@ -86,8 +86,12 @@ class HistoryRun:
     fingerprint_hash: str
     source: str
     metrics: Mapping[str, Summary]
-    #: the sitting it was measured in (None: each report is a sitting of its own)
+    #: the sitting it was measured in (``store.history_runs``: its report's; None: a
+    #: sitting of its own)
     sitting: str | None = None
+    #: a process of an A/B run's tested side: evidence for A/B runs only, whose server
+    #: processes live side by side (a stored-baseline run's, for stored baselines only)
+    ab: bool = False
 
 
 @dataclass(frozen=True)

@@ -305,11 +305,15 @@ def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
              key: str, cases: int, look: int) -> Case:  # fmt: skip
     """The tested side's case, of this run's sitting, judged at look ``look`` (the looks
     taken, not its processes' rounds). Its own processes are the evidence of the
-    between-process noise beside the reference side's (``judging.ab.tested_evidence``);
-    no history runs of other sittings."""
+    between-process noise beside the reference side's (``judging.ab.tested_evidence``),
+    and so are earlier A/B runs' tested processes (``--specperf-history``: each report a
+    sitting of its own, so each adds its processes' spread, never its offset)."""
     case = case_of(inputs, request, server, run, key, cases, look)
     sitting = inputs.sitting or AB_SITTING
-    history = tested_evidence(run, fingerprint_hash(case.fingerprint), sitting)
+    history = (
+        *tested_evidence(run, fingerprint_hash(case.fingerprint), sitting),
+        *inputs.history_of(request.test, key, ab=True),
+    )
     return dataclasses.replace(case, sitting=sitting, history=history)
 
 

@@ -38,9 +38,12 @@ class RunInputs:
     #: whose the baseline file is when another device recorded it (never judged against)
     foreign: str | None = None
 
-    def history_of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
-        """The earlier runs of a case (empty without ``--specperf-history``)."""
-        return self.history.of(test, key) if self.history is not None else ()
+    def history_of(self, test: str, key: str, *, ab: bool = False) -> tuple[HistoryRun, ...]:
+        """The earlier runs of a case measured the way this one is (``ab``: the tested
+        side of an A/B run; else against stored baselines); empty without
+        ``--specperf-history``."""
+        runs = self.history.of(test, key) if self.history is not None else ()
+        return tuple(h for h in runs if h.ab is ab)
 
 
 def peak_bandwidth(device: DeviceInfo) -> float | None:

@@ -5,9 +5,12 @@ few nights, several runs of every case, each from its own server process: the be
 process part of the noise can come from them instead of from extra processes now (a big
 SGLang model is slow to start). This module is the interface: it reads the reports
 through the one reader (``read_report``) and hands each case's runs of the last
-``HISTORY_REPORTS`` reports (by their ``datetime``, else the file's time) to the judge as
-``HistoryRun`` records. They inform the between-process estimate only: the verdict's
-change is always against the baseline.
+``HISTORY_REPORTS`` reports that hold any (by their ``datetime``, else the file's time) to
+the judge as ``HistoryRun`` records, each report's runs of one sitting (its server
+processes: their spread is process noise) and marked when they were an A/B run's tested
+side (``HistoryRun.ab``: an A/B run reads only those, a stored-baseline run only the
+others). They inform the between-process estimate only: the verdict's change is always
+against the baseline (or A/B's reference side).
 
 A run is left out when it cannot be noise of the same engine: an injected canary run, a
 case judged SLOWER (a regression is not noise) or INVALID (a throttled GPU, another
@@ -71,7 +74,7 @@ def _when(report: Report) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(mtime, datetime.timezone.utc)
 
 
-def _newest(directory: Path, limit: int, skipped: list[str]) -> list[Report]:
+def _by_time(directory: Path, skipped: list[str]) -> list[Report]:
     reports = []
     for path in sorted(directory.glob("*.json")):
         try:
@@ -79,11 +82,13 @@ def _newest(directory: Path, limit: int, skipped: list[str]) -> list[Report]:
         except (ReportError, OSError) as e:
             skipped.append(str(e)[:200])
     reports.sort(key=_when)
-    return reports[-limit:] if limit else []
+    return reports
 
 
-def _runs_of(case: CaseRecord, where: str) -> list[HistoryRun]:
-    """The runs of one report case (``Invalid`` naming the field if one is unusable)."""
+def _runs_of(case: CaseRecord, where: str, sitting: str) -> list[HistoryRun]:
+    """The runs of one report case, of the report's ``sitting`` (its server processes
+    share it: their spread is process noise, not sitting noise); ``Invalid`` naming the
+    field if one is unusable."""
     data = case.data
     labels = data.get("labels")
     if isinstance(labels, Mapping) and labels.get("inject"):
@@ -92,8 +97,11 @@ def _runs_of(case: CaseRecord, where: str) -> list[HistoryRun]:
     raw_runs = data.get("runs")
     if not isinstance(fp, Mapping) or not isinstance(raw_runs, list):
         raise Invalid("no fingerprint or runs (a report older than --specperf-history)")
-    h = fingerprint_hash(fp)
-    return [HistoryRun(h, where, _summaries(r, f"runs[{i}]")) for i, r in enumerate(raw_runs)]
+    h, ab = fingerprint_hash(fp), isinstance(data.get("ab"), Mapping)
+    return [
+        HistoryRun(h, where, _summaries(r, f"runs[{i}]"), sitting=sitting, ab=ab)
+        for i, r in enumerate(raw_runs)
+    ]
 
 
 def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
@@ -120,22 +128,33 @@ def _list(x: Any) -> Sequence[Any]:
 
 
 def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
-    """The runs of every case in the newest ``limit`` reports of ``directory``; unusable
-    reports and cases are skipped and named in ``History.skipped``, never an error."""
+    """The runs of every case in the newest ``limit`` reports of ``directory`` that hold
+    any (a canary's report, every case injected, does not count: it would push a night
+    out); unusable reports and cases are skipped and named in ``History.skipped``, never
+    an error."""
     skipped: list[str] = []
-    reports = _newest(directory, limit, skipped)
-    runs: dict[CaseId, list[HistoryRun]] = {}
-    for report in reports:
+    kept: list[list[tuple[CaseId, list[HistoryRun]]]] = []
+    for report in reversed(_by_time(directory, skipped)):  # the newest first
+        if len(kept) >= limit:
+            break
+        found_here = []
         for case in report.cases:
             where = f"{report.path.name} [{case.key}]"
             if case.verdict in _LEFT_OUT:
                 skipped.append(f"{where}: judged {case.verdict.value}, not noise")
                 continue
             try:
-                found = _runs_of(case, where)
+                found = _runs_of(case, where, f"report {report.path.name}")
             except Invalid as e:
                 skipped.append(f"{where}: {e}")
                 continue
-            runs.setdefault((case.test, case.key), []).extend(found)
+            if found:
+                found_here.append(((case.test, case.key), found))
+        if found_here:
+            kept.append(found_here)
+    runs: dict[CaseId, list[HistoryRun]] = {}
+    for found_here in reversed(kept):  # oldest first
+        for case_id, found in found_here:
+            runs.setdefault(case_id, []).extend(found)
     frozen = {k: tuple(v) for k, v in runs.items()}
-    return History(MappingProxyType(frozen), len(reports), tuple(skipped))
+    return History(MappingProxyType(frozen), len(kept), tuple(skipped))
