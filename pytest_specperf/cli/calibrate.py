@@ -56,6 +56,7 @@ from pytest_specperf.cli.calibrate_sittings import (
     levels_table,
     merge_conditions,
     offsets_table,
+    pct,
     prepare_sitting,
     sitting_dir,
     sitting_dirs,
@@ -798,9 +799,6 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
     if not rows:
         return []
 
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x * 100:.2f}%"
-
     def band(r: dict[str, Any]) -> str:  # a disturbed case is UNSTABLE whatever its band
         if r["noise"] is None:
             return "-"
@@ -1015,9 +1013,6 @@ def _fit_table(summary: dict[str, Any]) -> list[str]:
     rows = summary.get("noise_fit") or ()
     if not rows:
         return []
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{x * 100:.2f}%"
 
     cells = [
         [r["runs"], OFFSET_FORMS.get(r["metric"], r["metric"]),

@@ -257,7 +257,8 @@ def levels_json(cases: Mapping[str, Runs], costs: Costs, target: float) -> list[
     return rows
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with 2 decimals; ``-`` for None."""
     return "-" if x is None else f"{x * 100:.2f}%"
 
 
@@ -266,11 +267,11 @@ def levels_table(rows: Sequence[Mapping[str, Any]], costs: Costs | None = None) 
         return []
     cells = [
         [r["form"], str(r["cases"]),
-         f"{_pct(r['block_sd'])} ({r['block_df']})",
-         f"{_pct(r['between_sd'])} ({r['between_df']})",
-         f"{_pct(r['sitting_sd'])} ({r['sitting_df']})",
+         f"{pct(r['block_sd'])} ({r['block_df']})",
+         f"{pct(r['between_sd'])} ({r['between_df']})",
+         f"{pct(r['sitting_sd'])} ({r['sitting_df']})",
          str(r["blocks_per_process"]), str(r["processes_per_sitting"]),
-         _pct(r["floor"]),
+         pct(r["floor"]),
          "unreachable" if r["baseline_sittings_for_target"] is None
          else str(r["baseline_sittings_for_target"])]
         for r in rows
@@ -394,7 +395,7 @@ def offsets_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
     cells = [
         [str(r["sitting"]), r["prior"], r["form"], f"{r['cases']} x {r['runs']}",
-         _pct(r["offset_rms"]), _pct(r["predicted_rms"]), num(r["ratio"], ".2f"),
+         pct(r["offset_rms"]), pct(r["predicted_rms"]), num(r["ratio"], ".2f"),
          f"{r['farthest']} {math.expm1(r['farthest_offset']) * 100:+.2f}% "
          f"({num(r['farthest_z'], '+.1f')} sd)"]
         for r in rows
