@@ -117,6 +117,26 @@ def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
     assert not (pytester.path / "baselines").exists()  # an A/B run writes no baseline
 
 
+def test_a_nightly_ab_learns_the_process_spread_from_its_earlier_reports(
+    pytester: pytest.Pytester, side_a: ServerClient
+) -> None:
+    """``--specperf-history`` in A/B mode: the second night reads the first night's report
+    and its tested process joins the evidence of the between-process noise (one more
+    history run in every noisy gate; the exact accept length counts it too)."""
+    url = side_a.base_url
+    hist = pytester.path / "ab-history"
+    hist.mkdir()
+    _ab(pytester, url, *SIDE_B, f"--specperf-history={hist}").assert_outcomes(passed=1)
+    first = {m["metric"]: m for m in _case(pytester)["metrics"]}
+    (hist / "night1.json").write_text((pytester.path / "r.json").read_text())
+    result = _ab(pytester, url, *SIDE_B, f"--specperf-history={hist}")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*history: 1 run(s) of 1 case(s) from 1 report(s)*"])
+    second = {m["metric"]: m for m in _case(pytester)["metrics"]}
+    assert second["verify"]["history_runs"] == first["verify"]["history_runs"] + 1
+    assert second["accept_len"]["exact_runs"] == first["accept_len"]["exact_runs"] + 1
+
+
 def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_reference(
     pytester: pytest.Pytester, side_a: ServerClient, side_b: ServerClient
 ) -> None:
