@@ -532,6 +532,19 @@ def test_case_spread_df_says_what_one_device_value_is_worth_for_one_case():
     assert _spread_lines({"step": None}) == []
 
 
+def test_the_prior_lines_say_what_the_pooled_values_are_worth_for_one_case():
+    from pytest_specperf.cli.calibrate import _prior_lines
+
+    level = {"between": 0.005, "between_df": 21.0, "sitting": 0.022, "sitting_df": 434.0}
+    prior = {"provisional": False, "phase": level, "step": level,
+             "case_spread_df": {"phase": {"between": 1.2, "sitting": 4.5},
+                                "step": {"between": None, "sitting": 1.6}}}  # fmt: skip
+    text = "\n".join(_prior_lines({"prior": prior}))
+    assert "between 1.2 df (phase), sitting 4.5 df (phase), sitting 1.6 df (step)" in text
+    del prior["case_spread_df"]
+    assert "predictor of one case" not in "\n".join(_prior_lines({"prior": prior}))
+
+
 # -- a calibration over sittings (issue 28, item 5) -------------------------------------
 
 
@@ -726,6 +739,9 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert [r["rms_z"] for r in summary["noise_fit"]] == pytest.approx(
         [math.log1p(0.01) / 0.004] * 3)  # fmt: skip
     assert "does the stated noise fit the quiet A/A runs?" in text
+    # one case: no spread over cases to weigh the pooled values by
+    assert summary["prior"]["case_spread_df"] == {
+        kind: {"between": None, "sitting": None} for kind in ("phase", "step")}  # fmt: skip
     prior = load_prior(prior_dir / "box.yaml")
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)

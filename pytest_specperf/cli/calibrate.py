@@ -58,6 +58,7 @@ from pytest_specperf.cli.calibrate_sittings import (
     offsets_table,
     pct,
     prepare_sitting,
+    prior_spread,
     sitting_dir,
     sitting_dirs,
     sitting_offsets,
@@ -730,7 +731,8 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
         f"{time.strftime('%Y-%m-%d', time.gmtime())}",
     )
     summary["prior"] = {"source": prior.source, "provisional": prior.provisional,
-                        **{kind: vars(prior.of(kind)) for kind in PRIOR_KINDS}}  # fmt: skip
+                        **{kind: vars(prior.of(kind)) for kind in PRIOR_KINDS},
+                        "case_spread_df": prior_spread(cases)}  # fmt: skip
     if opts.write_prior is not None:
         written = [
             str(write_prior(opts.write_prior / path.name, prior))
@@ -1104,6 +1106,18 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
         f"phases), {s['between']:.2%} ({s['between_df']:g} df, step); between sittings "
         f"{p['sitting']:.2%} ({p['sitting_df']:g} df), {s['sitting']:.2%} ({s['sitting_df']:g} df)",
     ]
+    spread = prior.get("case_spread_df") or {}
+    said = [
+        f"{level} {spread[kind][level]:.1f} df ({kind})"
+        for kind in PRIOR_KINDS
+        for level in ("between", "sitting")
+        if spread.get(kind, {}).get(level) is not None
+    ]
+    if said:
+        lines.append(
+            "as a predictor of one case (the cases' spread, case_spread_df), the pooled "
+            f"values are worth: {', '.join(said)}"
+        )
     for path in prior.get("written") or ():
         lines.append(f"written: {path}")
     return lines

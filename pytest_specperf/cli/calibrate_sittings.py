@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_specperf.judging.calibration import Condition
+from pytest_specperf.judging.calibration import Condition, case_spread_df
 from pytest_specperf.judging.levels import (
     DEFAULT_GATE_ALPHA,
     Costs,
@@ -229,6 +229,22 @@ def kind_estimates(cases: Mapping[str, Runs]) -> dict[str, list[LevelEstimate]]:
                     assert spec(form).tolerance == kind
                     out[kind].append(est)
                     break
+    return out
+
+
+def prior_spread(cases: Mapping[str, Runs]) -> dict[str, dict[str, float | None]]:
+    """Per prior kind, what its pooled between-process and sitting variances are worth as
+    predictors of one case (``case_spread_df`` over the cases' level estimates, the sitting
+    ones given the pooled process variance, as ``noise.measured_prior`` pools them); the
+    prior file carries the degrees of freedom of their means."""
+    out: dict[str, dict[str, float | None]] = {}
+    for kind, ests in kind_estimates(cases).items():
+        tau = [(e.between_hat2, float(e.between_df)) for e in ests if e.between_hat2 is not None]
+        tau_df = sum(df for _, df in tau)
+        pooled = sum(v * df for v, df in tau) / tau_df if tau_df else 0.0
+        sit = [(e.sitting_hat2(pooled) or 0.0, float(e.sittings - 1))
+               for e in ests if e.sittings >= 2]  # fmt: skip
+        out[kind] = {"between": case_spread_df(tau), "sitting": case_spread_df(sit)}
     return out
 
 
