@@ -732,7 +732,7 @@ def summarize_sittings(opts: CalibrateOptions) -> dict[str, Any]:
     )
     summary["prior"] = {"source": prior.source, "provisional": prior.provisional,
                         **{kind: vars(prior.of(kind)) for kind in PRIOR_KINDS},
-                        "case_spread_df": prior_spread(cases)}  # fmt: skip
+                        "case_spread_df": prior_spread(cases, prior)}  # fmt: skip
     if opts.write_prior is not None:
         written = [
             str(write_prior(opts.write_prior / path.name, prior))

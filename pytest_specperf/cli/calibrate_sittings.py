@@ -232,17 +232,19 @@ def kind_estimates(cases: Mapping[str, Runs]) -> dict[str, list[LevelEstimate]]:
     return out
 
 
-def prior_spread(cases: Mapping[str, Runs]) -> dict[str, dict[str, float | None]]:
-    """Per prior kind, what its pooled between-process and sitting variances are worth as
-    predictors of one case (``case_spread_df`` over the cases' level estimates, the sitting
-    ones given the pooled process variance, as ``noise.measured_prior`` pools them); the
-    prior file carries the degrees of freedom of their means."""
+def prior_spread(
+    cases: Mapping[str, Runs], prior: DevicePrior
+) -> dict[str, dict[str, float | None]]:
+    """Per prior kind, what the measured ``prior``'s between-process and sitting variances
+    are worth as predictors of one case (``case_spread_df`` over the cases' level
+    estimates, the sitting ones given the prior's process variance, as
+    ``noise.measured_prior`` pooled them); the prior file carries the degrees of freedom
+    of their means."""
     out: dict[str, dict[str, float | None]] = {}
     for kind, ests in kind_estimates(cases).items():
+        tau2 = prior.of(kind).between ** 2
         tau = [(e.between_hat2, float(e.between_df)) for e in ests if e.between_hat2 is not None]
-        tau_df = sum(df for _, df in tau)
-        pooled = sum(v * df for v, df in tau) / tau_df if tau_df else 0.0
-        sit = [(e.sitting_hat2(pooled) or 0.0, float(e.sittings - 1))
+        sit = [(e.sitting_hat2(tau2) or 0.0, float(e.sittings - 1))
                for e in ests if e.sittings >= 2]  # fmt: skip
         out[kind] = {"between": case_spread_df(tau), "sitting": case_spread_df(sit)}
     return out
