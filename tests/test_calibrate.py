@@ -518,7 +518,7 @@ def test_case_spread_df_says_what_one_device_value_is_worth_for_one_case():
     predicts a case as well as 2 m^2 / (var(v) - mean(2 v^2 / df)) degrees of freedom;
     cases that agree within their sampling, or too few cases, give None."""
     from pytest_specperf.cli.calibrate import _spread_lines
-    from pytest_specperf.judging.calibration import case_spread_df
+    from pytest_specperf.judging.noise import case_spread_df
 
     parts = [(1e-4, 40), (4e-4, 40), (9e-4, 40), (36e-4, 40)]
     m = sum(v for v, _ in parts) / 4
@@ -537,10 +537,13 @@ def test_the_prior_lines_say_what_the_pooled_values_are_worth_for_one_case():
 
     level = {"between": 0.005, "between_df": 21.0, "sitting": 0.022, "sitting_df": 434.0}
     prior = {"provisional": False, "phase": level, "step": level,
-             "case_spread_df": {"phase": {"between": 1.2, "sitting": 4.5},
-                                "step": {"between": None, "sitting": 1.6}}}  # fmt: skip
+             "case_spread_df": {"phase": {"between": 1.2, "sitting": 4.5, "between_pooled": 28.0,
+                                          "sitting_pooled": 581.0},
+                                "step": {"between": None, "sitting": 1.6, "between_pooled": 28.0,
+                                         "sitting_pooled": 581.0}}}  # fmt: skip
     text = "\n".join(_prior_lines({"prior": prior}))
-    assert "between 1.2 df (phase), sitting 4.5 df (phase), sitting 1.6 df (step)" in text
+    assert ("between 1.2 df of 28 (phase), sitting 4.5 df of 581 (phase), sitting 1.6 df of 581 "
+            "(step); the prior carries the lesser") in text
     del prior["case_spread_df"]
     assert "predictor of one case" not in "\n".join(_prior_lines({"prior": prior}))
 
@@ -741,7 +744,8 @@ def test_the_summary_and_the_prior_come_from_the_committed_files_alone(tmp_path,
     assert "does the stated noise fit the quiet A/A runs?" in text
     # one case: no spread over cases to weigh the pooled values by
     assert summary["prior"]["case_spread_df"] == {
-        kind: {"between": None, "sitting": None} for kind in ("phase", "step")}  # fmt: skip
+        kind: {"between": None, "sitting": None, "between_pooled": 2.0, "sitting_pooled": 3.0}
+        for kind in ("phase", "step")}  # fmt: skip
     prior = load_prior(prior_dir / "box.yaml")
     assert not prior.provisional and "2 sittings, 2 A/A runs" in prior.source
     assert prior.phase.sitting == pytest.approx(summary["prior"]["phase"]["sitting"], rel=1e-3)

@@ -493,3 +493,33 @@ def test_a_calibration_pools_its_cases_into_the_device_prior():
     assert (prior.phase.between_df, prior.phase.sitting_df) == (240, 80)
     assert prior.step == PROVISIONAL_PRIOR.step  # no step estimates: the fallback's
     assert prior.provisional  # one kind still provisional
+
+
+def test_a_device_prior_is_worth_no_more_for_one_case_than_the_cases_spread_allows():
+    """Cases whose process spreads differ far beyond their sampling (tau 0.3% to 3%, 40
+    cases of 3 sittings x 3 processes): the device-wide mean pools 240 degrees of freedom,
+    but as a predictor of one case it is worth only ``case_spread_df`` of them (a few): the
+    prior carries that, so that a case's own runs and history outweigh it within days.
+    The sitting level, the same for every case, keeps its pooled 80."""
+    from pytest_specperf.judging.noise import case_spread_df, level_estimate, measured_prior
+
+    rng = random.Random(12)
+
+    def case(tau):
+        beta = [rng.gauss(0, 0.05) for _ in range(8)]
+        rows, labels = [], []
+        for s in "abc":
+            v = rng.gauss(0, 0.02)
+            for _ in range(3):
+                u = rng.gauss(0, tau)
+                rows.append([b + v + u + rng.gauss(0, 0.005) for b in beta])
+                labels.append(s)
+        return level_estimate(rows, labels)
+
+    ests = [case(0.003 if i % 2 else 0.03) for i in range(40)]
+    prior = measured_prior({"phase": ests}, "simulated", fallback=PROVISIONAL_PRIOR)
+    cap = case_spread_df([(e.between_hat2, e.between_df) for e in ests])
+    assert cap is not None and 1.0 <= cap < 4
+    assert prior.phase.between_df == max(1.0, round(cap, 1))  # not 240
+    assert prior.phase.sitting_df == 80
+    assert prior.phase.between == pytest.approx(math.sqrt((0.03**2 + 0.003**2) / 2), rel=0.3)

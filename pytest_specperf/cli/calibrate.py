@@ -80,7 +80,6 @@ from pytest_specperf.judging.calibration import (
     RunOutcome,
     ab_levels,
     at_run_share,
-    case_spread_df,
     detects,
     judge_run,
     noise_fit,
@@ -92,7 +91,7 @@ from pytest_specperf.judging.calibration import (
 )
 from pytest_specperf.judging.levels import DEFAULT_COSTS, Costs, parse_costs
 from pytest_specperf.judging.metrics import STEP, MetricKind, spec
-from pytest_specperf.judging.noise import PRIOR_KINDS
+from pytest_specperf.judging.noise import PRIOR_KINDS, case_spread_df
 from pytest_specperf.judging.significance import LONE
 from pytest_specperf.judging.verdict import (
     DEFAULT_STEP_TOLERANCE,
@@ -1108,7 +1107,8 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
     ]
     spread = prior.get("case_spread_df") or {}
     said = [
-        f"{level} {spread[kind][level]:.1f} df ({kind})"
+        f"{level} {spread[kind][level]:.1f} df of {spread[kind].get(level + '_pooled', 0):g} "
+        f"({kind})"
         for kind in PRIOR_KINDS
         for level in ("between", "sitting")
         if spread.get(kind, {}).get(level) is not None
@@ -1116,7 +1116,7 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
     if said:
         lines.append(
             "as a predictor of one case (the cases' spread, case_spread_df), the pooled "
-            f"values are worth: {', '.join(said)}"
+            f"values are worth: {', '.join(said)}; the prior carries the lesser (at least 1)"
         )
     for path in prior.get("written") or ():
         lines.append(f"written: {path}")

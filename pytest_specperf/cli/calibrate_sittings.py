@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_specperf.judging.calibration import Condition, case_spread_df
+from pytest_specperf.judging.calibration import Condition
 from pytest_specperf.judging.levels import (
     DEFAULT_GATE_ALPHA,
     Costs,
@@ -47,6 +47,7 @@ from pytest_specperf.judging.noise import (
     PROVISIONAL_PRIOR,
     DevicePrior,
     LevelEstimate,
+    level_spread_df,
     measured_prior,
 )
 from pytest_specperf.probe.phases import DRAFT, VERIFY
@@ -236,17 +237,18 @@ def prior_spread(
     cases: Mapping[str, Runs], prior: DevicePrior
 ) -> dict[str, dict[str, float | None]]:
     """Per prior kind, what the measured ``prior``'s between-process and sitting variances
-    are worth as predictors of one case (``case_spread_df`` over the cases' level
-    estimates, the sitting ones given the prior's process variance, as
-    ``noise.measured_prior`` pooled them); the prior file carries the degrees of freedom
-    of their means."""
+    are worth as predictors of one case (``noise.level_spread_df`` over the cases' level
+    estimates, given the prior's process variance), beside the degrees of freedom their
+    device-wide means pool (``between_pooled``, ``sitting_pooled``): the prior carries the
+    lesser (``noise.measured_prior``)."""
     out: dict[str, dict[str, float | None]] = {}
     for kind, ests in kind_estimates(cases).items():
-        tau2 = prior.of(kind).between ** 2
-        tau = [(e.between_hat2, float(e.between_df)) for e in ests if e.between_hat2 is not None]
-        sit = [(e.sitting_hat2(tau2) or 0.0, float(e.sittings - 1))
-               for e in ests if e.sittings >= 2]  # fmt: skip
-        out[kind] = {"between": case_spread_df(tau), "sitting": case_spread_df(sit)}
+        between, sitting = level_spread_df(ests, prior.of(kind).between ** 2)
+        out[kind] = {
+            "between": between, "sitting": sitting,
+            "between_pooled": float(sum(e.between_df for e in ests if e.between_hat2 is not None)),
+            "sitting_pooled": float(sum(e.sittings - 1 for e in ests if e.sittings >= 2)),
+        }  # fmt: skip
     return out
 
 

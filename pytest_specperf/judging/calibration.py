@@ -452,22 +452,3 @@ def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
             "critical": crit, "tolerance": tol, "processes": at,
         })  # fmt: skip
     return rows
-
-
-def case_spread_df(parts: Sequence[tuple[float, float]]) -> float | None:
-    """How many degrees of freedom one device-wide value is worth as a predictor of one
-    case's variance, given each case's estimate ``(v_i, df_i)``: were the cases' true
-    variances ``m x chi2_nu / nu`` around the pooled ``m = sum(df_i v_i) / sum(df_i)``,
-    their spread would be ``2 m^2 / nu``; the spread is the variance of the ``v_i`` over the
-    cases less what their own sampling adds (``mean(2 v_i^2 / df_i)``). None with fewer
-    than 3 cases, or where the cases differ no more than their sampling says (the pooled
-    degrees of freedom then stand)."""
-    usable = [(v, df) for v, df in parts if df > 0 and math.isfinite(v) and v >= 0]
-    if len(usable) < 3:
-        return None
-    m = sum(df * v for v, df in usable) / sum(df for _, df in usable)
-    spread = statistics.variance([v for v, _ in usable])
-    spread -= statistics.fmean(2 * v * v / df for v, df in usable)
-    if spread <= 0 or m <= 0:
-        return None
-    return 2 * m * m / spread

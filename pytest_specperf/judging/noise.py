@@ -566,15 +566,37 @@ def relative_noise(
                  statistics.fmean(d), (statistics.fmean(p), statistics.fmean(q)))  # fmt: skip
 
 
+def level_spread_df(
+    estimates: Sequence[LevelEstimate], tau2: float
+) -> tuple[float | None, float | None]:
+    """What a device-wide between-process and sitting variance are worth as predictors of
+    one case (``case_spread_df`` over the cases' estimates; the sitting ones given the
+    process variance ``tau2``): ``(between, sitting)``, None where the cases agree within
+    their sampling."""
+    tau = [(e.between_hat2, float(e.between_df)) for e in estimates if e.between_hat2 is not None]
+    sit = [(e.sitting_hat2(tau2) or 0.0, float(e.sittings - 1))
+           for e in estimates if e.sittings >= 2]  # fmt: skip
+    return case_spread_df(tau), case_spread_df(sit)
+
+
+def _capped(df: float, cap: float | None) -> float:
+    """``df`` no more than ``cap`` (to 0.1), and no less than 1 for a cap: a device value
+    is worth at least one case's observation of it."""
+    return df if cap is None else min(df, max(1.0, round(cap, 1)))
+
+
 def measured_prior(
     estimates: Mapping[str, Sequence[LevelEstimate]], source: str, *, fallback: DevicePrior
 ) -> DevicePrior:
     """The device prior a calibration measured: per kind (``PRIOR_KINDS``), the level
     estimates of its cases (``level_estimate`` of each case's judged form over runs from
     several sittings) pooled by degrees of freedom: ``tau^2 = sum(df_i tau_hat_i^2) /
-    sum(df_i)`` on ``sum(df_i)``, then ``sigma_s^2`` likewise from each case's sittings
-    (what the pooled ``tau^2`` explains taken off). A kind, or a level, with no degrees of
-    freedom keeps ``fallback``'s value (and the result stays provisional)."""
+    sum(df_i)``, then ``sigma_s^2`` likewise from each case's sittings (what the pooled
+    ``tau^2`` explains taken off). Each is worth, for one case, no more than the cases'
+    spread allows (``level_spread_df``): ``sum(df_i)`` is what the device-wide mean rests
+    on, but a case whose own variance differs from it learns that mean, not its own. A kind,
+    or a level, with no degrees of freedom keeps ``fallback``'s value (and the result stays
+    provisional)."""
     levels: list[LevelPrior] = []
     provisional = fallback.provisional and not estimates
     for kind in PRIOR_KINDS:
@@ -591,7 +613,27 @@ def measured_prior(
             sit2 = sum(df * (h or 0.0) for df, h in sits) / sit_df
         else:
             sit2, provisional = old.sitting**2, True
-        tau_w = float(tau_df) if tau_df else old.between_df
-        sit_w = float(sit_df) if sit_df else old.sitting_df
+        cap_tau, cap_sit = level_spread_df(ests, tau2)
+        tau_w = _capped(float(tau_df), cap_tau) if tau_df else old.between_df
+        sit_w = _capped(float(sit_df), cap_sit) if sit_df else old.sitting_df
         levels.append(LevelPrior(math.sqrt(tau2), tau_w, math.sqrt(sit2), sit_w))
     return DevicePrior(levels[0], levels[1], source, provisional)
+
+
+def case_spread_df(parts: Sequence[tuple[float, float]]) -> float | None:
+    """How many degrees of freedom one device-wide value is worth as a predictor of one
+    case's variance, given each case's estimate ``(v_i, df_i)``: were the cases' true
+    variances ``m x chi2_nu / nu`` around the pooled ``m = sum(df_i v_i) / sum(df_i)``,
+    their spread would be ``2 m^2 / nu``; the spread is the variance of the ``v_i`` over the
+    cases less what their own sampling adds (``mean(2 v_i^2 / df_i)``). None with fewer
+    than 3 cases, or where the cases differ no more than their sampling says (the pooled
+    degrees of freedom then stand)."""
+    usable = [(v, df) for v, df in parts if df > 0 and math.isfinite(v) and v >= 0]
+    if len(usable) < 3:
+        return None
+    m = sum(df * v for v, df in usable) / sum(df for _, df in usable)
+    spread = statistics.variance([v for v, _ in usable])
+    spread -= statistics.fmean(2 * v * v / df for v, df in usable)
+    if spread <= 0 or m <= 0:
+        return None
+    return 2 * m * m / spread
