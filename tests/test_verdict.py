@@ -514,3 +514,23 @@ def test_an_ab_case_names_the_side_whose_blocks_scattered():
     assert "3 x 9.0% = 27% (log)" in text
     assert "baseline" not in text
     assert "the baseline was recorded on a busy machine" in unstable_advice(m)
+
+
+def test_an_ab_band_widened_by_few_degrees_of_freedom_says_so_and_what_adds_them():
+    """A capped device prior is worth about one degree of freedom for one case: the first
+    A/B nights rest on the run's own processes and little history, so Student's t, not the
+    noise, makes the band wide. The advice says the critical value against the normal one
+    and points at --specperf-history; on many degrees of freedom it says nothing of it."""
+    from pytest_specperf.reporting.terminal import unstable_advice
+
+    m = judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07)
+    few = dataclasses.replace(
+        m, verdict=Verdict.UNSTABLE, steps_to_decide=None, within=0.004, floor=0.02,
+        between=0.02, noise=0.02, critical=7.05, df=4.2, alpha=4.46e-4, base_runs=2,
+        now_runs=2, history_runs=4, processes_to_decide=None, ab_sides=True)  # fmt: skip
+    text = unstable_advice(few, ab=True)
+    assert "its critical value 7.05 rests on 4.2 degrees of freedom (3.32 on many)" in text, text
+    assert "with 2 earlier tested process(es) from --specperf-history" in text
+    many = dataclasses.replace(few, critical=3.40, df=200.0)
+    assert "degrees of freedom" not in unstable_advice(many, ab=True)
+    assert "degrees of freedom" not in unstable_advice(few)  # stored mode: the sitting's advice

@@ -310,13 +310,36 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
     return text
 
 
+#: A critical value this many times the normal one at the same level says the verdict's
+#: degrees of freedom, not its noise, widen the band (t at 4.46e-4 on 14 df: 1.25x).
+FEW_DF_RATIO = 1.25
+
+
+def _few_df_advice(m: MetricVerdict) -> str:
+    """Where few degrees of freedom widen an A/B band (a capped device prior, and little
+    of the case's own evidence yet): the critical value against the normal one, and what
+    adds degrees of freedom (earlier A/B reports as history, 1 a report per 2 processes)."""
+    if m.df is None or m.alpha is None or not 0 < m.alpha < 1 or not math.isfinite(m.critical):
+        return ""
+    normal = statistics.NormalDist().inv_cdf(1 - m.alpha)
+    if m.critical < FEW_DF_RATIO * normal:
+        return ""
+    earlier = max(m.history_runs - m.now_runs, 0)  # A/B: the history runs hold B's own
+    return (
+        f"; its critical value {m.critical:.2f} rests on {m.df:.1f} degrees of freedom "
+        f"({normal:.2f} on many), with {earlier} earlier tested process(es) from "
+        "--specperf-history: keep the nightly A/B reports and pass their folder as "
+        "--specperf-history, each adds this case's own spread between processes"
+    )
+
+
 def _ab_processes_advice(m: MetricVerdict) -> str:
     """An A/B case's noise between server processes: more processes per side decide it."""
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
     text = (
         f"; more steps cannot decide it: the noise between server processes is {between} "
         f"per run ({m.base_runs} reference and {m.now_runs} tested process(es))"
-    )
+    ) + _few_df_advice(m)
     p = m.processes_to_decide
     if p is None:
         return text + "; no practical number of processes would: run on a quieter machine"
