@@ -318,7 +318,8 @@ FEW_DF_RATIO = 1.25
 def _few_df_advice(m: MetricVerdict) -> str:
     """Where few degrees of freedom widen an A/B band (a capped device prior, and little
     of the case's own evidence yet): the critical value against the normal one, and what
-    adds degrees of freedom (earlier A/B reports as history, 1 a report per 2 processes)."""
+    adds degrees of freedom (earlier A/B reports as history: each adds its tested processes
+    less one)."""
     if m.df is None or m.alpha is None or not 0 < m.alpha < 1 or not math.isfinite(m.critical):
         return ""
     normal = statistics.NormalDist().inv_cdf(1 - m.alpha)
