@@ -6,7 +6,7 @@ since b87b60c), each at a phase tolerance of 7% and 4% (step 25%).
 Each gate's stored change, paired block noise ``within`` (on 8 degrees of freedom: the
 suite's 9 blocks) and raw process estimate ``between_hat2`` (the run's own processes and
 the history's, on ``(N_A - 1) + (N_B - 1)`` plus ``N_B - 1`` per earlier report) are pooled
-with the prior as ``judging.noise.pooled`` does; Student's t on the Welch-Satterthwaite
+with the prior by ``judging.noise.pooled``; Student's t on the Welch-Satterthwaite
 degrees of freedom at the gate's stored level; ``judging.verdict.decide``. With the capped
 figures it reproduces every stored verdict and calibrate's noise fit.
 
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pytest_specperf.judging.noise import pooled
 from pytest_specperf.judging.significance import critical
 from pytest_specperf.judging.stats import satterthwaite
 from pytest_specperf.judging.verdict import decide
@@ -41,12 +42,11 @@ def judge(m: dict[str, Any], prior_df: float, tol: float) -> tuple[str, float, f
     p = PRIOR[m["metric"]]
     reports = (m["history_runs"] - m["now_runs"]) // max(m["now_runs"], 1)
     own = (m["base_runs"] - 1) + (m["now_runs"] - 1) + reports * (m["now_runs"] - 1)
-    hat2 = m["between_hat2"] if m["between_hat2"] is not None else p * p
-    tau2 = (prior_df * p * p + own * hat2) / (prior_df + own)
+    tau2, tau_df = pooled(m["between_hat2"], own, p, prior_df)
     w2 = m["within"] ** 2
     part = tau2 * (1 / m["now_runs"] + 1 / m["base_runs"])
     noise = math.sqrt(w2 + part)
-    df = satterthwaite([(w2, WITHIN_DF), (part, prior_df + own)])
+    df = satterthwaite([(w2, WITHIN_DF), (part, tau_df)])
     z = critical(m["alpha"], df)
     return decide(m["change"], noise, tol, z=z, relative=True).value, noise, df
 

@@ -49,6 +49,7 @@ from pytest_specperf.judging.noise import (
     LevelEstimate,
     level_spread_df,
     measured_prior,
+    pooled_df,
 )
 from pytest_specperf.probe.phases import DRAFT, VERIFY
 from pytest_specperf.reporting.table import render_table
@@ -244,11 +245,9 @@ def prior_spread(
     out: dict[str, dict[str, float | None]] = {}
     for kind, ests in kind_estimates(cases).items():
         between, sitting = level_spread_df(ests, prior.of(kind).between ** 2)
-        out[kind] = {
-            "between": between, "sitting": sitting,
-            "between_pooled": float(sum(e.between_df for e in ests if e.between_hat2 is not None)),
-            "sitting_pooled": float(sum(e.sittings - 1 for e in ests if e.sittings >= 2)),
-        }  # fmt: skip
+        tau_df, sit_df = pooled_df(ests)
+        out[kind] = {"between": between, "sitting": sitting,
+                     "between_pooled": float(tau_df), "sitting_pooled": float(sit_df)}  # fmt: skip
     return out
 
 

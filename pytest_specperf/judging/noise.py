@@ -566,6 +566,15 @@ def relative_noise(
                  statistics.fmean(d), (statistics.fmean(p), statistics.fmean(q)))  # fmt: skip
 
 
+def pooled_df(estimates: Sequence[LevelEstimate]) -> tuple[int, int]:
+    """The degrees of freedom the cases' estimates pool for the device-wide mean:
+    ``(between processes, between sittings)``."""
+    return (
+        sum(e.between_df for e in estimates if e.between_hat2 is not None),
+        sum(e.sittings - 1 for e in estimates if e.sittings >= 2),
+    )
+
+
 def level_spread_df(
     estimates: Sequence[LevelEstimate], tau2: float
 ) -> tuple[float | None, float | None]:
@@ -602,13 +611,12 @@ def measured_prior(
     for kind in PRIOR_KINDS:
         ests = list(estimates.get(kind, ()))
         old = fallback.of(kind)
-        tau_df = sum(e.between_df for e in ests if e.between_hat2 is not None)
+        tau_df, sit_df = pooled_df(ests)
         if tau_df > 0:
             tau2 = sum(e.between_df * (e.between_hat2 or 0.0) for e in ests) / tau_df
         else:
             tau2, provisional = old.between**2, True
         sits = [(e.sittings - 1, e.sitting_hat2(tau2)) for e in ests if e.sittings >= 2]
-        sit_df = sum(df for df, _ in sits)
         if sit_df > 0:
             sit2 = sum(df * (h or 0.0) for df, h in sits) / sit_df
         else:

@@ -26,6 +26,7 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
+from pytest_specperf.judging.significance import critical
 from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, reach_text
 from pytest_specperf.probe.phases import ALL_PHASES
@@ -322,7 +323,7 @@ def _few_df_advice(m: MetricVerdict) -> str:
     less one)."""
     if m.df is None or m.alpha is None or not 0 < m.alpha < 1 or not math.isfinite(m.critical):
         return ""
-    normal = statistics.NormalDist().inv_cdf(1 - m.alpha)
+    normal = critical(m.alpha, math.inf)  # the same level on unlimited degrees of freedom
     if m.critical < FEW_DF_RATIO * normal:
         return ""
     earlier = max(m.history_runs - m.now_runs, 0)  # A/B: the history runs hold B's own
