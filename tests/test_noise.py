@@ -127,7 +127,29 @@ def test_worked_example_runs_that_disagree_need_processes():
     change = math.exp(0.06) - 1
     assert decide(change, noise.total, 0.05) is Verdict.UNSTABLE  # 3 x 3.0% > 5%
     assert noise.rounds_for(change / 3) is None  # more steps cannot decide it
-    assert noise.processes_for(change / 3) == 4
+    assert noise.processes_for(change, lambda df: 3.0) == 4  # 3 x noise(4) <= the change
+
+
+def test_processes_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
+    """The same runs judged with Student's t: the process term rests on the baseline's 2
+    degrees of freedom, so today's critical value is large; each added process adds one,
+    and the count that decides is the first whose own t x noise comes within the band.
+    Today's t (22 on 2 degrees of freedom at 1e-3) would say no number of processes can."""
+    base = _baseline([-1.5, 3.0, -1.5])
+    noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=prior(df=0))
+    alpha, band = 1e-3, 0.06
+
+    def t(df: float) -> float:
+        return critical(alpha, df)
+
+    dfs = [noise.df_with_processes(p) for p in range(1, 9)]
+    assert dfs[0] == pytest.approx(noise.df) and dfs == sorted(dfs) and dfs[-1] > dfs[0] + 3
+    today = noise.processes_for(band, lambda df: t(noise.df))
+    with_df = noise.processes_for(band, t)
+    assert today is None and with_df == 8
+    assert t(noise.df_with_processes(with_df)) * noise.with_processes(with_df) <= band
+    prev = with_df - 1
+    assert t(noise.df_with_processes(prev)) * noise.with_processes(prev) > band
 
 
 def test_one_run_against_one_is_the_paired_noise_plus_the_priors():

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_specperf.judging.stats import satterthwaite, stable
@@ -256,13 +256,30 @@ class Noise:
         var += self.between**2 * (1 / processes + 1 / base) + self.sitting**2 * self.sitting_coef
         return math.sqrt(var)
 
-    def processes_for(self, target: float) -> int | None:
-        """Processes (current runs; the baseline recorded in as many, if it has fewer) that
-        bring the noise to ``target``; None if up to ``4 * MAX_PROCESSES`` cannot."""
-        if not self.paired or target <= 0:
+    def df_with_processes(self, processes: int) -> float:
+        """The degrees of freedom of ``with_processes(processes)``: each current process
+        beyond today's adds one to the process estimate's (at least: a baseline recorded
+        in as many adds its own, left out)."""
+        base = max(self.base_runs, processes)
+        extra = max(0, processes - self.now_runs)
+        per_run_now = self.now_var * self.rounds * self.now_runs
+        w2 = per_run_now / processes + self.base_var * self.base_runs / base
+        return satterthwaite([
+            (w2, self.within_df),
+            (self.between**2 * (1 / processes + 1 / base), self.between_df + extra),
+            (self.sitting**2 * self.sitting_coef, self.sitting_df),
+        ])  # fmt: skip
+
+    def processes_for(self, band: float, critical: Callable[[float], float]) -> int | None:
+        """Processes (current runs; the baseline recorded in as many, if it has fewer) whose
+        noise times the critical value at their degrees of freedom (``critical(df)``)
+        comes within ``band`` (log scale): more processes narrow the noise and, where the
+        process term rests on few degrees of freedom, the critical value too. None if up
+        to ``4 * MAX_PROCESSES`` cannot."""
+        if not self.paired or band <= 0:
             return None
         for p in range(1, 4 * MAX_PROCESSES + 1):
-            if self.with_processes(p) <= target:
+            if critical(self.df_with_processes(p)) * self.with_processes(p) <= band:
                 return p
         return None
 
