@@ -106,6 +106,26 @@ def test_a_canary_report_does_not_push_a_night_out(tmp_path, make_run, reference
         ("night1.json", False), ("night2.json", True), ("night2.json", True)]  # fmt: skip
 
 
+def test_each_mode_keeps_its_own_newest_reports(tmp_path, make_run, reference_fp):
+    """A folder holding both A/B and stored-baseline reports: ``limit`` of each are read,
+    so a newer stored-baseline night does not push an A/B night out of the A/B history
+    (each mode reads only its own)."""
+    for i in range(6):  # nights 0-5 alternate A/B (even) and stored-baseline (odd)
+        path = tmp_path / f"night{i}.json"
+        _report(path, [make_run(seed=i)], fp=reference_fp,
+                created=f"2026-11-0{i + 1}T00:00:00+00:00")  # fmt: skip
+        if i % 2 == 0:
+            data = json.loads(path.read_text())
+            data["cases"][0]["ab"] = {"reference": "python=/opt/release/bin/python"}
+            path.write_text(json.dumps(data))
+    history = load_history(tmp_path, limit=2)
+    assert history.reports == 4
+    runs = history.of(TEST, KEY)
+    assert [(r.source.split(" ")[0], r.ab) for r in runs] == [
+        ("night2.json", True), ("night3.json", False), ("night4.json", True),
+        ("night5.json", False)]  # fmt: skip
+
+
 def test_the_judge_uses_history_runs_of_the_baselines_engine_only(
     tmp_path, make_run, make_case, reference_fp
 ):

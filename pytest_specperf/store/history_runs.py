@@ -5,8 +5,8 @@ few nights, several runs of every case, each from its own server process: the be
 process part of the noise can come from them instead of from extra processes now (a big
 SGLang model is slow to start). This module is the interface: it reads the reports
 through the one reader (``read_report``) and hands each case's runs of the last
-``HISTORY_REPORTS`` reports that hold any (by their ``datetime``, else the file's time) to
-the judge as ``HistoryRun`` records, each report's runs of one sitting (its server
+``HISTORY_REPORTS`` reports of each mode that hold any (by their ``datetime``, else the
+file's time) to the judge as ``HistoryRun`` records, each report's runs of one sitting (its server
 processes: their spread is process noise) and marked when they were an A/B run's tested
 side (``HistoryRun.ab``: an A/B run reads only those, a stored-baseline run only the
 others). They inform the between-process estimate only: the verdict's change is always
@@ -129,32 +129,45 @@ def _list(x: Any) -> Sequence[Any]:
 
 def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
     """The runs of every case in the newest ``limit`` reports of ``directory`` that hold
-    any (a canary's report, every case injected, does not count: it would push a night
-    out); unusable reports and cases are skipped and named in ``History.skipped``, never
-    an error."""
+    any, counted per mode: ``limit`` A/B reports and ``limit`` stored-baseline reports (a
+    folder that holds both still gives each mode its own two weeks; each mode reads only
+    its own). A canary's report, every case injected, does not count: it would push a night
+    out. Unusable reports and cases are skipped and named in ``History.skipped``, never an
+    error."""
     skipped: list[str] = []
     kept: list[list[tuple[CaseId, list[HistoryRun]]]] = []
+    per_mode = {True: 0, False: 0}  # reports kept, by HistoryRun.ab
     for report in reversed(_by_time(directory, skipped)):  # the newest first
-        if len(kept) >= limit:
+        if min(per_mode.values()) >= limit:
             break
-        found_here = []
-        for case in report.cases:
-            where = f"{report.path.name} [{case.key}]"
-            if case.verdict in _LEFT_OUT:
-                skipped.append(f"{where}: judged {case.verdict.value}, not noise")
-                continue
-            try:
-                found = _runs_of(case, where, f"report {report.path.name}")
-            except Invalid as e:
-                skipped.append(f"{where}: {e}")
-                continue
-            if found:
-                found_here.append(((case.test, case.key), found))
-        if found_here:
-            kept.append(found_here)
+        found_here = _report_runs(report, skipped)
+        modes = {r.ab for _, found in found_here for r in found}
+        if not modes or all(per_mode[m] >= limit for m in modes):
+            continue
+        for m in modes:
+            per_mode[m] += 1
+        kept.append(found_here)
     runs: dict[CaseId, list[HistoryRun]] = {}
     for found_here in reversed(kept):  # oldest first
         for case_id, found in found_here:
             runs.setdefault(case_id, []).extend(found)
     frozen = {k: tuple(v) for k, v in runs.items()}
     return History(MappingProxyType(frozen), len(kept), tuple(skipped))
+
+
+def _report_runs(report: Report, skipped: list[str]) -> list[tuple[CaseId, list[HistoryRun]]]:
+    """The usable runs of each case of one report; what is left out, named in ``skipped``."""
+    found_here = []
+    for case in report.cases:
+        where = f"{report.path.name} [{case.key}]"
+        if case.verdict in _LEFT_OUT:
+            skipped.append(f"{where}: judged {case.verdict.value}, not noise")
+            continue
+        try:
+            found = _runs_of(case, where, f"report {report.path.name}")
+        except Invalid as e:
+            skipped.append(f"{where}: {e}")
+            continue
+        if found:
+            found_here.append(((case.test, case.key), found))
+    return found_here
