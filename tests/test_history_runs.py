@@ -126,6 +126,43 @@ def test_each_mode_keeps_its_own_newest_reports(tmp_path, make_run, reference_fp
         ("night5.json", False)]  # fmt: skip
 
 
+def test_newer_nights_of_one_mode_leave_the_others_and_a_mixed_report_is_split(
+    tmp_path, make_run, reference_fp
+):
+    """Two A/B nights, three newer stored-baseline nights, and newest of all a report holding
+    both modes (one case each): with ``limit`` 2 the mixed report counts once for each
+    mode, the stored mode is full one night later, and the older stored nights are neither
+    read nor named (one judged SLOWER), while the scan goes on to the newer A/B night."""
+
+    def night(name, day, ab, key=KEY, verdict="SAME"):
+        _report(tmp_path / name, [make_run(seed=day)], fp=reference_fp, key=key,
+                verdict=verdict, created=f"2026-11-{day:02d}T00:00:00+00:00")  # fmt: skip
+        if ab:
+            data = json.loads((tmp_path / name).read_text())
+            data["cases"][0]["ab"] = {"reference": "python=/opt/release/bin/python"}
+            (tmp_path / name).write_text(json.dumps(data))
+
+    night("ab1.json", 1, True)
+    night("ab2.json", 2, True)
+    night("stored3.json", 3, False, verdict="SLOWER")  # its note must not show: not read
+    night("stored4.json", 4, False)
+    night("stored5.json", 5, False)
+    night("mixed.json", 6, False)
+    data = json.loads((tmp_path / "mixed.json").read_text())
+    other = {**data["cases"][0], "key": "ctx=4096 kv=contiguous bs=1",
+             "ab": {"reference": "python=/opt/release/bin/python"}}  # fmt: skip
+    data["cases"].append(other)
+    (tmp_path / "mixed.json").write_text(json.dumps(data))
+    history = load_history(tmp_path, limit=2)
+    assert (history.reports, history.ab_reports) == (3, 2)
+    runs = history.of(TEST, KEY)
+    assert [(r.source.split(" ")[0], r.ab) for r in runs] == [
+        ("ab2.json", True), ("stored5.json", False), ("mixed.json", False)]  # fmt: skip
+    assert [r.ab for r in history.of(TEST, "ctx=4096 kv=contiguous bs=1")] == [True]
+    assert history.skipped == ()
+    assert "from 3 report(s) (2 of A/B runs)" in history.describe("nightly")
+
+
 def test_the_judge_uses_history_runs_of_the_baselines_engine_only(
     tmp_path, make_run, make_case, reference_fp
 ):

@@ -13,6 +13,7 @@ from pytest_specperf.judging.noise import (
     LEGACY_SITTING,
     NO_PRIOR,
     PROVISIONAL_PRIOR,
+    DevicePrior,
     LevelPrior,
     RunBlocks,
     anova_between,
@@ -132,8 +133,9 @@ def test_worked_example_runs_that_disagree_need_processes():
 
 def test_processes_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     """The same runs judged with Student's t: the process term rests on the baseline's 2
-    degrees of freedom, so today's critical value is large; each added process adds one,
-    and the count that decides is the first whose own t x noise comes within the band.
+    degrees of freedom, so today's critical value is large; each process beyond the
+    baseline's 3 adds one (at least: a baseline re-recorded in P processes has P - 1), and
+    the count that decides is the first whose own t x noise comes within the band.
     Today's t (22 on 2 degrees of freedom at 1e-3) would say no number of processes can."""
     base = _baseline([-1.5, 3.0, -1.5])
     noise = relative_noise([run_of(r) for r in base], [run_of(NOW)], prior=prior(df=0))
@@ -142,14 +144,23 @@ def test_processes_to_decide_take_the_critical_value_at_their_degrees_of_freedom
     def t(df: float) -> float:
         return critical(alpha, df)
 
-    dfs = [noise.df_with_processes(p) for p in range(1, 9)]
-    assert dfs[0] == pytest.approx(noise.df) and dfs == sorted(dfs) and dfs[-1] > dfs[0] + 3
+    dfs = [noise.df_with_processes(p) for p in range(1, 10)]
+    assert dfs[0] == pytest.approx(noise.df) and dfs == sorted(dfs)
+    assert dfs[8] == pytest.approx(dfs[2] + 6, abs=0.1)  # 9 processes: 6 beyond the 3
     today = noise.processes_for(band, lambda df: t(noise.df))
     with_df = noise.processes_for(band, t)
-    assert today is None and with_df == 8
+    assert today is None and with_df == 9
     assert t(noise.df_with_processes(with_df)) * noise.with_processes(with_df) <= band
     prev = with_df - 1
     assert t(noise.df_with_processes(prev)) * noise.with_processes(prev) > band
+    # the verdict's advice is this count, at the gate's level
+    weak = DevicePrior(prior(df=0), prior(df=0), "test: a prior worth nothing", False)
+    v = judge_metric("verify", [summary_of(r) for r in base], [summary_of(NOW)], 0.05,
+                     prior=weak, alpha=alpha)  # fmt: skip
+    assert v.verdict is Verdict.UNSTABLE and v.steps_to_decide is None
+    band_now = max(math.log1p(0.05), abs(math.log1p(v.change)))
+    assert v.processes_to_decide is not None
+    assert v.processes_to_decide == noise.processes_for(band_now, t)
 
 
 def test_one_run_against_one_is_the_paired_noise_plus_the_priors():

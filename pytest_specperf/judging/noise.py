@@ -257,11 +257,13 @@ class Noise:
         return math.sqrt(var)
 
     def df_with_processes(self, processes: int) -> float:
-        """The degrees of freedom of ``with_processes(processes)``: each current process
-        beyond today's adds one to the process estimate's (at least: a baseline recorded
-        in as many adds its own, left out)."""
+        """The degrees of freedom of ``with_processes(processes)``, at least: each process
+        beyond both sides' counts today adds one to the process estimate's. (A/B: both
+        sides' processes feed it, so it gains more. Stored: only the baseline's do; one
+        re-recorded in ``processes`` runs of one sitting has ``processes - 1``, at least
+        today's plus ``processes - base_runs``.)"""
         base = max(self.base_runs, processes)
-        extra = max(0, processes - self.now_runs)
+        extra = max(0, processes - max(self.base_runs, self.now_runs))
         per_run_now = self.now_var * self.rounds * self.now_runs
         w2 = per_run_now / processes + self.base_var * self.base_runs / base
         return satterthwaite([

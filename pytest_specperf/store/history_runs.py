@@ -51,6 +51,8 @@ class History:
     runs: Mapping[CaseId, tuple[HistoryRun, ...]]
     reports: int
     skipped: tuple[str, ...]
+    #: of ``reports``, those of A/B runs (the others: stored-baseline runs)
+    ab_reports: int = 0
 
     def of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
         return self.runs.get((test, key), ())
@@ -58,6 +60,8 @@ class History:
     def describe(self, where: str) -> str:
         n = sum(len(v) for v in self.runs.values())
         text = f"history: {n} run(s) of {len(self.runs)} case(s) from {self.reports} report(s)"
+        if self.ab_reports:
+            text += f" ({self.ab_reports} of A/B runs)"
         text += f" in {where}, for the noise between processes"
         return text + (f"; skipped: {'; '.join(self.skipped)[:300]}" if self.skipped else "")
 
@@ -132,19 +136,25 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
     any, counted per mode: ``limit`` A/B reports and ``limit`` stored-baseline reports (a
     folder that holds both still gives each mode its own two weeks; each mode reads only
     its own). A canary's report, every case injected, does not count: it would push a night
-    out. Unusable reports and cases are skipped and named in ``History.skipped``, never an
-    error."""
+    out. Unusable reports and cases within their mode's newest are skipped and named in
+    ``History.skipped``, never an error."""
     skipped: list[str] = []
     kept: list[list[tuple[CaseId, list[HistoryRun]]]] = []
     per_mode = {True: 0, False: 0}  # reports kept, by HistoryRun.ab
     for report in reversed(_by_time(directory, skipped)):  # the newest first
         if min(per_mode.values()) >= limit:
             break
-        found_here = _report_runs(report, skipped)
-        modes = {r.ab for _, found in found_here for r in found}
-        if not modes or all(per_mode[m] >= limit for m in modes):
+        open_modes = {m for m, n in per_mode.items() if n < limit}
+        if not open_modes & {isinstance(c.data.get("ab"), Mapping) for c in report.cases}:
+            continue  # beyond its mode's newest: not read, not named
+        found_here = [
+            (c, [r for r in found if r.ab in open_modes])
+            for c, found in _report_runs(report, skipped)
+        ]
+        found_here = [(c, f) for c, f in found_here if f]
+        if not found_here:
             continue
-        for m in modes:
+        for m in {r.ab for _, f in found_here for r in f}:
             per_mode[m] += 1
         kept.append(found_here)
     runs: dict[CaseId, list[HistoryRun]] = {}
@@ -152,7 +162,7 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
         for case_id, found in found_here:
             runs.setdefault(case_id, []).extend(found)
     frozen = {k: tuple(v) for k, v in runs.items()}
-    return History(MappingProxyType(frozen), len(kept), tuple(skipped))
+    return History(MappingProxyType(frozen), len(kept), tuple(skipped), per_mode[True])
 
 
 def _report_runs(report: Report, skipped: list[str]) -> list[tuple[CaseId, list[HistoryRun]]]:
