@@ -387,6 +387,34 @@ def test_a_marked_case_is_said_once_and_strict_counts_it_until_accepted(
     assert case.not_gated is not None and case.not_gated.accepted
 
 
+def test_an_ab_run_honours_the_files_mark(tmp_path, make_run, reference_fp):
+    """A/B needs no baseline, but the device's file may mark a case whose processes split:
+    the A/B run's reference side then carries the mark (``stored_mark``), so the same gates
+    are not gated, the same line says so, and strict counts it until the team accepts it.
+    Another case, another engine identity, or no file: no mark."""
+    from pytest_specperf.judging.ab import reference_baseline, stored_mark
+
+    path = tmp_path / "box.yaml"
+    recorded = _record(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))
+    write_baselines(path, {"name": "box"}, [recorded], sitting="s1", host="box")
+    file = load_baselines(path)
+    mark = stored_mark(file, reference_fp, TEST, KEY)
+    assert mark is not None and "verify" in mark.gates and not mark.accepted
+    assert stored_mark(file, reference_fp, TEST, "ctx=4096 kv=contiguous bs=1") is None
+    assert stored_mark(file, {**reference_fp, "config": "other"}, TEST, KEY) is None
+    assert stored_mark(None, reference_fp, TEST, KEY) is None
+    reference = _record(_case(make_run(seed=5), reference_fp))
+    base = reference_baseline(reference, "ab-sitting", reference_fp, mark)
+    outcome = judge_case(_case(make_run(seed=9), reference_fp, prior=EXACT, sitting="ab-sitting"),
+                         base, path)  # fmt: skip
+    assert "verify" not in [m.metric for m in outcome.verdict.metrics]
+    assert any(r.startswith("not gated: verify") for r in outcome.verdict.reasons)
+    assert [u.label for u in unjudged(outcome, mapped=None, gpu_run=False)] == ["not gated: verify"]
+    unmarked = judge_case(_case(make_run(seed=9), reference_fp, prior=EXACT, sitting="ab-sitting"),
+                          reference_baseline(reference, "ab-sitting", reference_fp), path)  # fmt: skip
+    assert "verify" in [m.metric for m in unmarked.verdict.metrics]
+
+
 def test_a_bad_not_gated_mark_is_invalid_naming_the_field(tmp_path, make_run, reference_fp):
     path = tmp_path / "box.yaml"
     recorded = _record(_case(_processes(make_run, [-0.12, 0.12, -0.12, 0.12]), reference_fp))

@@ -534,3 +534,22 @@ def test_an_ab_band_widened_by_few_degrees_of_freedom_says_so_and_what_adds_them
     many = dataclasses.replace(few, critical=3.40, df=200.0)
     assert "degrees of freedom" not in unstable_advice(many, ab=True)
     assert "degrees of freedom" not in unstable_advice(few)  # stored mode: the sitting's advice
+
+
+def test_an_ab_case_no_process_count_decides_points_at_the_files_mark_when_processes_split():
+    """No practical number of processes per side: where the processes differ more than the
+    blocks (a split), the advice says how a recording marks it not gated and that A/B runs
+    honour the mark; where the blocks dominate, a quieter machine."""
+    from pytest_specperf.reporting.terminal import unstable_advice
+
+    m = judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07)
+    split = dataclasses.replace(
+        m, verdict=Verdict.UNSTABLE, steps_to_decide=None, within=0.004, floor=0.12,
+        between=0.12, noise=0.12, critical=3.4, df=40.0, alpha=4.46e-4, base_runs=2,
+        now_runs=2, history_runs=30, processes_to_decide=None, ab_sides=True)  # fmt: skip
+    text = unstable_advice(split, ab=True)
+    assert "its processes differ more than its blocks do" in text, text
+    assert "--specperf-update-baselines --specperf-processes 5" in text
+    assert "A/B runs honour the mark" in text and "quieter machine" not in text
+    busy = dataclasses.replace(split, within=0.05, between=0.01)
+    assert "run on a quieter machine" in unstable_advice(busy, ab=True)

@@ -38,7 +38,9 @@ from typing import Any
 
 from pytest_specperf.judging.baselines import (
     FINGERPRINT_KEYS,
+    BaselineFile,
     CaseBaseline,
+    NotGated,
     fingerprint_hash,
     identity_of,
 )
@@ -87,18 +89,35 @@ def describe_order(order: Sequence[Slot]) -> str:
     return " ".join(str(s) for s in order)
 
 
-def reference_baseline(base: CaseBaseline, sitting: str,
-                       tested: Mapping[str, Any]) -> CaseBaseline:  # fmt: skip
+def reference_baseline(base: CaseBaseline, sitting: str, tested: Mapping[str, Any],
+                       not_gated: NotGated | None = None) -> CaseBaseline:  # fmt: skip
     """The reference side's runs as the comparison's baseline, stamped with this run's
     ``sitting`` (both sides share it: the noise has no sitting term) and under the tested
     side's engine fingerprint ``tested``: the two sides differ on purpose (another build,
-    other server arguments), which ``engine_differences`` says."""
+    other server arguments), which ``engine_differences`` says. ``not_gated``: the mark of
+    the device's baseline file for the case (``stored_mark``), honoured as there."""
     runs = tuple(dataclasses.replace(r, sitting=sitting) for r in base.runs)
     fp = MappingProxyType(dict(tested))
     return dataclasses.replace(
-        base, runs=runs, not_gated=None, fingerprint=fp, identity=identity_of(fp),
+        base, runs=runs, not_gated=not_gated, fingerprint=fp, identity=identity_of(fp),
         fingerprint_hash=fingerprint_hash(fp),
     )  # fmt: skip
+
+
+def stored_mark(file: BaselineFile | None, tested: Mapping[str, Any], test: str,
+                key: str) -> NotGated | None:  # fmt: skip
+    """The ``not_gated`` mark the device's baseline file holds for a case of the tested
+    engine's identity (a case whose processes split beyond any tolerance, found when it
+    was recorded in 2 or more processes): an A/B run splits the same way on both sides, so
+    it honours the mark, and the team's acceptance in the file, as a stored-baseline run
+    does. None without a file, a recording or a mark."""
+    if file is None:
+        return None
+    try:
+        found = file.lookup(identity_of(tested), test, key)
+    except ValueError:  # a fingerprint without a backend has no identity
+        return None
+    return found.not_gated if isinstance(found, CaseBaseline) else None
 
 
 def tested_evidence(run: DecodeRun, fingerprint_hash: str,

@@ -343,9 +343,16 @@ def _ab_processes_advice(m: MetricVerdict) -> str:
         f"per run ({m.base_runs} reference and {m.now_runs} tested process(es))"
     ) + _few_df_advice(m)
     p = m.processes_to_decide
-    if p is None:
-        return text + "; no practical number of processes would: run on a quieter machine"
-    return text + f"; about {p} processes per side would decide: --specperf-processes {p}"
+    if p is not None:
+        return text + f"; about {p} processes per side would decide: --specperf-processes {p}"
+    if m.between is not None and m.within is not None and m.between > m.within:
+        return text + (
+            "; no practical number of processes would: its processes differ more than its "
+            "blocks do; record the baseline in 5 processes (--specperf-update-baselines "
+            "--specperf-processes 5): a split no setting decides is marked not gated in the "
+            "file, and A/B runs honour the mark (docs/statistics.md, section 6)"
+        )
+    return text + "; no practical number of processes would: run on a quieter machine"
 
 
 def _processes_advice(m: MetricVerdict) -> str:

@@ -17,6 +17,7 @@ from pytest_specperf.judging.ab import (
     as_ab_verdict,
     engine_differences,
     reference_baseline,
+    stored_mark,
     tested_evidence,
 )
 from pytest_specperf.judging.baselines import (
@@ -295,10 +296,13 @@ def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
                 tested: Mapping[str, Any], look: int = 1) -> CaseBaseline:  # fmt: skip
     """The reference side's run of a case as the comparison's baseline, stamped with
     this run's sitting (no stamp on disk: an A/B run never writes a baseline), under the
-    tested side's fingerprint ``tested``."""
+    tested side's fingerprint ``tested``, with the device's baseline file's ``not_gated``
+    mark for the case, if it has one."""
     case = case_of(inputs, request, reference.server, run, key, cases, look)
     base = as_baseline(case, at=utc_now())
-    return reference_baseline(base, inputs.sitting or AB_SITTING, tested)
+    mark = stored_mark(inputs.baselines if inputs.foreign is None else None, tested,
+                       request.test, key)  # fmt: skip
+    return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark)
 
 
 def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
