@@ -102,3 +102,20 @@ def test_read_plan_covers_every_token_once():
     plan = plan_reads(pages, ctx, 16, "cpu")
     viewed = sum(b - a for a, b in plan.views)
     assert viewed + plan.gather_len == ctx
+
+
+def test_huge_pages_enter_the_fingerprint_only_when_asked_for():
+    """THP_MEM_ALLOC_ENABLE=1 makes PyTorch's CPU allocator ask for huge pages for the KV
+    pool: a fingerprint field then, so a baseline recorded without them is INVALID for such
+    a run, naming the field; otherwise absent, so fingerprints (and their hashes) recorded
+    before the field stay as they were."""
+    from pytest_specperf.engines.reference.kv import THP_ENV, huge_pages_requested
+    from pytest_specperf.judging.baselines import fingerprint_mismatch
+
+    assert huge_pages_requested({THP_ENV: "1"}) is True
+    assert huge_pages_requested({THP_ENV: "0"}) is None and huge_pages_requested({}) is None
+    before = {"backend": "reference", "config": "tiny"}
+    assert fingerprint_mismatch(before, dict(before)) == []
+    assert fingerprint_mismatch(before, {**before, "huge_pages": True}) == [
+        "huge_pages: baseline None, now True"
+    ]

@@ -110,6 +110,7 @@ FINGERPRINT_KEYS = (
     "dtype",
     "device_type",
     "cuda_graphs",
+    "huge_pages",
 )
 _RERECORD = "re-record it with --specperf-update-baselines"
 

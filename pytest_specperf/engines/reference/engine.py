@@ -43,6 +43,7 @@ from pytest_specperf.engines.reference.kv import (
     KVPool,
     PageAllocator,
     fragmentation,
+    huge_pages_requested,
     pool_tokens,
 )
 from pytest_specperf.engines.reference.model import Drafter, PlannedReads, SeqRows, TargetModel
@@ -224,7 +225,7 @@ class Engine:
         """What the measured work depends on; a baseline is valid only for the same values."""
         import torch
 
-        return {
+        fp: dict[str, Any] = {
             "backend": "reference",
             "engine": ENGINE_NAME,
             "engine_version": __version__,
@@ -238,6 +239,9 @@ class Engine:
             "cuda_graphs": self.graphs is not None,
             "torch_version": torch.__version__,
         }
+        if self.device.type == "cpu" and huge_pages_requested():
+            fp["huge_pages"] = True  # only then: the fingerprint (and its hash) is as before
+        return fp
 
     def kv_read_model(self) -> dict[str, Any]:
         """How many KV bytes a verify moves (see ``telemetry.bandwidth.kv_read_bytes``)."""

@@ -12,9 +12,10 @@ a permuted free list, as a long-running server's allocator is after churn.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
     from pytest_specperf.engines.reference.staging import HostToDevice
 
 LAYOUTS = ("contiguous", "fragmented")
+
+#: PyTorch's CPU allocator asks the kernel for transparent huge pages (``madvise``) for
+#: every allocation of 2 MiB or more, the KV pool's included, when this is ``1``.
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def huge_pages_requested(environ: Mapping[str, str] = os.environ) -> bool | None:
+    """True when the CPU KV pool asks for transparent huge pages (``THP_ENV=1``), else
+    None. A fingerprint field, present only when True: a fragmented gather's page walks
+    cost differently with huge pages (docs/calibration.md, "Huge pages take the fragmented
+    cases' process split away"), so a baseline recorded with them is not compared with a
+    run without; without them the fingerprint and its hash are what they were."""
+    return True if environ.get(THP_ENV, "").strip() == "1" else None
 
 
 class AllocatorError(RuntimeError):
