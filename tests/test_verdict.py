@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
 
@@ -516,6 +517,16 @@ def test_an_ab_case_names_the_side_whose_blocks_scattered():
     assert "the baseline was recorded on a busy machine" in unstable_advice(m)
 
 
+def _unstable_ab(**fields: Any) -> MetricVerdict:
+    """An UNSTABLE A/B verify verdict of 2 processes a side that more steps cannot decide
+    (block noise 0.4%), with ``fields`` (the process noise, the critical value, ...) set."""
+    m = judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07)
+    return dataclasses.replace(
+        m, **{"verdict": Verdict.UNSTABLE, "steps_to_decide": None, "within": 0.004,
+              "alpha": 4.46e-4, "base_runs": 2, "now_runs": 2, "processes_to_decide": None,
+              "ab_sides": True, **fields})  # fmt: skip
+
+
 def test_an_ab_band_widened_by_few_degrees_of_freedom_says_so_and_what_adds_them():
     """A capped device prior is worth about one degree of freedom for one case: the first
     A/B nights rest on the run's own processes and little history, so Student's t, not the
@@ -523,11 +534,8 @@ def test_an_ab_band_widened_by_few_degrees_of_freedom_says_so_and_what_adds_them
     and points at --specperf-history; on many degrees of freedom it says nothing of it."""
     from pytest_specperf.reporting.terminal import unstable_advice
 
-    m = judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07)
-    few = dataclasses.replace(
-        m, verdict=Verdict.UNSTABLE, steps_to_decide=None, within=0.004, floor=0.02,
-        between=0.02, noise=0.02, critical=7.05, df=4.2, alpha=4.46e-4, base_runs=2,
-        now_runs=2, history_runs=4, processes_to_decide=None, ab_sides=True)  # fmt: skip
+    few = _unstable_ab(between=0.02, floor=0.02, noise=0.02, critical=7.05, df=4.2,
+                       history_runs=4)  # fmt: skip
     text = unstable_advice(few, ab=True)
     assert "its critical value 7.05 rests on 4.2 degrees of freedom (3.32 on many)" in text, text
     assert "with 2 earlier tested process(es) from --specperf-history" in text
@@ -542,11 +550,8 @@ def test_an_ab_case_no_process_count_decides_points_at_the_files_mark_when_proce
     honour the mark; where the blocks dominate, a quieter machine."""
     from pytest_specperf.reporting.terminal import unstable_advice
 
-    m = judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07)
-    split = dataclasses.replace(
-        m, verdict=Verdict.UNSTABLE, steps_to_decide=None, within=0.004, floor=0.12,
-        between=0.12, noise=0.12, critical=3.4, df=40.0, alpha=4.46e-4, base_runs=2,
-        now_runs=2, history_runs=30, processes_to_decide=None, ab_sides=True)  # fmt: skip
+    split = _unstable_ab(between=0.12, floor=0.12, noise=0.12, critical=3.4, df=40.0,
+                         history_runs=30)  # fmt: skip
     text = unstable_advice(split, ab=True)
     assert "its processes differ more than its blocks do" in text, text
     assert "--specperf-update-baselines --specperf-processes 5" in text
