@@ -245,32 +245,28 @@ class Noise:
             return None
         return max(1, math.ceil(self.now_var * self.rounds / room))
 
-    def with_processes(self, processes: int) -> float:
-        """The noise with ``processes`` current runs of one round each, against a baseline
-        of as many runs (or its own, if it has more), from the same estimates (the
-        sitting part stays: more processes of one sitting cannot lower it)."""
-        base = max(self.base_runs, processes)
-        per_run_now = self.now_var * self.rounds * self.now_runs
-        per_run_base = self.base_var * self.base_runs
-        var = per_run_now / processes + per_run_base / base
-        var += self.between**2 * (1 / processes + 1 / base) + self.sitting**2 * self.sitting_coef
-        return math.sqrt(var)
-
-    def df_with_processes(self, processes: int) -> float:
-        """The degrees of freedom of ``with_processes(processes)``, at least: each process
-        beyond both sides' counts today adds one to the process estimate's. (A/B: both
-        sides' processes feed it, so it gains more. Stored: only the baseline's do; one
+    def _parts_at(self, processes: int) -> list[tuple[float, float]]:
+        """``_parts`` with ``processes`` current runs of one round each, against a baseline
+        of as many runs (or its own, if it has more). The process term's degrees of freedom
+        grow, at least, by one for each process beyond both sides' counts today (A/B: both
+        sides' processes feed it, so it gains more; stored: only the baseline's do, and one
         re-recorded in ``processes`` runs of one sitting has ``processes - 1``, at least
-        today's plus ``processes - base_runs``.)"""
+        today's plus ``processes - base_runs``)."""
         base = max(self.base_runs, processes)
-        extra = max(0, processes - max(self.base_runs, self.now_runs))
         per_run_now = self.now_var * self.rounds * self.now_runs
         w2 = per_run_now / processes + self.base_var * self.base_runs / base
-        return satterthwaite([
-            (w2, self.within_df),
-            (self.between**2 * (1 / processes + 1 / base), self.between_df + extra),
-            (self.sitting**2 * self.sitting_coef, self.sitting_df),
-        ])  # fmt: skip
+        (w, w_df), (tau, tau_df), sitting = self._parts(w2, processes, base)
+        extra = max(0, processes - max(self.base_runs, self.now_runs))
+        return [(w, w_df), (tau, tau_df + extra), sitting]
+
+    def with_processes(self, processes: int) -> float:
+        """The noise with ``processes`` current runs (``_parts_at``), from the same
+        estimates (the sitting part stays: more processes of one sitting cannot lower it)."""
+        return math.sqrt(sum(v for v, _ in self._parts_at(processes)))
+
+    def df_with_processes(self, processes: int) -> float:
+        """The degrees of freedom of ``with_processes(processes)`` (at least)."""
+        return satterthwaite(self._parts_at(processes))
 
     def processes_for(self, band: float, critical: Callable[[float], float]) -> int | None:
         """Processes (current runs; the baseline recorded in as many, if it has fewer) whose

@@ -789,14 +789,13 @@ def _verdict(
     return v, steps
 
 
-def _to_decide(
-    noise: Noise, change: float, tolerance: float, steps: int, alpha: float, higher_is_better: bool
-) -> tuple[int | None, int | None]:
+def _to_decide(noise: Noise, change: float, tolerance: float, steps: int, z: float,
+               alpha: float, higher_is_better: bool) -> tuple[int | None, int | None]:  # fmt: skip
     """Steps per run that would decide (None: more steps cannot), else processes that
-    would, for a relative change at the gate's level ``alpha``. ``steps``: the steps
-    measured per current run. Rounds leave the degrees of freedom as they are; processes
-    add to the process term's, so their critical value is taken at the new count's."""
-    z = critical(alpha, noise.df)
+    would, for a relative change judged on ``z`` at the gate's level ``alpha``. ``steps``:
+    the steps measured per current run. Rounds leave the degrees of freedom as they are
+    (``z`` holds); processes add to the process term's, so their critical value is taken
+    at the new count's."""
     if not noise.paired:  # unpaired: assume all the noise shrinks with steps
         return steps_to_decide(steps, change, noise.total, tolerance, z,
                                higher_is_better=higher_is_better, relative=True), None  # fmt: skip
@@ -877,7 +876,7 @@ def judge_metric(
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio), beyond=beyond)
     steps = procs = None
     if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
-        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, alpha, higher)
+        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z, alpha, higher)
     return MetricVerdict(
         metric, verdict, b, n, change, noise.total, tolerance, spec(metric).unit, steps,
         scatter_ratio=ratio, block_scatter=spread, within=noise.within, between=noise.between,
