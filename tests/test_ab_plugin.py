@@ -141,9 +141,7 @@ def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_refe
     pytester: pytest.Pytester, side_a: ServerClient, side_b: ServerClient
 ) -> None:
     url = side_a.base_url
-    result = _ab(
-        pytester, url, f"--specperf-attach={side_b.base_url}", "--specperf-inject=verify=2"
-    )
+    result = _canary_judged(pytester, url, side_b.base_url)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*verify / rest of step * -> * (+*%, tol 30%*[[]A/B in this run against A: url={url}[]] "
@@ -160,6 +158,25 @@ def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_refe
     assert case["centers"]["now"]["verify"] > 1.25 * case["centers"]["base"]["verify"]
     # each pair's B/A change, one process a side: the same ratio, the same bar
     assert case["ab"]["pairs"]["verify"] and min(case["ab"]["pairs"]["verify"]) > 0.25
+
+
+def _canary_judged(pytester: pytest.Pytester, url: str, b_url: str) -> pytest.RunResult:
+    """The verify=2 canary run, once more if the first was UNSTABLE. A side disturbed by the
+    machine makes even a 2x canary UNSTABLE, as it should (a CI run: side A's blocks
+    scattered 29.6%, 3.2x more than B's, and 3 x 29.6% = 89% (log) of disturbance could
+    explain the +105%): that run must still move verify up, say why, and fail the session as
+    a canary that was not detected; the rerun is the one judged."""
+    for attempt in (1, 2):
+        result = _ab(pytester, url, f"--specperf-attach={b_url}", "--specperf-inject=verify=2")
+        m = _verify(_case(pytester))
+        if m["verdict"] != "UNSTABLE" or attempt == 2:
+            return result
+        assert m["change"] > 0.5 and result.ret != 0, m
+        result.stdout.fnmatch_lines([
+            "UNSTABLE *: verify changed +*, but side * scatter *x more than the other's*",
+            "ERROR: canary not detected: verify=2 was injected*",
+        ])  # fmt: skip
+    raise AssertionError("unreachable")
 
 
 def test_a_reference_side_in_another_environment_is_launched_with_its_interpreter(
