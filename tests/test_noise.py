@@ -15,6 +15,7 @@ from pytest_specperf.judging.noise import (
     PROVISIONAL_PRIOR,
     DevicePrior,
     LevelPrior,
+    Noise,
     RunBlocks,
     anova_between,
     exact_sides,
@@ -31,6 +32,7 @@ from pytest_specperf.judging.verdict import (
     Runs,
     Tolerances,
     Verdict,
+    _to_decide,
     decide,
     judge_metric,
     judge_runs,
@@ -153,6 +155,12 @@ def test_processes_to_decide_take_the_critical_value_at_their_degrees_of_freedom
     assert t(noise.df_with_processes(with_df)) * noise.with_processes(with_df) <= band
     prev = with_df - 1
     assert t(noise.df_with_processes(prev)) * noise.with_processes(prev) > band
+    # never a count --specperf-processes refuses: a band that 20 processes would reach
+    from pytest_specperf.judging.noise import MAX_PROCESSES
+
+    more = MAX_PROCESSES + 4
+    assert noise.processes_for(t(noise.df_with_processes(more)) * noise.with_processes(more),
+                               t) is None  # fmt: skip
     # the verdict's advice is this count, at the gate's level
     weak = DevicePrior(prior(df=0), prior(df=0), "test: a prior worth nothing", False)
     v = judge_metric("verify", [summary_of(r) for r in base], [summary_of(NOW)], 0.05,
@@ -161,6 +169,44 @@ def test_processes_to_decide_take_the_critical_value_at_their_degrees_of_freedom
     band_now = max(math.log1p(0.05), abs(math.log1p(v.change)))
     assert v.processes_to_decide is not None
     assert v.processes_to_decide == noise.processes_for(band_now, t)
+
+
+def _leaning_on_processes(tau: float) -> Noise:
+    """A run of 64 blocks (2 rounds) against one baseline run: a wide block term on 63
+    degrees of freedom, the process term ``tau`` on 4."""
+    now_var, base_var = 4e-4, 1e-5
+    return Noise(total=math.sqrt(now_var + base_var + 2 * tau**2),
+                 within=math.sqrt(now_var + base_var), between=tau, now_var=now_var,
+                 base_var=base_var, blocks=64, rounds=2, base_runs=1, now_runs=1,
+                 within_df=63, between_df=4)  # fmt: skip
+
+
+def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
+    """More rounds shrink the block term, so the total leans on the process term and its
+    few degrees of freedom: today's t promised 7 rounds that, at their own t, leave the
+    case UNSTABLE (a review's example). The count is the first whose own t x noise comes
+    within the band, or none, and then processes are the advice."""
+    alpha, band = 1e-3, math.log(1.05)
+
+    def t(df: float) -> float:
+        return critical(alpha, df)
+
+    def reach(n: Noise, r: int) -> float:
+        return t(n.df_at_rounds(r)) * n.predicted(r)
+
+    noise = _leaning_on_processes(0.007)
+    assert noise.df_at_rounds(2) == pytest.approx(noise.df)
+    today = noise.rounds_for(band / t(noise.df))
+    assert today == 7 and reach(noise, today) > band  # the promise did not decide
+    assert noise.df_at_rounds(today) < noise.df / 2
+    assert noise.rounds_to_decide(band, t) is None  # no number of rounds would
+    steps, procs = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha, False)
+    assert steps is None and procs is not None
+    assert t(noise.df_with_processes(procs)) * noise.with_processes(procs) <= band
+    calmer = _leaning_on_processes(0.005)  # here rounds do decide, at their own t
+    r = calmer.rounds_to_decide(band, t)
+    assert r is not None and reach(calmer, r) <= band < reach(calmer, r - 1)
+    assert _to_decide(calmer, 0.0, 0.05, 16, t(calmer.df), alpha, False) == (r * 8, None)
 
 
 def test_one_run_against_one_is_the_paired_noise_plus_the_priors():

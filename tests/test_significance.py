@@ -403,6 +403,14 @@ def test_an_ab_run_honours_the_files_mark(tmp_path, make_run, reference_fp):
     assert stored_mark(file, reference_fp, TEST, "ctx=4096 kv=contiguous bs=1") is None
     assert stored_mark(file, {**reference_fp, "config": "other"}, TEST, KEY) is None
     assert stored_mark(None, reference_fp, TEST, KEY) is None
+    # a split recorded under another environment says nothing of this run's: the mark holds
+    # only where the recording is comparable with one of the two sides
+    thp = {**reference_fp, "huge_pages": True}
+    assert stored_mark(file, thp, TEST, KEY) is None
+    assert stored_mark(file, thp, TEST, KEY, reference=thp) is None
+    assert stored_mark(file, thp, TEST, KEY, reference=reference_fp) == mark  # A as recorded
+    newer = {**reference_fp, "engine_version": "next"}  # B a new build, A the recorded one
+    assert stored_mark(file, newer, TEST, KEY, reference=reference_fp) == mark
     reference = _record(_case(make_run(seed=5), reference_fp))
     base = reference_baseline(reference, "ab-sitting", reference_fp, mark)
     outcome = judge_case(_case(make_run(seed=9), reference_fp, prior=EXACT, sitting="ab-sitting"),

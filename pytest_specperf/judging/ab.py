@@ -42,6 +42,7 @@ from pytest_specperf.judging.baselines import (
     CaseBaseline,
     NotGated,
     fingerprint_hash,
+    fingerprint_mismatch,
     identity_of,
 )
 from pytest_specperf.judging.judge import HistoryRun
@@ -104,20 +105,28 @@ def reference_baseline(base: CaseBaseline, sitting: str, tested: Mapping[str, An
     )  # fmt: skip
 
 
-def stored_mark(file: BaselineFile | None, tested: Mapping[str, Any], test: str,
-                key: str) -> NotGated | None:  # fmt: skip
+def stored_mark(file: BaselineFile | None, tested: Mapping[str, Any], test: str, key: str,
+                reference: Mapping[str, Any] | None = None) -> NotGated | None:  # fmt: skip
     """The ``not_gated`` mark the device's baseline file holds for a case of the tested
     engine's identity (a case whose processes split beyond any tolerance, found when it
     was recorded in 2 or more processes): an A/B run splits the same way on both sides, so
     it honours the mark, and the team's acceptance in the file, as a stored-baseline run
-    does. None without a file, a recording or a mark."""
+    does. Only a recording comparable with one side (no ``fingerprint_mismatch`` with the
+    ``tested`` fingerprint or the ``reference`` one) speaks for the case: a split measured
+    without huge pages, in another dtype or without CUDA graphs says nothing of this run's.
+    None without a file, a recording, a mark, or a comparable recording."""
     if file is None:
         return None
     try:
         found = file.lookup(identity_of(tested), test, key)
     except ValueError:  # a fingerprint without a backend has no identity
         return None
-    return found.not_gated if isinstance(found, CaseBaseline) else None
+    if not isinstance(found, CaseBaseline) or found.not_gated is None:
+        return None
+    sides = [tested] if reference is None else [tested, reference]
+    if all(fingerprint_mismatch(found.fingerprint, dict(fp)) for fp in sides):
+        return None
+    return found.not_gated
 
 
 def tested_evidence(run: DecodeRun, fingerprint_hash: str,

@@ -58,6 +58,8 @@ from pytest_specperf.judging.stats import satterthwaite, stable
 
 #: Most server processes a measurement spans (``--specperf-processes``).
 MAX_PROCESSES = 16
+#: Rounds per run beyond which no advice is given (``Noise.rounds_to_decide``).
+MAX_ROUNDS = 1_000_000
 #: Fewest paired blocks for a paired noise (two degrees of freedom).
 MIN_PAIRED_BLOCKS = 3
 #: The sitting of runs stored without one (baselines before schema 4): all one sitting.
@@ -245,6 +247,29 @@ class Noise:
             return None
         return max(1, math.ceil(self.now_var * self.rounds / room))
 
+    def df_at_rounds(self, rounds: float) -> float:
+        """The degrees of freedom of ``predicted(rounds)`` (at least: the block term keeps
+        today's, which more blocks only raise). More rounds shrink the block term, so where
+        the process term rests on fewer degrees of freedom the total's fall."""
+        w2 = self.base_var + self.now_var * self.rounds / rounds
+        return satterthwaite(self._parts(w2, self.now_runs, self.base_runs))
+
+    def rounds_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
+        """Rounds per current run whose noise times the critical value at their degrees of
+        freedom (``critical(df)``) comes within ``band`` (log scale); None if no number of
+        rounds can (the floor, at its own degrees of freedom, is too wide), or only more
+        than ``MAX_ROUNDS`` (each step 10% more rounds than the last: "about")."""
+        if not self.paired or band <= 0:
+            return None
+        if critical(self.df_at_rounds(math.inf)) * self.floor > band:
+            return None
+        r = 1
+        while critical(self.df_at_rounds(r)) * self.predicted(r) > band:
+            if r > MAX_ROUNDS:
+                return None
+            r = max(r + 1, math.ceil(r * 1.1))
+        return r
+
     def _parts_at(self, processes: int) -> list[tuple[float, float]]:
         """``_parts`` with ``processes`` current runs of one round each, against a baseline
         of as many runs (or its own, if it has more). The process term's degrees of freedom
@@ -272,11 +297,11 @@ class Noise:
         """Processes (current runs; the baseline recorded in as many, if it has fewer) whose
         noise times the critical value at their degrees of freedom (``critical(df)``)
         comes within ``band`` (log scale): more processes narrow the noise and, where the
-        process term rests on few degrees of freedom, the critical value too. None if up
-        to ``4 * MAX_PROCESSES`` cannot."""
+        process term rests on few degrees of freedom, the critical value too. None if
+        ``MAX_PROCESSES`` (the most ``--specperf-processes`` takes) cannot."""
         if not self.paired or band <= 0:
             return None
-        for p in range(1, 4 * MAX_PROCESSES + 1):
+        for p in range(1, MAX_PROCESSES + 1):
             if critical(self.df_with_processes(p)) * self.with_processes(p) <= band:
                 return p
         return None

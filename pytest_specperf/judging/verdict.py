@@ -793,14 +793,14 @@ def _to_decide(noise: Noise, change: float, tolerance: float, steps: int, z: flo
                alpha: float, higher_is_better: bool) -> tuple[int | None, int | None]:  # fmt: skip
     """Steps per run that would decide (None: more steps cannot), else processes that
     would, for a relative change judged on ``z`` at the gate's level ``alpha``. ``steps``:
-    the steps measured per current run. Rounds leave the degrees of freedom as they are
-    (``z`` holds); processes add to the process term's, so their critical value is taken
-    at the new count's."""
+    the steps measured per current run. Each count's critical value is taken at its own
+    degrees of freedom: more rounds shrink the block term, so the total leans on the
+    process term's (often fewer); more processes add to the process term's."""
     if not noise.paired:  # unpaired: assume all the noise shrinks with steps
         return steps_to_decide(steps, change, noise.total, tolerance, z,
                                higher_is_better=higher_is_better, relative=True), None  # fmt: skip
     band = _band_target(change, tolerance, higher_is_better, True)
-    rounds = noise.rounds_for(band / z)
+    rounds = noise.rounds_to_decide(band, lambda df: critical(alpha, df))
     if rounds is not None:
         return rounds * max(1, steps // noise.rounds), None
     return None, noise.processes_for(band, lambda df: critical(alpha, df))

@@ -301,7 +301,7 @@ def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
     case = case_of(inputs, request, reference.server, run, key, cases, look)
     base = as_baseline(case, at=utc_now())
     mark = stored_mark(inputs.baselines if inputs.foreign is None else None, tested,
-                       request.test, key)  # fmt: skip
+                       request.test, key, base.fingerprint)  # fmt: skip
     return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark)
 
 
