@@ -178,12 +178,21 @@ def fingerprint_hash(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+#: What sets a fingerprint field that a run's environment, not its build, decides: the
+#: mismatch names it beside the usual re-record (``engines.reference.kv.THP_ENV``).
+_FIELD_SOURCE = {
+    "huge_pages": "the reference engine's CPU KV pool asks for huge pages when "
+    "THP_MEM_ALLOC_ENABLE=1 is exported: export or unset it to match the baseline",
+}
+
+
 def fingerprint_mismatch(base: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Human-readable differences in the comparable fingerprint fields."""
     out = []
     for k in FINGERPRINT_KEYS:
         if base.get(k) != now.get(k):
-            out.append(f"{k}: baseline {base.get(k)!r}, now {now.get(k)!r}")
+            source = f" ({_FIELD_SOURCE[k]})" if k in _FIELD_SOURCE else ""
+            out.append(f"{k}: baseline {base.get(k)!r}, now {now.get(k)!r}{source}")
     return out
 
 

@@ -348,9 +348,12 @@ def _ab_processes_advice(m: MetricVerdict) -> str:
     if m.between is not None and m.within is not None and m.between > m.within:
         return text + (
             "; no practical number of processes would: its processes differ more than its "
-            "blocks do; record the baseline in 5 processes (--specperf-update-baselines "
-            "--specperf-processes 5): a split no setting decides is marked not gated in the "
-            "file, and A/B runs honour the mark (docs/statistics.md, section 6)"
+            "blocks do; with the reference engine on a CPU, huge pages took such a split "
+            "away on one box (export THP_MEM_ALLOC_ENABLE=1, docs/ab.md); otherwise record "
+            "the baseline in 5 processes (--specperf-update-baselines --specperf-processes "
+            "5): a split that no setting decides is marked not gated in the file when the "
+            "recording finds it, and A/B runs of a comparable setup honour the mark "
+            "(docs/statistics.md, section 6)"
         )
     return text + "; no practical number of processes would: run on a quieter machine"
 

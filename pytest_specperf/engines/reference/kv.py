@@ -36,8 +36,9 @@ def huge_pages_requested(environ: Mapping[str, str] = os.environ) -> bool | None
     None. A fingerprint field, present only when True: a fragmented gather's page walks
     cost differently with huge pages (docs/calibration.md, "Huge pages take the fragmented
     cases' process split away"), so a baseline recorded with them is not compared with a
-    run without; without them the fingerprint and its hash are what they were."""
-    return True if environ.get(THP_ENV, "").strip() == "1" else None
+    run without; without them the fingerprint and its hash are what they were. Exactly
+    ``1``, as PyTorch reads it (it ignores ``" 1"`` with a warning)."""
+    return True if environ.get(THP_ENV) == "1" else None
 
 
 class AllocatorError(RuntimeError):
