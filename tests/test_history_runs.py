@@ -135,12 +135,7 @@ def test_newer_nights_of_one_mode_leave_the_others_and_a_mixed_report_is_split(
     read nor named (one judged SLOWER), while the scan goes on to the newer A/B night."""
 
     def night(name, day, ab, key=KEY, verdict="SAME"):
-        _report(tmp_path / name, [make_run(seed=day)], fp=reference_fp, key=key,
-                verdict=verdict, created=f"2026-11-{day:02d}T00:00:00+00:00")  # fmt: skip
-        if ab:
-            data = json.loads((tmp_path / name).read_text())
-            data["cases"][0]["ab"] = {"reference": "python=/opt/release/bin/python"}
-            (tmp_path / name).write_text(json.dumps(data))
+        _night(tmp_path / name, make_run(seed=day), reference_fp, day, ab, key, verdict)
 
     night("ab1.json", 1, True)
     night("ab2.json", 2, True)
@@ -148,19 +143,50 @@ def test_newer_nights_of_one_mode_leave_the_others_and_a_mixed_report_is_split(
     night("stored4.json", 4, False)
     night("stored5.json", 5, False)
     night("mixed.json", 6, False)
-    data = json.loads((tmp_path / "mixed.json").read_text())
-    other = {**data["cases"][0], "key": "ctx=4096 kv=contiguous bs=1",
-             "ab": {"reference": "python=/opt/release/bin/python"}}  # fmt: skip
-    data["cases"].append(other)
-    (tmp_path / "mixed.json").write_text(json.dumps(data))
+    _add_ab_case(tmp_path / "mixed.json", "ctx=4096 kv=contiguous bs=1")
     history = load_history(tmp_path, limit=2)
-    assert (history.reports, history.ab_reports) == (3, 2)
+    assert (history.reports, history.ab_reports, history.stored_reports) == (3, 2, 2)
     runs = history.of(TEST, KEY)
     assert [(r.source.split(" ")[0], r.ab) for r in runs] == [
         ("ab2.json", True), ("stored5.json", False), ("mixed.json", False)]  # fmt: skip
     assert [r.ab for r in history.of(TEST, "ctx=4096 kv=contiguous bs=1")] == [True]
     assert history.skipped == ()
-    assert "from 3 report(s) (2 of A/B runs)" in history.describe("nightly")
+    assert "from 3 report(s) (2 with A/B runs, 2 with stored-baseline runs)" in (
+        history.describe("nightly"))
+
+
+def test_a_mixed_report_beyond_a_full_mode_names_none_of_that_modes_cases(
+    tmp_path, make_run, reference_fp
+):
+    """With the stored mode full, an older report holding both modes gives its A/B case and
+    says nothing of its stored case, not even that it was judged SLOWER."""
+    _night(tmp_path / "stored2.json", make_run(seed=2), reference_fp, 2, False)
+    _night(tmp_path / "mixed1.json", make_run(seed=1), reference_fp, 1, False, verdict="SLOWER")
+    _add_ab_case(tmp_path / "mixed1.json", "ctx=4096 kv=contiguous bs=1")
+    history = load_history(tmp_path, limit=1)
+    assert history.skipped == ()
+    assert [r.ab for r in history.of(TEST, "ctx=4096 kv=contiguous bs=1")] == [True]
+    assert [r.ab for r in history.of(TEST, KEY)] == [False]  # stored2's
+    assert (history.reports, history.ab_reports, history.stored_reports) == (2, 1, 1)
+
+
+def _night(path, run, fp, day, ab, key=KEY, verdict="SAME"):
+    """One night's report of one case, dated ``day`` of 2026-11, an A/B run's if ``ab``."""
+    _report(path, [run], fp=fp, key=key, verdict=verdict,
+            created=f"2026-11-{day:02d}T00:00:00+00:00")  # fmt: skip
+    if ab:
+        data = json.loads(path.read_text())
+        data["cases"][0]["ab"] = {"reference": "python=/opt/release/bin/python"}
+        path.write_text(json.dumps(data))
+
+
+def _add_ab_case(path, key):
+    """``path``'s report with an A/B case of ``key`` besides its own (a mixed report)."""
+    data = json.loads(path.read_text())
+    other = {**data["cases"][0], "key": key, "verdict": "SAME",
+             "ab": {"reference": "python=/opt/release/bin/python"}}  # fmt: skip
+    data["cases"].append(other)
+    path.write_text(json.dumps(data))
 
 
 def test_the_judge_uses_history_runs_of_the_baselines_engine_only(

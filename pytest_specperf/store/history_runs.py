@@ -51,8 +51,10 @@ class History:
     runs: Mapping[CaseId, tuple[HistoryRun, ...]]
     reports: int
     skipped: tuple[str, ...]
-    #: of ``reports``, those of A/B runs (the others: stored-baseline runs)
+    #: of ``reports``, those read for A/B runs and those read for stored-baseline runs (a
+    #: report that holds both modes counts in each)
     ab_reports: int = 0
+    stored_reports: int = 0
 
     def of(self, test: str, key: str) -> tuple[HistoryRun, ...]:
         return self.runs.get((test, key), ())
@@ -61,7 +63,10 @@ class History:
         n = sum(len(v) for v in self.runs.values())
         text = f"history: {n} run(s) of {len(self.runs)} case(s) from {self.reports} report(s)"
         if self.ab_reports:
-            text += f" ({self.ab_reports} of A/B runs)"
+            text += (
+                f" ({self.ab_reports} with A/B runs, {self.stored_reports} with "
+                "stored-baseline runs)"
+            )
         text += f" in {where}, for the noise between processes"
         return text + (f"; skipped: {'; '.join(self.skipped)[:300]}" if self.skipped else "")
 
@@ -147,11 +152,7 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
         open_modes = {m for m, n in per_mode.items() if n < limit}
         if not open_modes & {isinstance(c.data.get("ab"), Mapping) for c in report.cases}:
             continue  # beyond its mode's newest: not read, not named
-        found_here = [
-            (c, [r for r in found if r.ab in open_modes])
-            for c, found in _report_runs(report, skipped)
-        ]
-        found_here = [(c, f) for c, f in found_here if f]
+        found_here = _report_runs(report, skipped, open_modes)
         if not found_here:
             continue
         for m in {r.ab for _, f in found_here for r in f}:
@@ -162,13 +163,19 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
         for case_id, found in found_here:
             runs.setdefault(case_id, []).extend(found)
     frozen = {k: tuple(v) for k, v in runs.items()}
-    return History(MappingProxyType(frozen), len(kept), tuple(skipped), per_mode[True])
+    return History(MappingProxyType(frozen), len(kept), tuple(skipped), per_mode[True],
+                   per_mode[False])  # fmt: skip
 
 
-def _report_runs(report: Report, skipped: list[str]) -> list[tuple[CaseId, list[HistoryRun]]]:
-    """The usable runs of each case of one report; what is left out, named in ``skipped``."""
+def _report_runs(report: Report, skipped: list[str],
+                 modes: set[bool]) -> list[tuple[CaseId, list[HistoryRun]]]:  # fmt: skip
+    """The usable runs of each case of one report of a mode in ``modes`` (``HistoryRun.ab``:
+    the modes that still take reports); what is left out of those, named in ``skipped``
+    (a case of a full mode is neither read nor named)."""
     found_here = []
     for case in report.cases:
+        if isinstance(case.data.get("ab"), Mapping) not in modes:
+            continue
         where = f"{report.path.name} [{case.key}]"
         if case.verdict in _LEFT_OUT:
             skipped.append(f"{where}: judged {case.verdict.value}, not noise")
