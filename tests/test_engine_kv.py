@@ -119,3 +119,21 @@ def test_huge_pages_enter_the_fingerprint_only_when_asked_for():
     assert fingerprint_mismatch(before, dict(before)) == []
     [line] = fingerprint_mismatch(before, {**before, "huge_pages": True})
     assert line.startswith("huge_pages: baseline None, now True (") and THP_ENV in line
+
+
+def test_a_cpu_engines_fingerprint_carries_huge_pages_only_when_asked_for(
+    tiny_engine_factory, monkeypatch
+):
+    from pytest_specperf.engines.reference.kv import THP_ENV
+    from pytest_specperf.judging.baselines import fingerprint_hash
+
+    eng = tiny_engine_factory("DFLASH", 8)
+    monkeypatch.delenv(THP_ENV, raising=False)
+    plain = eng.fingerprint()
+    assert "huge_pages" not in plain
+    monkeypatch.setenv(THP_ENV, "1")
+    asked = eng.fingerprint()
+    assert asked == {**plain, "huge_pages": True}
+    assert fingerprint_hash(asked) != fingerprint_hash(plain)
+    monkeypatch.setattr(eng, "device", type(eng.device)("meta"))  # not a CPU pool: no field
+    assert "huge_pages" not in eng.fingerprint()

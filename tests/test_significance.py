@@ -430,6 +430,13 @@ def test_a_bad_not_gated_mark_is_invalid_naming_the_field(tmp_path, make_run, re
     path.write_text(path.read_text().replace("accepted: false", "accepted: maybe"))
     [problem] = load_baselines(path).problems()
     assert "not_gated.accepted: expected true or false" in problem.message
+    # an A/B run takes no mark from an entry that fails validation (the stored run's
+    # INVALID says why), nor for a fingerprint without a backend
+    from pytest_specperf.judging.ab import stored_mark
+
+    assert stored_mark(load_baselines(path), reference_fp, TEST, KEY) is None
+    no_backend = {k: v for k, v in reference_fp.items() if k != "backend"}
+    assert stored_mark(load_baselines(path), no_backend, TEST, KEY) is None
 
 
 def test_updates_on_later_days_add_sittings_and_keep_the_last_k(tmp_path, make_run, reference_fp):
