@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e import SHORT_RUN
 from rawhttp import launch_reference
 
 from pytest_specperf.engines.reference.backend import ReferenceBackend
+from pytest_specperf.engines.reference.kv import THP_ENV
 from pytest_specperf.server.client import ServerClient
 from pytest_specperf.server.protocol import BackendSettings
 
@@ -177,6 +179,43 @@ def _canary_judged(pytester: pytest.Pytester, url: str, b_url: str) -> pytest.Ru
             "ERROR: canary not detected: verify=2 was injected*",
         ])  # fmt: skip
     raise AssertionError("unreachable")
+
+
+def test_an_ab_run_honours_the_files_mark_only_from_a_comparable_recording(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device's baseline file marks the case's verify not gated (by hand here, as a
+    recording in several processes marks a split): an A/B run whose sides match the
+    recording leaves the gate out and says so once; the same A/B run with huge pages on
+    both sides judges it (a split recorded without them says nothing of a run with them).
+    (The case's step count differs between a recording and an A/B run: not asserted.)"""
+    pytester.makepyfile(test_case=CASE.replace("    assert run.steps == 16 and run.rounds == 2\n", ""))
+    pytester.runpytest_subprocess(*SHORT_RUN, *SIDE_B, "--specperf-update-baselines",
+                                  timeout=240).assert_outcomes(passed=1)  # fmt: skip
+    path = pytester.path / "baselines" / "test-box.yaml"
+    data = yaml.safe_load(path.read_text())
+    [engine] = data["engines"].values()
+    [entry] = [e for cases in engine["cases"].values() for e in cases.values()]
+    entry["not_gated"] = {"accepted": False, "gates": {"verify": 0.12},
+                          "reason": "processes split (written by the test)"}  # fmt: skip
+    path.write_text(yaml.safe_dump(data))
+    ab = ("--specperf-ab=args=--threads=1 --device=cpu", *SIDE_B, WIDE, "--specperf-json=r.json")
+
+    def judged() -> tuple[dict, list[str]]:
+        report = json.loads((pytester.path / "r.json").read_text())
+        assert report["comparison"]["mode"] == "ab"
+        [case] = report["cases"]
+        return case, [m["metric"] for m in case["metrics"]]
+
+    pytester.runpytest_subprocess(*SHORT_RUN, *ab, timeout=240).assert_outcomes(passed=1)
+    case, gates = judged()
+    assert "verify" not in gates and "accept_len" in gates
+    assert any(r.startswith("not gated: verify") for r in case["reasons"]), case["reasons"]
+    monkeypatch.setenv(THP_ENV, "1")
+    pytester.runpytest_subprocess(*SHORT_RUN, *ab, timeout=240)
+    case, gates = judged()
+    assert case["fingerprint"]["huge_pages"] is True
+    assert "verify" in gates and not any(r.startswith("not gated") for r in case["reasons"])
 
 
 def test_a_reference_side_in_another_environment_is_launched_with_its_interpreter(
