@@ -189,7 +189,9 @@ def test_an_ab_run_honours_the_files_mark_only_from_a_comparable_recording(
     recording leaves the gate out and says so once; the same A/B run with huge pages on
     both sides judges it (a split recorded without them says nothing of a run with them).
     (The case's step count differs between a recording and an A/B run: not asserted.)"""
-    pytester.makepyfile(test_case=CASE.replace("    assert run.steps == 16 and run.rounds == 2\n", ""))
+    pytester.makepyfile(
+        test_case=CASE.replace("    assert run.steps == 16 and run.rounds == 2\n", "")
+    )
     pytester.runpytest_subprocess(*SHORT_RUN, *SIDE_B, "--specperf-update-baselines",
                                   timeout=240).assert_outcomes(passed=1)  # fmt: skip
     path = pytester.path / "baselines" / "test-box.yaml"

@@ -152,7 +152,8 @@ def test_newer_nights_of_one_mode_leave_the_others_and_a_mixed_report_is_split(
     assert [r.ab for r in history.of(TEST, "ctx=4096 kv=contiguous bs=1")] == [True]
     assert history.skipped == ()
     assert "from 3 report(s) (2 with A/B runs, 2 with stored-baseline runs)" in (
-        history.describe("nightly"))
+        history.describe("nightly")
+    )
 
 
 def test_a_mixed_report_beyond_a_full_mode_names_none_of_that_modes_cases(
