@@ -150,10 +150,8 @@ def load_history(directory: Path, *, limit: int = HISTORY_REPORTS) -> History:
         if min(per_mode.values()) >= limit:
             break
         open_modes = {m for m, n in per_mode.items() if n < limit}
-        if not open_modes & {isinstance(c.data.get("ab"), Mapping) for c in report.cases}:
-            continue  # beyond its mode's newest: not read, not named
         found_here = _report_runs(report, skipped, open_modes)
-        if not found_here:
+        if not found_here:  # beyond its mode's newest (not read, not named), or unusable
             continue
         for m in {r.ab for _, f in found_here for r in f}:
             per_mode[m] += 1
