@@ -129,7 +129,7 @@ def test_worked_example_runs_that_disagree_need_processes():
     assert noise.between**2 * 1e4 == pytest.approx(6.748, abs=1e-3)
     change = math.exp(0.06) - 1
     assert decide(change, noise.total, 0.05) is Verdict.UNSTABLE  # 3 x 3.0% > 5%
-    assert noise.rounds_for(change / 3) is None  # more steps cannot decide it
+    assert noise.rounds_to_decide(change, lambda df: 3.0) is None  # more steps cannot
     assert noise.processes_for(change, lambda df: 3.0) == 4  # 3 x noise(4) <= the change
 
 
@@ -196,7 +196,7 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
 
     noise = _leaning_on_processes(0.007)
     assert noise.df_at_rounds(2) == pytest.approx(noise.df)
-    today = noise.rounds_for(band / t(noise.df))
+    today = noise.rounds_to_decide(band, lambda df: t(noise.df))  # today's t throughout
     assert today == 7 and reach(noise, today) > band  # the promise did not decide
     assert noise.df_at_rounds(today) < noise.df / 2
     assert noise.rounds_to_decide(band, t) is None  # no number of rounds would
@@ -324,10 +324,10 @@ def test_more_rounds_lower_only_the_current_runs_part():
     assert n3.total < n1.total
     assert n1.predicted(1) == pytest.approx(n1.total)
     assert n1.floor < n1.predicted(3) < n1.total
-    target = (n1.floor + n1.total) / 2
-    rounds = n1.rounds_for(target)
-    assert rounds is not None and n1.predicted(rounds) <= target < n1.predicted(rounds - 1)
-    assert n1.rounds_for(n1.floor * 0.99) is None
+    for target in ((n1.floor + n1.total) / 2, n1.floor * 1.0001):  # a few rounds; thousands
+        rounds = n1.rounds_to_decide(target, lambda df: 1.0)
+        assert rounds is not None and n1.predicted(rounds) <= target < n1.predicted(rounds - 1)
+    assert n1.rounds_to_decide(n1.floor * 0.99, lambda df: 1.0) is None
 
 
 def test_blocks_that_do_not_pair_fall_back_to_unpaired_errors():
@@ -338,7 +338,8 @@ def test_blocks_that_do_not_pair_fall_back_to_unpaired_errors():
     )  # fmt: skip
     assert not noise.paired
     assert noise.within == pytest.approx(math.hypot(a.rel_se(), b.rel_se()))
-    assert noise.floor == noise.total and noise.rounds_for(noise.total / 2) is None
+    assert noise.floor == noise.total
+    assert noise.rounds_to_decide(noise.total / 2, lambda df: 1.0) is None
 
 
 def test_history_runs_inform_the_process_noise_only():

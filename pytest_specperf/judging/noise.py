@@ -240,13 +240,6 @@ class Noise:
             return self.total
         return math.sqrt(self.floor**2 + self.now_var * self.rounds / rounds)
 
-    def rounds_for(self, target: float) -> int | None:
-        """Rounds per current run that bring the noise to ``target``; None if none can."""
-        room = target**2 - self.floor**2
-        if not self.paired or room <= 0:
-            return None
-        return max(1, math.ceil(self.now_var * self.rounds / room))
-
     def df_at_rounds(self, rounds: float) -> float:
         """The degrees of freedom of ``predicted(rounds)`` (at least: the block term keeps
         today's, which more blocks only raise). More rounds shrink the block term, so where
@@ -255,20 +248,28 @@ class Noise:
         return satterthwaite(self._parts(w2, self.now_runs, self.base_runs))
 
     def rounds_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
-        """Rounds per current run whose noise times the critical value at their degrees of
-        freedom (``critical(df)``) comes within ``band`` (log scale); None if no number of
-        rounds can (the floor, at its own degrees of freedom, is too wide), or only more
-        than ``MAX_ROUNDS`` (each step 10% more rounds than the last: "about")."""
+        """The fewest rounds per current run whose noise times the critical value at their
+        degrees of freedom (``critical(df)``) comes within ``band`` (log scale); None if no
+        number of rounds can (the floor, at its own degrees of freedom, is too wide), or only
+        more than ``MAX_ROUNDS``. Steps of 10% find a count that decides, then a bisection
+        the first one after the last step that did not."""
         if not self.paired or band <= 0:
             return None
-        if critical(self.df_at_rounds(math.inf)) * self.floor > band:
+
+        def reach(rounds: float) -> float:
+            return critical(self.df_at_rounds(rounds)) * self.predicted(rounds)
+
+        if reach(math.inf) > band:
             return None
-        r = 1
-        while critical(self.df_at_rounds(r)) * self.predicted(r) > band:
-            if r > MAX_ROUNDS:
+        lo, hi = 0, 1  # reach(lo) > band (or lo = 0), reach(hi) <= band once found
+        while reach(hi) > band:
+            if hi > MAX_ROUNDS:
                 return None
-            r = max(r + 1, math.ceil(r * 1.1))
-        return r
+            lo, hi = hi, max(hi + 1, math.ceil(hi * 1.1))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if reach(mid) > band else (lo, mid)
+        return hi
 
     def _parts_at(self, processes: int) -> list[tuple[float, float]]:
         """``_parts`` with ``processes`` current runs of one round each, against a baseline
