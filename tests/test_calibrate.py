@@ -509,8 +509,46 @@ def test_ab_levels_project_the_measured_process_spread_to_more_processes_a_side(
     assert "1.41% (8)" in text and "5.5%, +9.7%" in text and "228 s" in text
     wide = dict(row, processes={**row["processes"], "2": {**two, "decided": False}})
     assert "5.5% U, +9.7%" in "\n".join(_ab_levels_table({"ab_levels": [wide]}))
+    assert row["run_band"] == pytest.approx({"median": 3.7 * 0.015, "widest": 3.7 * 0.015})
+    assert "5.5%, 5.5%" in text  # the bands the runs judged with, median and widest
     assert ab_levels([run(i, ab=False) for i in range(4)]) == []
     assert _ab_levels_table({"ab_levels": []}) == []
+
+
+def test_a_tolerance_is_read_from_each_runs_widest_band_not_a_cases_typical_one():
+    """A run has an UNSTABLE case when any one of its gates' bands passes the tolerance, and
+    the widest gate moves from case to case with each run's block noise: 20 A/A runs whose
+    cases are each wide in one run in four have a typical band per case of 3.7 x 1% = 3.7%,
+    yet every run's widest is 3.7 x 2% = 7.4% (the tolerance that leaves 18 in 20 decided:
+    e^0.074 - 1 = 7.7%). Gates of a stored-mode run (not between the sides) do not count."""
+    from pytest_specperf.cli.calibrate import _ab_levels_table
+    from pytest_specperf.judging.calibration import ab_levels, ab_widest_bands
+
+    def run(i, ab=True):
+        cases = []
+        for k in range(4):
+            wide = 0.02 if (i + k) % 4 == 0 else 0.01
+            c = _case(f"ctx={k}", "SAME", [("verify", "SAME", 0.0, wide), ("draft", "SAME", 0.0, 0.01),
+                                           ("step", "SAME", 0.0, 0.05 if i == 19 else 0.03)])
+            for m in c["metrics"]:
+                m.update(ab_sides=ab, within=0.005, between=0.005, base_runs=2, now_runs=2,
+                         critical=3.7, tolerance=0.25 if m["metric"] == "step" else 0.07,
+                         df=25.0, between_hat2=0.0001)  # fmt: skip
+            cases.append(c)
+        return _run_outcome({"cases": cases}, None)
+
+    runs = [run(i) for i in range(20)]
+    widest = ab_widest_bands(runs)
+    assert widest["phase"] == pytest.approx({"runs": 20, "median": 0.074, "share": 0.9,
+                                             "within_share": 0.074, "widest": 0.074})  # fmt: skip
+    assert widest["step"]["median"] == pytest.approx(3.7 * 0.03)
+    assert widest["step"]["within_share"] == pytest.approx(3.7 * 0.03)  # 18th of 20 by rank
+    assert widest["step"]["widest"] == pytest.approx(3.7 * 0.05)  # run 19 alone
+    verify = [r for r in ab_levels(runs) if r["metric"] == "verify"]
+    assert [r["run_band"]["median"] for r in verify] == pytest.approx([0.037] * 4)
+    text = "\n".join(_ab_levels_table({"ab_levels": verify, "ab_widest_bands": widest}))
+    assert "verify/rest or draft/rest: median 7.4%, 18 of 20 runs within 7.4% (a tolerance of 7.7%)" in text
+    assert ab_widest_bands([run(i, ab=False) for i in range(20)]) == {}
 
 
 def test_case_spread_df_says_what_one_device_value_is_worth_for_one_case():

@@ -76,9 +76,11 @@ from pytest_specperf.cli.options import (
 from pytest_specperf.judging.calibration import (
     AB_PROCESSES,
     FIT_RANGE,
+    WIDEST_FORMS,
     Condition,
     RunOutcome,
     ab_levels,
+    ab_widest_bands,
     at_run_share,
     detects,
     judge_run,
@@ -656,6 +658,7 @@ def _noise_checks(conds: Sequence[Condition]) -> dict[str, Any]:
         "noise_fit": noise_fit(_quiet_runs(conds), "all"),
         "ab_levels": levels,
         "ab_case_spread_df": _case_spread(levels),
+        "ab_widest_bands": ab_widest_bands(_quiet_runs(conds)),
     }
 
 
@@ -1048,11 +1051,15 @@ def _ab_levels_table(summary: dict[str, Any]) -> list[str]:
         a = r["processes"][str(p)]
         return f"{a['band']:.1%}{'' if a['decided'] else ' U'}, {a['smallest_caught']:+.1%}"
 
+    def own(r: dict[str, Any]) -> str:
+        b = r.get("run_band")  # absent from summaries written before it was kept
+        return f"{b['median']:.1%}, {b['widest']:.1%}" if b else "-"
+
     cells = [
         [r["case"].rsplit("::", 1)[-1], OFFSET_FORMS.get(r["metric"], r["metric"]),
          str(r["runs"]), f"{r['within']:.2%}",
          f"{r['between_hat']:.2%} ({r['between_df']})", f"{r['between_judged']:.2%}",
-         *(at(r, p) for p in AB_PROCESSES)]
+         own(r), *(at(r, p) for p in AB_PROCESSES)]
         for r in rows
     ]  # fmt: skip
     cost = (
@@ -1065,16 +1072,39 @@ def _ab_levels_table(summary: dict[str, Any]) -> list[str]:
         "",
         "A/B's levels per case, from the quiet A/A runs: paired block noise w, the "
         "between-process sd the runs measured within each side (df) and the one judged "
-        "with; at P processes a side, were the measured one right: the band (the least "
-        "tolerance that decides the case; U: over the runs' tolerance) and the smallest "
-        f"change caught 19 times in 20 at the runs' tolerance{cost}",
+        "with; the bands (t x noise, log) the runs judged it with, median and widest; at P "
+        "processes a side, were the measured one right: the typical band (the least "
+        "tolerance that decides the case in a typical run; U: over the runs' tolerance) and "
+        f"the smallest change caught 19 times in 20 at the runs' tolerance{cost}",
         *render_table(
             ["case", "form", "A/A runs", "w", "tau measured (df)", "tau judged",
-             *(f"{p} a side: band, caught" for p in AB_PROCESSES)],
+             "runs' bands", *(f"{p} a side: band, caught" for p in AB_PROCESSES)],
             cells,
         ),
         *_spread_lines(summary.get("ab_case_spread_df") or {}),
+        *_widest_lines(summary.get("ab_widest_bands") or {}),
     ]  # fmt: skip
+
+
+def _widest_lines(widest: dict[str, dict[str, Any]]) -> list[str]:
+    """Why a case's typical band does not choose a tolerance: a run's widest one."""
+    said = [
+        f"{' or '.join(OFFSET_FORMS.get(f, f) for f in WIDEST_FORMS[kind])}: median "
+        f"{w['median']:.1%}, {math.ceil(w['share'] * w['runs'])} of {w['runs']} runs within "
+        f"{w['within_share']:.1%} (a tolerance of {math.expm1(w['within_share']):.1%}), "
+        f"widest {w['widest']:.1%}"
+        for kind, w in widest.items()
+        if kind in WIDEST_FORMS
+    ]
+    if not said:
+        return []
+    return [
+        "a run has an UNSTABLE case when any one of its gates' bands reaches past the "
+        "tolerance, and its widest gate follows that run's block noise, so choose a "
+        "tolerance from each A/A run's widest band (t x noise, log) over its cases, not "
+        f"from a case's typical band above: {'; '.join(said)} (the pairs table below counts "
+        "the UNSTABLE runs at each tolerance)"
+    ]
 
 
 def _spread_lines(spread: dict[str, float | None]) -> list[str]:

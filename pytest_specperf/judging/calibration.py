@@ -437,6 +437,7 @@ def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
         crit = statistics.median(m.critical for m in ms)
         tol = ms[0].tolerance
         limit = band_limit(tol, relative=True)
+        own = [m.critical * m.noise for m in ms if math.isfinite(m.noise)]
         at = {}
         for p in AB_PROCESSES:
             noise = math.sqrt((w * w + hat2 * inv) * (2 / p) / inv)
@@ -450,5 +451,37 @@ def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
             "between_df": sum(m.base_runs - 1 + m.now_runs - 1 for m in ms),
             "between_judged": statistics.median(m.between or 0.0 for m in ms),
             "critical": crit, "tolerance": tol, "processes": at,
+            "run_band": {"median": statistics.median(own), "widest": max(own)} if own else None,
         })  # fmt: skip
     return rows
+
+
+#: The share of quiet runs a tolerance should leave with no UNSTABLE case (the A/B row's
+#: target: at most 2 in 20), read by ``ab_widest_bands``.
+DECIDED_SHARE = 0.9
+#: The gated forms of each tolerance kind whose widest band ``ab_widest_bands`` reads.
+WIDEST_FORMS = {"phase": (VERIFY, DRAFT), "step": (STEP,)}
+
+
+def ab_widest_bands(runs: Sequence[RunOutcome]) -> dict[str, dict[str, Any]]:
+    """Per tolerance kind (``WIDEST_FORMS``), each of A/B's quiet A/A runs' widest band
+    ``t x noise`` (log scale) over its cases' gates of that kind. A run has an UNSTABLE case
+    when any one of its gates' bands reaches past the tolerance, so the tolerance that
+    leaves ``DECIDED_SHARE`` of the runs decided must exceed that share's widest band (by
+    nearest rank), not a case's typical band (``ab_levels``' ``run_band`` and projections):
+    the widest gate changes from run to run with that run's block noise."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, forms in WIDEST_FORMS.items():
+        widest = sorted(
+            max(bands)
+            for run in runs
+            if (bands := [m.critical * m.noise for case in run.judged for m in case
+                          if m.metric in forms and m.ab_sides and math.isfinite(m.noise)])
+        )  # fmt: skip
+        if widest:
+            within = widest[math.ceil(DECIDED_SHARE * len(widest)) - 1]
+            out[kind] = {
+                "runs": len(widest), "median": statistics.median(widest), "share": DECIDED_SHARE,
+                "within_share": within, "widest": widest[-1],
+            }  # fmt: skip
+    return out
