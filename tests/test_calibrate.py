@@ -149,6 +149,8 @@ def test_table_is_readable():
     (["calibrate", "--inject", "verify=0.5"], "factor 0.5 must be in"),
     (["calibrate", "--inject", "verify=1.1,draft=1.1"], "give one PHASE=FACTOR (or all=FACTOR) per --inject"),
     (["calibrate", "--host-stall-share", "-0.1"], "--host-stall-share -0.1: must be in [0, 5)"),
+    (["calibrate", "--inject", "none", "--inject", "verify=1.05"],
+     "--inject none leaves every injection out, but 'verify=1.05' was given too"),
 ])
 def test_cli_errors(capsys, argv, message):
     assert cli.main(argv) == 2
@@ -202,6 +204,20 @@ def _args(tmp_path, resume=True, **kw):
               attach=None)
     ns.update(kw)
     return CalibrateOptions.from_args(argparse.Namespace(**ns))
+
+
+def test_inject_none_calibrates_the_quiet_runs_alone(tmp_path):
+    """``--inject none``: A/A only (with the host stall and the hog if asked); no --inject at
+    all: the default factors."""
+    from pytest_specperf.cli.calibrate import DEFAULT_FACTORS, Calibration
+
+    quiet = _args(tmp_path, inject=["none"], host_stall_share=0.0)
+    assert quiet.injects == ()
+    assert [c.name for c in Calibration(quiet).conditions(9.0)] == ["A/A"]
+    hog = _args(tmp_path, inject=["none"], host_stall_share=0.2, hog=True)
+    assert [c.name for c in Calibration(hog).conditions(9.0)] == [
+        "A/A", "host_stall=9ms", "A/A + CPU hog"]  # fmt: skip
+    assert _args(tmp_path, inject=None).injects == DEFAULT_FACTORS
 
 
 def test_history_gives_every_repetition_the_earlier_repetitions_reports(tmp_path, monkeypatch):

@@ -128,6 +128,8 @@ from pytest_specperf.store.report import (
 
 DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
+#: ``--inject none``: no injected condition (the quiet runs' false alarms and levels only).
+NO_INJECT = "none"
 #: Attempts at recording a quiet baseline before calibrating against a noisy one.
 RECORD_ATTEMPTS = 3
 
@@ -229,7 +231,16 @@ class CalibrateOptions:
                 f"--host-stall-share {args.host_stall_share:g}: must be in [0, 5) "
                 "(0 leaves the host-stall condition out)"
             )
-        for f in args.inject or ():
+        injects = tuple(args.inject or DEFAULT_FACTORS)
+        if NO_INJECT in injects:
+            if len(injects) > 1:
+                raise ValueError(
+                    f"--inject {NO_INJECT} leaves every injection out, but "
+                    f"{', '.join(repr(f) for f in injects if f != NO_INJECT)} was given too: "
+                    "drop one or the other"
+                )
+            injects = ()
+        for f in injects:
             try:
                 inj = parse_inject(f)
             except ValueError as e:
@@ -255,7 +266,7 @@ class CalibrateOptions:
             processes=processes,
             max_time=max_time,
             repetitions=args.repetitions,
-            injects=tuple(args.inject or DEFAULT_FACTORS),
+            injects=injects,
             host_stall_share=args.host_stall_share,
             hog=bool(args.hog),
             tolerances=_tolerances(args.tolerance),
@@ -1217,7 +1228,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         metavar="PHASE=FACTOR",
         help="slowdown to test: PHASE=FACTOR, or all=FACTOR for every phase alike "
-        f"(repeatable; default: {', '.join(DEFAULT_FACTORS)})",
+        f"(repeatable; default: {', '.join(DEFAULT_FACTORS)}; {NO_INJECT}: the quiet A/A "
+        "runs only, for false alarms and the noise's levels)",
     )
     c.add_argument(
         "--host-stall-share",
