@@ -140,6 +140,15 @@ def test_table_is_readable():
     assert "A/A        1     0/1 false alarms" in text
     assert "smallest tolerance with at most 1 false alarm per 20 A/A runs: 5%" in text
     assert "wall time: 1h 2m 5s" in text
+    assert "smallest injected factor" not in text  # nothing was injected (--inject none)
+    summary["comparison"] = {"mode": "ab", "reference": "python=/v/bin/python"}
+    assert "side python=/v/bin/python\n" in "\n".join(format_table(summary)) + "\n"
+    from pytest_specperf.cli.calibrate import _slowed
+
+    assert not _slowed(summary)
+    summary["conditions"].append({**summary["conditions"][0], "condition": "verify=1.05",
+                                  "inject": "verify=1.05", "expect": "verify"})  # fmt: skip
+    assert _slowed(summary)  # then both lines are printed, as before --inject none
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -218,6 +227,24 @@ def test_inject_none_calibrates_the_quiet_runs_alone(tmp_path):
     assert [c.name for c in Calibration(hog).conditions(9.0)] == [
         "A/A", "host_stall=9ms", "A/A + CPU hog"]  # fmt: skip
     assert _args(tmp_path, inject=None).injects == DEFAULT_FACTORS
+    assert _args(tmp_path, inject=["none", "none"]).injects == ()
+
+
+def test_a_resume_without_inject_keeps_the_work_dirs_injections(tmp_path):
+    """``--resume`` with no ``--inject`` reads the plan's injections (``conditions.json``)
+    rather than adding the default factors; a new work dir gets the defaults."""
+    import json
+
+    from pytest_specperf.cli.calibrate import DEFAULT_FACTORS
+
+    assert _args(tmp_path, inject=None).injects == DEFAULT_FACTORS  # no plan yet
+    plan = tmp_path / "conditions.json"
+    plan.write_text(json.dumps(["A/A", "verify=1.05", "host_stall=9ms", "A/A + CPU hog"]))
+    assert _args(tmp_path, inject=None).injects == ("verify=1.05",)
+    assert _args(tmp_path, inject=None, resume=False).injects == DEFAULT_FACTORS
+    plan.write_text(json.dumps(["A/A"]))
+    assert _args(tmp_path, inject=None).injects == ()
+    assert _args(tmp_path, inject=["verify=1.10"]).injects == ("verify=1.10",)  # as given
 
 
 def test_history_gives_every_repetition_the_earlier_repetitions_reports(tmp_path, monkeypatch):
@@ -531,21 +558,27 @@ def test_ab_levels_project_the_measured_process_spread_to_more_processes_a_side(
     assert _ab_levels_table({"ab_levels": []}) == []
 
 
-def test_a_tolerance_is_read_from_each_runs_widest_band_not_a_cases_typical_one():
+def test_a_tolerance_is_read_from_each_runs_least_deciding_one_not_a_cases_typical_band():
     """A run has an UNSTABLE case when any one of its gates' bands passes the tolerance, and
-    the widest gate moves from case to case with each run's block noise: 20 A/A runs whose
-    cases are each wide in one run in four have a typical band per case of 3.7 x 1% = 3.7%,
-    yet every run's widest is 3.7 x 2% = 7.4% (the tolerance that leaves 18 in 20 decided:
-    e^0.074 - 1 = 7.7%). Gates of a stored-mode run (not between the sides) do not count."""
+    the widest gate moves from case to case with each run's noise: 20 A/A runs whose cases
+    are each wide in one run in four have a typical verify band per case of 3.7 x 1% = 3.7%,
+    yet every run needs e^(3.7 x 2%) - 1 = 7.7% to decide all its phase gates; one run's
+    accept length (higher is better) needs 1 - e^-(3.7 x 3%) = 10.507%, shown rounded up
+    (10.6%: rounded down it would not decide). Step gates: runs 0-19
+    with noise 3.0-4.9%, the 18th of 20 by rank decides from e^(3.7 x 4.7%) - 1. Gates of a
+    stored-mode run (not between the sides) do not count."""
     from pytest_specperf.cli.calibrate import _ab_levels_table
-    from pytest_specperf.judging.calibration import ab_levels, ab_widest_bands
+    from pytest_specperf.judging.calibration import ab_deciding_tolerances, ab_levels
 
     def run(i, ab=True):
         cases = []
         for k in range(4):
             wide = 0.02 if (i + k) % 4 == 0 else 0.01
-            c = _case(f"ctx={k}", "SAME", [("verify", "SAME", 0.0, wide), ("draft", "SAME", 0.0, 0.01),
-                                           ("step", "SAME", 0.0, 0.05 if i == 19 else 0.03)])
+            gates = [("verify", "SAME", 0.0, wide), ("draft", "SAME", 0.0, 0.01),
+                     ("step", "SAME", 0.0, 0.03 + 0.001 * i)]  # fmt: skip
+            if i == 5 and k == 0:
+                gates.append(("accept_len", "SAME", 0.0, 0.03))
+            c = _case(f"ctx={k}", "SAME", gates)
             for m in c["metrics"]:
                 m.update(ab_sides=ab, within=0.005, between=0.005, base_runs=2, now_runs=2,
                          critical=3.7, tolerance=0.25 if m["metric"] == "step" else 0.07,
@@ -554,17 +587,22 @@ def test_a_tolerance_is_read_from_each_runs_widest_band_not_a_cases_typical_one(
         return _run_outcome({"cases": cases}, None)
 
     runs = [run(i) for i in range(20)]
-    widest = ab_widest_bands(runs)
-    assert widest["phase"] == pytest.approx({"runs": 20, "median": 0.074, "share": 0.9,
-                                             "within_share": 0.074, "widest": 0.074})  # fmt: skip
-    assert widest["step"]["median"] == pytest.approx(3.7 * 0.03)
-    assert widest["step"]["within_share"] == pytest.approx(3.7 * 0.03)  # 18th of 20 by rank
-    assert widest["step"]["widest"] == pytest.approx(3.7 * 0.05)  # run 19 alone
+    need = ab_deciding_tolerances(runs)
+    phase, step = need["phase"], need["step"]
+    assert phase == pytest.approx({"runs": 20, "median": math.expm1(0.074), "share": 0.9,
+                                   "within_share": math.expm1(0.074),
+                                   "widest": -math.expm1(-3.7 * 0.03)})  # fmt: skip
+    assert step["within_share"] == pytest.approx(math.expm1(3.7 * 0.047))  # 18th of 20 by rank
+    assert step["widest"] == pytest.approx(math.expm1(3.7 * 0.049))
+    assert step["median"] == pytest.approx(
+        (math.expm1(3.7 * 0.039) + math.expm1(3.7 * 0.040)) / 2)  # fmt: skip
     verify = [r for r in ab_levels(runs) if r["metric"] == "verify"]
     assert [r["run_band"]["median"] for r in verify] == pytest.approx([0.037] * 4)
-    text = "\n".join(_ab_levels_table({"ab_levels": verify, "ab_widest_bands": widest}))
-    assert "verify/rest or draft/rest: median 7.4%, 18 of 20 runs within 7.4% (a tolerance of 7.7%)" in text
-    assert ab_widest_bands([run(i, ab=False) for i in range(20)]) == {}
+    assert [r["run_band"]["widest"] for r in verify] == pytest.approx([0.074] * 4)
+    text = "\n".join(_ab_levels_table({"ab_levels": verify, "ab_deciding_tolerances": need}))
+    assert "phase gates: median 7.7%, 18 of 20 runs from 7.7%, all from 10.6%" in text  # up
+    assert f"18 of 20 runs from {math.ceil(math.expm1(3.7 * 0.047) * 1000) / 10:.1f}%" in text
+    assert ab_deciding_tolerances([run(i, ab=False) for i in range(20)]) == {}
 
 
 def test_case_spread_df_says_what_one_device_value_is_worth_for_one_case():

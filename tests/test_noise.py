@@ -203,6 +203,10 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     steps, procs = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha, False)
     assert steps is None and procs is not None
     assert t(noise.df_with_processes(procs)) * noise.with_processes(procs) <= band
+    dip = noise.rounds_to_decide(math.log(1.055), t)  # t x noise falls, then rises again:
+    assert reach(noise, math.inf) > math.log(1.055)  # unlimited rounds would not decide,
+    assert dip is not None and reach(noise, dip) <= math.log(1.055) < reach(noise, dip - 1)
+    assert reach(noise, 10 * dip) > math.log(1.055)  # and too many do not either
     calmer = _leaning_on_processes(0.005)  # here rounds do decide, at their own t
     r = calmer.rounds_to_decide(band, t)
     assert r is not None and reach(calmer, r) <= band < reach(calmer, r - 1)

@@ -559,3 +559,14 @@ def test_an_ab_case_no_process_count_decides_points_at_the_files_mark_when_proce
     assert "export THP_MEM_ALLOC_ENABLE=1" in text and "quieter machine" not in text
     busy = dataclasses.replace(split, within=0.05, between=0.01)
     assert "run on a quieter machine" in unstable_advice(busy, ab=True)
+
+
+def test_tolerance_for_band_inverts_band_limit():
+    """The least tolerance a band decides is ``band_limit``'s inverse, for a time (log),
+    a higher-is-better quantity and a share in points."""
+    from pytest_specperf.judging.verdict import band_limit, tolerance_for_band
+
+    for kw in ({"relative": True}, {"relative": True, "higher_is_better": True}, {}):
+        for tol in (0.02, 0.07, 0.25):
+            assert tolerance_for_band(band_limit(tol, **kw), **kw) == pytest.approx(tol)
+    assert tolerance_for_band(0.0677, relative=True) == pytest.approx(0.07, abs=1e-4)

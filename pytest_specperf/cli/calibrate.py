@@ -76,11 +76,10 @@ from pytest_specperf.cli.options import (
 from pytest_specperf.judging.calibration import (
     AB_PROCESSES,
     FIT_RANGE,
-    WIDEST_FORMS,
     Condition,
     RunOutcome,
+    ab_deciding_tolerances,
     ab_levels,
-    ab_widest_bands,
     at_run_share,
     detects,
     judge_run,
@@ -231,13 +230,13 @@ class CalibrateOptions:
                 f"--host-stall-share {args.host_stall_share:g}: must be in [0, 5) "
                 "(0 leaves the host-stall condition out)"
             )
-        injects = tuple(args.inject or DEFAULT_FACTORS)
+        injects = tuple(args.inject or ()) or _planned_injects(args) or DEFAULT_FACTORS
         if NO_INJECT in injects:
-            if len(injects) > 1:
+            others = [f for f in injects if f != NO_INJECT]
+            if others:
                 raise ValueError(
                     f"--inject {NO_INJECT} leaves every injection out, but "
-                    f"{', '.join(repr(f) for f in injects if f != NO_INJECT)} was given too: "
-                    "drop one or the other"
+                    f"{', '.join(repr(f) for f in others)} was given too: drop one or the other"
                 )
             injects = ()
         for f in injects:
@@ -337,6 +336,26 @@ def _sitting_options(args: argparse.Namespace) -> tuple[int | None, bool, Costs,
     if not 0 < target_f < 1:
         raise ValueError(f"--target {target!r}: must be between 0 and 100%")
     return sitting, summarize, costs, target_f
+
+
+def _planned_injects(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """``--resume`` with no ``--inject``: the injections the work dir was calibrated with
+    (its ``conditions.json``; ``(NO_INJECT,)`` if none), so a resumed calibration keeps
+    its plan instead of adding the default factors. None: nothing to resume."""
+    plan = Path(args.work_dir) / "conditions.json" if args.resume and args.work_dir else None
+    if plan is None or not plan.is_file():
+        return None
+    try:
+        names = json.loads(plan.read_text())
+    except (OSError, ValueError):
+        return None  # the plan check reports an unreadable plan
+    if not isinstance(names, list):
+        return None
+    injects = tuple(
+        n for n in names
+        if isinstance(n, str) and not n.startswith(("A/A", "host_stall="))
+    )  # fmt: skip
+    return injects or (NO_INJECT,)
 
 
 def _tolerances(given: ToleranceSpec | None) -> tuple[float, float] | None:
@@ -669,7 +688,7 @@ def _noise_checks(conds: Sequence[Condition]) -> dict[str, Any]:
         "noise_fit": noise_fit(_quiet_runs(conds), "all"),
         "ab_levels": levels,
         "ab_case_spread_df": _case_spread(levels),
-        "ab_widest_bands": ab_widest_bands(_quiet_runs(conds)),
+        "ab_deciding_tolerances": ab_deciding_tolerances(_quiet_runs(conds)),
     }
 
 
@@ -1012,8 +1031,9 @@ def _footer(summary: dict[str, Any]) -> list[str]:
     return [
         "",
         *per_run,
-        "smallest injected factor detected in >= 95% of runs: "
-        f"{summary['smallest_detected_95'] or 'none of those tried'}",
+        *(["smallest injected factor detected in >= 95% of runs: "
+           f"{summary['smallest_detected_95'] or 'none of those tried'}"]
+          if _slowed(summary) else []),
         f"host stall: {summary['host_stall_ms']} ms per step (about "
         f"{summary['host_stall_ms'] / summary['reference_step_ms']:.0%} of the median "
         f"case's {summary['reference_step_ms']:.1f} ms step)",
@@ -1093,28 +1113,35 @@ def _ab_levels_table(summary: dict[str, Any]) -> list[str]:
             cells,
         ),
         *_spread_lines(summary.get("ab_case_spread_df") or {}),
-        *_widest_lines(summary.get("ab_widest_bands") or {}),
+        *_deciding_lines(summary.get("ab_deciding_tolerances") or {}),
     ]  # fmt: skip
 
 
-def _widest_lines(widest: dict[str, dict[str, Any]]) -> list[str]:
-    """Why a case's typical band does not choose a tolerance: a run's widest one."""
+#: How ``_deciding_lines`` names each tolerance kind's gates.
+DECIDING_LABELS = {"phase": "phase gates", "step": "step gates"}
+
+
+def _percent_up(x: float) -> str:
+    """A tolerance, rounded up to a tenth of a percent (rounded down, it would not decide)."""
+    return f"{math.ceil(round(x * 1000, 6)) / 10:.1f}%"
+
+
+def _deciding_lines(need: dict[str, dict[str, Any]]) -> list[str]:
+    """Why a case's typical band does not choose a tolerance: each run's least deciding one."""
     said = [
-        f"{' or '.join(OFFSET_FORMS.get(f, f) for f in WIDEST_FORMS[kind])}: median "
-        f"{w['median']:.1%}, {math.ceil(w['share'] * w['runs'])} of {w['runs']} runs within "
-        f"{w['within_share']:.1%} (a tolerance of {math.expm1(w['within_share']):.1%}), "
-        f"widest {w['widest']:.1%}"
-        for kind, w in widest.items()
-        if kind in WIDEST_FORMS
+        f"{DECIDING_LABELS.get(kind, kind)}: median {_percent_up(n['median'])}, "
+        f"{math.ceil(n['share'] * n['runs'])} of {n['runs']} runs from "
+        f"{_percent_up(n['within_share'])}, all from {_percent_up(n['widest'])}"
+        for kind, n in need.items()
     ]
     if not said:
         return []
     return [
-        "a run has an UNSTABLE case when any one of its gates' bands reaches past the "
-        "tolerance, and its widest gate follows that run's block noise, so choose a "
-        "tolerance from each A/A run's widest band (t x noise, log) over its cases, not "
-        f"from a case's typical band above: {'; '.join(said)} (the pairs table below counts "
-        "the UNSTABLE runs at each tolerance)"
+        "a run has an UNSTABLE case when any one of its gates' bands passes the tolerance, "
+        "and which gate is widest changes from run to run, so read a tolerance from each A/A "
+        "run's least tolerance that decides all its gates of a kind (disturbed cases aside), "
+        f"not from a case's typical band above: {'; '.join(said)} (the pairs table below "
+        "counts the UNSTABLE runs at each tolerance)"
     ]
 
 
@@ -1164,13 +1191,18 @@ def _prior_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _slowed(summary: dict[str, Any]) -> bool:
+    """Whether the calibration injected any slowdown (not ``--inject none`` alone)."""
+    return any(c.get("inject") for c in summary.get("conditions") or ())
+
+
 def format_table(summary: dict[str, Any]) -> list[str]:
     """The calibration's tables: verdicts per condition, the two tolerance sweeps."""
     costs = summary.get("costs")
     comparison = summary.get("comparison") or {}
     mode = (
-        [f"A/B mode: every run against the reference side {comparison.get('reference')} "
-         "(the injections slowed the tested side only)", ""]
+        [f"A/B mode: every run against the reference side {comparison.get('reference')}"
+         + (" (the injections slowed the tested side only)" if _slowed(summary) else ""), ""]
         if comparison.get("mode") == "ab" else []
     )  # fmt: skip
     return [

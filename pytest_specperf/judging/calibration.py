@@ -16,8 +16,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_specperf.judging.metrics import STEP, spec
+from pytest_specperf.judging.noise import PRIOR_KINDS
 from pytest_specperf.judging.significance import Family, critical
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict, band_limit, case_disturbed
+from pytest_specperf.judging.verdict import (
+    MetricVerdict,
+    Verdict,
+    band_limit,
+    case_disturbed,
+    tolerance_for_band,
+)
 from pytest_specperf.probe.phases import ALL_PHASES, DRAFT, UNACCOUNTED, VERIFY
 
 _UNCOMPARED = (Verdict.NO_BASELINE, Verdict.INVALID)
@@ -457,31 +464,36 @@ def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
 
 
 #: The share of quiet runs a tolerance should leave with no UNSTABLE case (the A/B row's
-#: target: at most 2 in 20), read by ``ab_widest_bands``.
+#: target: at most 2 in 20), read by ``ab_deciding_tolerances``.
 DECIDED_SHARE = 0.9
-#: The gated forms of each tolerance kind whose widest band ``ab_widest_bands`` reads.
-WIDEST_FORMS = {"phase": (VERIFY, DRAFT), "step": (STEP,)}
 
 
-def ab_widest_bands(runs: Sequence[RunOutcome]) -> dict[str, dict[str, Any]]:
-    """Per tolerance kind (``WIDEST_FORMS``), each of A/B's quiet A/A runs' widest band
-    ``t x noise`` (log scale) over its cases' gates of that kind. A run has an UNSTABLE case
-    when any one of its gates' bands reaches past the tolerance, so the tolerance that
-    leaves ``DECIDED_SHARE`` of the runs decided must exceed that share's widest band (by
-    nearest rank), not a case's typical band (``ab_levels``' ``run_band`` and projections):
-    the widest gate changes from run to run with that run's block noise."""
+def _deciding_tolerance(m: MetricVerdict) -> float:
+    """The least tolerance at which the gate's band (``critical x noise``) decides it."""
+    return tolerance_for_band(m.critical * m.noise, relative=not m.in_points,
+                              higher_is_better=spec(m.metric).higher_is_better)  # fmt: skip
+
+
+def ab_deciding_tolerances(runs: Sequence[RunOutcome]) -> dict[str, dict[str, Any]]:
+    """Per tolerance kind (``phase``, ``step``), each of A/B's quiet A/A runs' least
+    tolerance that decides every gate of that kind in every case (the largest of its gates'
+    ``tolerance_for_band``). A run has an UNSTABLE case when any one gate's band passes the
+    tolerance, and which gate is widest changes from run to run, so the tolerance that
+    leaves ``DECIDED_SHARE`` of the runs decided is that share's value (by nearest rank),
+    not a case's typical band (``ab_levels``). A disturbed case is UNSTABLE at any
+    tolerance and is not counted here."""
     out: dict[str, dict[str, Any]] = {}
-    for kind, forms in WIDEST_FORMS.items():
-        widest = sorted(
-            max(bands)
+    for kind in PRIOR_KINDS:
+        need = sorted(
+            max(tols)
             for run in runs
-            if (bands := [m.critical * m.noise for case in run.judged for m in case
-                          if m.metric in forms and m.ab_sides and math.isfinite(m.noise)])
+            if (tols := [_deciding_tolerance(m) for case in run.judged for m in case
+                         if _of_kind(m, kind) and m.ab_sides and math.isfinite(m.noise)])
         )  # fmt: skip
-        if widest:
-            within = widest[math.ceil(DECIDED_SHARE * len(widest)) - 1]
+        if need:
             out[kind] = {
-                "runs": len(widest), "median": statistics.median(widest), "share": DECIDED_SHARE,
-                "within_share": within, "widest": widest[-1],
+                "runs": len(need), "median": statistics.median(need), "share": DECIDED_SHARE,
+                "within_share": need[math.ceil(DECIDED_SHARE * len(need)) - 1],
+                "widest": need[-1],
             }  # fmt: skip
     return out

@@ -250,25 +250,31 @@ class Noise:
     def rounds_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
         """The fewest rounds per current run whose noise times the critical value at their
         degrees of freedom (``critical(df)``) comes within ``band`` (log scale); None if no
-        number of rounds can (the floor, at its own degrees of freedom, is too wide), or only
-        more than ``MAX_ROUNDS``. Steps of 10% find a count that decides, then a bisection
-        the first one after the last step that did not."""
-        if not self.paired or band <= 0:
+        number up to ``MAX_ROUNDS`` does. More rounds shrink the noise, but where the
+        process term rests on fewer degrees of freedom they also lower the total's, so
+        ``t x noise`` can fall and then rise again toward its value at unlimited rounds: a
+        ternary search finds its lowest point (one dip assumed), and a bisection the first
+        count before it that comes within the band."""
+        if not self.paired or not band > 0:
             return None
 
         def reach(rounds: float) -> float:
             return critical(self.df_at_rounds(rounds)) * self.predicted(rounds)
 
-        if reach(math.inf) > band:
+        lo, hi = 1, MAX_ROUNDS
+        while hi - lo > 2:
+            third = (hi - lo) // 3
+            if reach(lo + third) <= reach(hi - third):
+                hi = hi - third
+            else:
+                lo = lo + third
+        lowest = min(range(lo, hi + 1), key=reach)
+        if not reach(lowest) <= band:
             return None
-        lo, hi = 0, 1  # reach(lo) > band (or lo = 0), reach(hi) <= band once found
-        while reach(hi) > band:
-            if hi > MAX_ROUNDS:
-                return None
-            lo, hi = hi, max(hi + 1, math.ceil(hi * 1.1))
+        lo, hi = 0, lowest  # reach(lo) > band (or lo = 0), reach(hi) <= band
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if reach(mid) > band else (lo, mid)
+            lo, hi = (lo, mid) if reach(mid) <= band else (mid, hi)
         return hi
 
     def _parts_at(self, processes: int) -> list[tuple[float, float]]:

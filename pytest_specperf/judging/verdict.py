@@ -717,6 +717,16 @@ def band_limit(
     return -math.log1p(-tolerance) if higher_is_better else math.log1p(tolerance)
 
 
+def tolerance_for_band(
+    band: float, *, higher_is_better: bool = False, relative: bool = False
+) -> float:
+    """The least tolerance whose ``band_limit`` a noise band ``band`` does not pass: its
+    inverse (a gate with that band is decided from this tolerance on)."""
+    if not relative:
+        return band
+    return -math.expm1(-band) if higher_is_better else math.expm1(band)
+
+
 def decide(
     change: float,
     noise: float,
