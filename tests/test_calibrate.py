@@ -600,7 +600,10 @@ def test_a_tolerance_is_read_from_each_runs_least_deciding_one_not_a_cases_typic
     assert [r["run_band"]["median"] for r in verify] == pytest.approx([0.037] * 4)
     assert [r["run_band"]["widest"] for r in verify] == pytest.approx([0.074] * 4)
     text = "\n".join(_ab_levels_table({"ab_levels": verify, "ab_deciding_tolerances": need}))
-    assert "phase gates: median 7.7%, 18 of 20 runs from 7.7%, all from 10.6%" in text  # up
+    assert "phase gates: median 7.7%, 18 of 20 runs from 7.7%, all 20 from 10.6%" in text  # up
+    few = ab_deciding_tolerances(runs[:7])  # the rank of 90% of 7 is the widest: said once
+    assert "phase gates: median 7.7%, all 7 from 10.6%;" in "\n".join(
+        _ab_levels_table({"ab_levels": verify, "ab_deciding_tolerances": few}))  # fmt: skip
     assert f"18 of 20 runs from {math.ceil(math.expm1(3.7 * 0.047) * 1000) / 10:.1f}%" in text
     assert ab_deciding_tolerances([run(i, ab=False) for i in range(20)]) == {}
 

@@ -1128,12 +1128,14 @@ def _percent_up(x: float) -> str:
 
 def _deciding_lines(need: dict[str, dict[str, Any]]) -> list[str]:
     """Why a case's typical band does not choose a tolerance: each run's least deciding one."""
-    said = [
-        f"{DECIDING_LABELS.get(kind, kind)}: median {_percent_up(n['median'])}, "
-        f"{math.ceil(n['share'] * n['runs'])} of {n['runs']} runs from "
-        f"{_percent_up(n['within_share'])}, all from {_percent_up(n['widest'])}"
-        for kind, n in need.items()
-    ]
+    def of(n: dict[str, Any]) -> str:
+        rank = math.ceil(n["share"] * n["runs"])
+        share = f"{rank} of {n['runs']} runs from {_percent_up(n['within_share'])}, "
+        return f"median {_percent_up(n['median'])}, {share if rank < n['runs'] else ''}" + (
+            f"all {n['runs']} from {_percent_up(n['widest'])}"
+        )
+
+    said = [f"{DECIDING_LABELS.get(kind, kind)}: {of(n)}" for kind, n in need.items()]
     if not said:
         return []
     return [
