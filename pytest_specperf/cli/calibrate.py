@@ -215,8 +215,6 @@ class CalibrateOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CalibrateOptions:
         """Validate ``args``; ``ValueError`` with the message for the user."""
-        from pytest_specperf.probe.inject import parse_inject
-
         if getattr(args, "misplaced_k", None) is not None:
             raise ValueError(
                 f"-k {args.misplaced_k!r}: specperf calibrate has no -k; repetitions are "
@@ -230,24 +228,7 @@ class CalibrateOptions:
                 f"--host-stall-share {args.host_stall_share:g}: must be in [0, 5) "
                 "(0 leaves the host-stall condition out)"
             )
-        injects = tuple(args.inject or ()) or _planned_injects(args) or DEFAULT_FACTORS
-        if NO_INJECT in injects:
-            others = [f for f in injects if f != NO_INJECT]
-            if others:
-                raise ValueError(
-                    f"--inject {NO_INJECT} leaves every injection out, but "
-                    f"{', '.join(repr(f) for f in others)} was given too: drop one or the other"
-                )
-            injects = ()
-        for f in injects:
-            try:
-                inj = parse_inject(f)
-            except ValueError as e:
-                raise ValueError(f"--inject {f!r}: {e}") from None
-            if (len(inj.factors) != 1 and inj.uniform is None) or inj.host_stall_ms or inj.waits_ms:
-                raise ValueError(
-                    f"--inject {f!r}: give one PHASE=FACTOR (or all=FACTOR) per --inject"
-                )
+        injects = _injects(args)
         if args.resume and args.work_dir is None:
             raise ValueError("--resume needs --work-dir (the interrupted calibration's)")
         processes = getattr(args, "processes", 1)  # --processes, --max-time, --attach and
@@ -336,6 +317,30 @@ def _sitting_options(args: argparse.Namespace) -> tuple[int | None, bool, Costs,
     if not 0 < target_f < 1:
         raise ValueError(f"--target {target!r}: must be between 0 and 100%")
     return sitting, summarize, costs, target_f
+
+
+def _injects(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--inject``, checked: one slowdown each; none given, the plan of the work dir being
+    resumed or the default factors; ``none`` alone, no injected condition."""
+    from pytest_specperf.probe.inject import parse_inject
+
+    injects = tuple(args.inject or ()) or _planned_injects(args) or DEFAULT_FACTORS
+    if NO_INJECT in injects:
+        others = [f for f in injects if f != NO_INJECT]
+        if others:
+            raise ValueError(
+                f"--inject {NO_INJECT} leaves every injection out, but "
+                f"{', '.join(repr(f) for f in others)} was given too: drop one or the other"
+            )
+        return ()
+    for f in injects:
+        try:
+            inj = parse_inject(f)
+        except ValueError as e:
+            raise ValueError(f"--inject {f!r}: {e}") from None
+        if (len(inj.factors) != 1 and inj.uniform is None) or inj.host_stall_ms or inj.waits_ms:
+            raise ValueError(f"--inject {f!r}: give one PHASE=FACTOR (or all=FACTOR) per --inject")
+    return injects
 
 
 def _planned_injects(args: argparse.Namespace) -> tuple[str, ...] | None:
