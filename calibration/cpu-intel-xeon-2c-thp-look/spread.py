@@ -1,17 +1,20 @@
 """The fragmented cases' spread between server processes with and without huge pages, from
-this folder's A/B A/A reports (thp1: THP_MEM_ALLOC_ENABLE=1, thp0: unset to 0; 2 processes a
-side, so each run's ``between_hat2`` rests on 2 degrees of freedom; pooled by their mean).
+this folder's A/B A/A reports, or another look's folder given as the argument (thp1:
+THP_MEM_ALLOC_ENABLE=1, thp0: unset to 0; 2 processes a side, so each run's ``between_hat2``
+rests on 2 degrees of freedom; pooled by their mean).
 
     python calibration/cpu-intel-xeon-2c-thp-look/spread.py
+    python calibration/cpu-intel-xeon-2c-thp-look/spread.py calibration/cpu-amd-epyc-2c-thp-look
 """
 
 import glob
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 
 for v in ("1", "0"):
     per: dict[tuple[str, str], list[tuple[float, float, float, str]]] = {}
