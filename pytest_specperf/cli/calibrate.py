@@ -354,12 +354,11 @@ def _planned_injects(args: argparse.Namespace) -> tuple[str, ...] | None:
         names = json.loads(plan.read_text())
     except (OSError, ValueError):
         return None  # the plan check reports an unreadable plan
-    if not isinstance(names, list):
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return None
-    injects = tuple(
-        n for n in names
-        if isinstance(n, str) and not n.startswith(("A/A", "host_stall="))
-    )  # fmt: skip
+    # the hog injects nothing; the host stall is its own option (--host-stall-share)
+    conds = conditions_from_names(names)
+    injects = tuple(c.inject for c in conds if c.inject and c.expect != UNACCOUNTED)
     return injects or (NO_INJECT,)
 
 

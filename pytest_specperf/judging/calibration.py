@@ -444,7 +444,7 @@ def ab_levels(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
         crit = statistics.median(m.critical for m in ms)
         tol = ms[0].tolerance
         limit = band_limit(tol, relative=True)
-        own = [m.critical * m.noise for m in ms if math.isfinite(m.noise)]
+        own = [m.band for m in ms if math.isfinite(m.noise)]
         at = {}
         for p in AB_PROCESSES:
             noise = math.sqrt((w * w + hat2 * inv) * (2 / p) / inv)
@@ -470,7 +470,7 @@ DECIDED_SHARE = 0.9
 
 def _deciding_tolerance(m: MetricVerdict) -> float:
     """The least tolerance at which the gate's band (``critical x noise``) decides it."""
-    return tolerance_for_band(m.critical * m.noise, relative=not m.in_points,
+    return tolerance_for_band(m.band, relative=not m.in_points,
                               higher_is_better=spec(m.metric).higher_is_better)  # fmt: skip
 
 

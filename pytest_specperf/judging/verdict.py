@@ -247,6 +247,12 @@ class MetricVerdict:
     def in_points(self) -> bool:
         return self.share_based or self.points_based
 
+    @property
+    def band(self) -> float:
+        """The noise band the gate was judged with: ``critical x noise`` (on the log scale
+        for a relative change; ``tolerance_for_band`` turns it into a tolerance)."""
+        return self.critical * self.noise
+
     def describe(self) -> str:
         b, n = fmt_value(self.base), fmt_value(self.now)
         if self.points_based:

@@ -294,7 +294,7 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
             f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
             f"baseline's{reach}: the machine was busy or disturbed; rerun it on a quiet machine"
         )
-    band = m.critical * m.noise
+    band = m.band
     # a relative change's noise is of its log: the band as a change in the worse direction
     # (a rise of a time, a drop of a higher-is-better quantity), beside the tolerance
     worse = -band if spec(m.metric).higher_is_better else band
