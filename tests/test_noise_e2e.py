@@ -5,6 +5,7 @@ runs, and the all= canary of the step gate."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -242,19 +243,36 @@ def test_history_reports_inform_the_noise_between_processes(pytester):
     assert (accept["history_runs"], accept["between_runs"], accept["base_runs"]) == (2, 3, 1)
 
 
+#: Tries of the all=2 canary: a try whose step comes out UNSTABLE (the machine's noise: a
+#: busy CI box once left +83% within +-31% x 4.09, the baseline's own blocks the most of
+#: it) is tried again with a fresh baseline; any other wrong verdict fails at once.
+CANARY_TRIES = 3
+
+
+def _canary_try(pytester) -> tuple[pytest.RunResult, dict]:
+    """One recording and one all=2 run against it (the extension on): the run's result and
+    its case's report."""
+    shutil.rmtree(pytester.path / "baselines", ignore_errors=True)
+    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
+    result = _run(pytester, "--specperf-inject=all=2", "--specperf-max-time=20",
+                  "--specperf-json=report.json")  # fmt: skip
+    return result, _case(pytester)
+
+
 def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
     # its own baseline, recorded just before: the step's judged change is a timing (the
     # two tests above accept any verdict and share one)
     pytester.makepyfile(test_case=CASE)
-    _run(pytester, "--specperf-update-baselines").assert_outcomes(passed=1)
-    # the extension on: 8 steps on a busy CI box once left the step's +72% inside a band
-    # of +-24% x 3 (UNSTABLE, "about 16 steps would decide")
-    result = _run(pytester, "--specperf-inject=all=2", "--specperf-max-time=20",
-                  "--specperf-json=report.json")  # fmt: skip
+    seen = []
+    for _ in range(CANARY_TRIES):
+        result, case = _canary_try(pytester)
+        seen.append(_metric(case, "step")["verdict"])
+        if seen[-1] != "UNSTABLE":
+            break
+    assert seen[-1] == "SLOWER", f"the step's verdicts, try by try: {seen}"
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*step / KV read time * -> * (+*%, tol 25%*; raw step * -> * ms "
                                  "(+*%)*[[]injected: all=2[]]"])  # fmt: skip
-    case = _case(pytester)
     assert case["labels"]["inject"] == "all=2"
     step, verify = _metric(case, "step"), _metric(case, "verify")
     assert step["verdict"] == "SLOWER" and step["change"] > 0.5
