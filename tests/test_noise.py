@@ -200,7 +200,8 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     assert today == 7 and reach(noise, today) > band  # the promise did not decide
     assert noise.df_at_rounds(today) < noise.df / 2
     assert noise.rounds_to_decide(band, t) is None  # no number of rounds would
-    steps, procs = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha, False)
+    steps, procs, _ = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha,
+                                 False)  # fmt: skip
     assert steps is None and procs is not None
     assert t(noise.df_with_processes(procs)) * noise.with_processes(procs) <= band
     dip = noise.rounds_to_decide(math.log(1.055), t)  # t x noise falls, then rises again:
@@ -210,7 +211,69 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     calmer = _leaning_on_processes(0.005)  # here rounds do decide, at their own t
     r = calmer.rounds_to_decide(band, t)
     assert r is not None and reach(calmer, r) <= band < reach(calmer, r - 1)
-    assert _to_decide(calmer, 0.0, 0.05, 16, t(calmer.df), alpha, False) == (r * 8, None)
+    assert _to_decide(calmer, 0.0, 0.05, 16, t(calmer.df), alpha, False) == (r * 8, None, None)
+
+
+def _ab_gate(alongside: bool) -> Noise:
+    """An A/B gate as the Zen 4 box measured one at 32 steps (2026-12-06, 32768
+    fragmented, draft/rest): 8 blocks, 2 processes a side, block noise 1.84% (A's part
+    1.44%), tau 0.76% on 12 degrees of freedom; ``alongside``: A measured beside B (A/B),
+    else as if A were a stored baseline."""
+    now_var, base_var, tau = 1.30e-4, 2.08e-4, 0.0076
+    return Noise(total=math.sqrt(now_var + base_var + tau**2), within=math.sqrt(now_var + base_var),
+                 between=tau, now_var=now_var, base_var=base_var, blocks=8, rounds=1,
+                 base_runs=2, now_runs=2, within_df=7, between_df=12,
+                 alongside=alongside)  # fmt: skip
+
+
+def test_an_ab_reference_side_measured_alongside_shrinks_with_the_rounds_too():
+    """A/B measures the extension's rounds on both sides (mirrored): the reference side's
+    blocks are not a floor, as a stored baseline's are. The same gate judged as if A were
+    stored finds no number of rounds; measured alongside, a few rounds decide it."""
+    alpha, band = 4.46e-4, math.log(1.07)
+
+    def t(df: float) -> float:
+        return critical(alpha, df)
+
+    stored, ab = _ab_gate(False), _ab_gate(True)
+    assert stored.floor == pytest.approx(math.sqrt(2.08e-4 + 0.0076**2))
+    assert ab.floor == pytest.approx(0.0076)  # only the process term stays
+    assert t(ab.df) * ab.total > band  # UNSTABLE today (the box's 9.0% band)
+    assert stored.rounds_to_decide(band, t) is None
+    rounds = ab.rounds_to_decide(band, t)
+    assert rounds is not None and 2 <= rounds <= 4
+    assert t(ab.df_at_rounds(rounds)) * ab.predicted(rounds) <= band
+    assert ab.predicted(2) ** 2 == pytest.approx(ab.between**2 + ab.within**2 / 2)
+    assert stored.predicted(2) ** 2 == pytest.approx(ab.between**2 + 2.08e-4 + 1.30e-4 / 2)
+
+
+def test_relative_noise_knows_a_baseline_measured_in_the_same_sitting():
+    base = [run_of(r, sitting="night") for r in _baseline([-0.3, 0.6, -0.3])]
+    assert relative_noise(base, [run_of(NOW, sitting="night")], prior=PHASE).alongside
+    assert not relative_noise(base, [run_of(NOW, sitting="later")], prior=PHASE).alongside
+    assert not relative_noise(base, [run_of(NOW)], prior=PHASE).alongside  # unlabelled: now
+
+
+def test_new_blocks_add_degrees_of_freedom_where_rounds_cannot():
+    """A baseline whose own blocks are the noise (stored: rounds of the run cannot lower
+    them) and a block term on 7 degrees of freedom: more rounds never decide; twice the
+    blocks on both sides (a baseline re-recorded at twice the steps) halve the block term
+    and give it 15 degrees of freedom. The verdict's advice names those steps."""
+    alpha, band = 4.46e-4, math.log(1.07)
+
+    def t(df: float) -> float:
+        return critical(alpha, df)
+
+    noise = _ab_gate(False)
+    assert noise.rounds_to_decide(band, t) is None
+    w2, df2 = noise.with_blocks(2)
+    assert w2**2 == pytest.approx(noise.within**2 / 2 + noise.between**2)
+    assert noise.df < df2 and t(df2) < t(noise.df)
+    multiple = noise.blocks_to_decide(band, t)
+    assert multiple == 2 and t(df2) * w2 <= band
+    assert noise.blocks_to_decide(band / 10, t) is None  # no practical multiple would
+    steps, procs, blocks = _to_decide(noise, 0.02, 0.07, 32, t(noise.df), alpha, False)
+    assert (steps, blocks) == (None, 64) and procs is not None
 
 
 def test_one_run_against_one_is_the_paired_noise_plus_the_priors():

@@ -60,6 +60,8 @@ from pytest_specperf.judging.stats import satterthwaite, stable
 MAX_PROCESSES = 16
 #: Rounds per run beyond which no advice is given (``Noise.rounds_to_decide``).
 MAX_ROUNDS = 1_000_000
+#: The most times the blocks of a run ``Noise.blocks_to_decide`` considers (32 steps: 256).
+MAX_BLOCK_MULTIPLE = 8
 #: Fewest paired blocks for a paired noise (two degrees of freedom).
 MIN_PAIRED_BLOCKS = 3
 #: The sitting of runs stored without one (baselines before schema 4): all one sitting.
@@ -201,6 +203,10 @@ class Noise:
     #: baseline's runs and of the current runs (``log_change`` is their difference); NaN
     #: when unpaired. Reports show ``exp`` of these beside the change, so the two agree.
     log_centers: tuple[float, float] = (math.nan, math.nan)
+    #: the baseline was measured in the current runs' sitting, beside them (A/B: the
+    #: reference side, ``sitting_coef`` 0): the extension's rounds are measured on both
+    #: sides (mirrored), so more rounds shrink its block part too
+    alongside: bool = False
 
     @property
     def paired(self) -> bool:
@@ -228,24 +234,36 @@ class Noise:
 
     @property
     def floor(self) -> float:
-        """The noise with unlimited rounds: what more steps cannot lower (the baseline's
-        blocks, the process and the sitting parts); the noise itself when unpaired."""
+        """The noise with unlimited rounds: what more steps cannot lower (the process and
+        the sitting parts, and a stored baseline's blocks; not a baseline measured
+        ``alongside``, whose rounds grow with the run's); the noise itself when
+        unpaired."""
         if not self.paired:
             return self.total
-        return math.sqrt(self.base_var + self._level_part)
+        return math.sqrt(self._fixed_blocks + self._level_part)
+
+    @property
+    def _fixed_blocks(self) -> float:
+        """The part of ``within^2`` that more rounds leave as it is: the stored baseline's."""
+        return 0.0 if self.alongside else self.base_var
+
+    def _blocks_at(self, rounds: float) -> float:
+        """``within^2`` with ``rounds`` rounds per current run (and per baseline run, when
+        it is measured ``alongside``)."""
+        shrinking = self.now_var + (self.base_var if self.alongside else 0.0)
+        return self._fixed_blocks + shrinking * self.rounds / rounds
 
     def predicted(self, rounds: float) -> float:
         """The noise with ``rounds`` rounds per current run, from the same estimates."""
         if not self.paired:
             return self.total
-        return math.sqrt(self.floor**2 + self.now_var * self.rounds / rounds)
+        return math.sqrt(self._blocks_at(rounds) + self._level_part)
 
     def df_at_rounds(self, rounds: float) -> float:
         """The degrees of freedom of ``predicted(rounds)`` (at least: the block term keeps
         today's, which more blocks only raise). More rounds shrink the block term, so where
         the process term rests on fewer degrees of freedom the total's fall."""
-        w2 = self.base_var + self.now_var * self.rounds / rounds
-        return satterthwaite(self._parts(w2, self.now_runs, self.base_runs))
+        return satterthwaite(self._parts(self._blocks_at(rounds), self.now_runs, self.base_runs))
 
     def rounds_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
         """The fewest rounds per current run whose noise times the critical value at their
@@ -276,6 +294,34 @@ class Noise:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if reach(mid) <= band else (mid, hi)
         return hi
+
+    def with_blocks(self, multiple: int) -> tuple[float, float]:
+        """The noise and its degrees of freedom with ``multiple`` times the blocks a run
+        measures, on both sides, in one round (a baseline re-recorded at as many steps, or
+        both sides of an A/B run): the paired block term falls to ``1 / multiple`` of its
+        one-round value and rests on ``multiple x blocks - 1`` degrees of freedom; the
+        process and sitting parts stay. Rounds of the same blocks (``predicted``) shrink the
+        term too, but add none."""
+        one_round = self.now_var + (self.base_var if self.alongside else 0.0)
+        w2 = (one_round * self.rounds + self._fixed_blocks) / multiple
+        parts = self._parts(w2, self.now_runs, self.base_runs)
+        parts[0] = (parts[0][0], multiple * self.blocks - 1.0)
+        return math.sqrt(sum(v for v, _ in parts)), satterthwaite(parts)
+
+    def blocks_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
+        """The least multiple (2 to ``MAX_BLOCK_MULTIPLE``) of the blocks a run measures,
+        on both sides, whose noise times the critical value at its degrees of freedom
+        (``with_blocks``) comes within ``band`` (log scale); None if none does (or the
+        blocks do not pair). Where ``rounds_to_decide`` finds no count, the block term's
+        few degrees of freedom (7 at 32 steps) or the baseline's own blocks may be what
+        holds the band open, and new blocks answer both."""
+        if not self.paired or not band > 0 or self.blocks < MIN_PAIRED_BLOCKS:
+            return None
+        for multiple in range(2, MAX_BLOCK_MULTIPLE + 1):
+            noise, df = self.with_blocks(multiple)
+            if critical(df) * noise <= band:
+                return multiple
+        return None
 
     def _parts_at(self, processes: int) -> list[tuple[float, float]]:
         """``_parts`` with ``processes`` current runs of one round each, against a baseline
@@ -448,6 +494,13 @@ def _sittings(runs: Sequence[RunBlocks], default: str) -> list[str]:
     return [r.sitting if r.sitting is not None else default for r in runs]
 
 
+def _sitting_terms(base: Sequence[RunBlocks], now: Sequence[RunBlocks]) -> tuple[float, bool]:
+    """``c_s``, and whether the baseline was measured beside the current runs, in their one
+    sitting (A/B: ``Noise.alongside``)."""
+    b, n = _sittings(base, LEGACY_SITTING), _sittings(now, CURRENT_SITTING)
+    return sitting_coefficient(b, n), len(set(b) | set(n)) == 1
+
+
 @dataclass(frozen=True)
 class _Levels:
     tau2: float
@@ -571,7 +624,7 @@ def relative_noise(
     base_rows = [r for r in (log_rows(b.blocks, period) for b in base) if r is not None]
     now_rows = [r for r in (log_rows(n.blocks, period) for n in now) if r is not None]
     k, n = len(base), len(now)
-    coef = sitting_coefficient(_sittings(base, LEGACY_SITTING), _sittings(now, CURRENT_SITTING))
+    coef, alongside = _sitting_terms(base, now)
     exact = exact_sides(base, now, history)
     if exact is not None:  # no spread at any level: no noise, and no prior imposed
         a, b, runs = exact
@@ -592,7 +645,7 @@ def relative_noise(
             math.sqrt(within**2 + level_var), within, math.sqrt(lv.tau2), now_var, base_var,
             period, rounds, k, n, lv.history, lv.hat2, lv.runs, math.sqrt(lv.sit2), coef,
             lv.sit_hat2, lv.sittings, within_df, lv.tau_df, lv.sit_df, log_change,
-            log_centers=centers,
+            log_centers=centers, alongside=alongside,
         )  # fmt: skip
 
     paired = period >= MIN_PAIRED_BLOCKS and len(base_rows) == k and len(now_rows) == n

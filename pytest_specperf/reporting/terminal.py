@@ -306,9 +306,31 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
     )
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
-    if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
-        return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
+    if m.within is not None and m.floor is not None:  # paired: more rounds cannot decide
+        lead = _new_blocks_advice(m, ab)
+        return text + lead + (_ab_processes_advice(m, bool(lead)) if ab
+                              else _processes_advice(m, bool(lead)))  # fmt: skip
     return text
+
+
+def _new_blocks_advice(m: MetricVerdict, ab: bool) -> str:
+    """Where rounds of the same blocks cannot decide but new blocks would
+    (``steps_with_new_blocks``): the steps, on both sides. Rounds shrink the block noise
+    and add no degree of freedom to it; new blocks do both, and a stored baseline's own
+    blocks are only lowered by re-recording it."""
+    s = m.steps_with_new_blocks
+    if s is None:
+        return ""
+    why = (
+        "; more rounds of the same blocks cannot decide it, new blocks can (each adds a "
+        f"degree of freedom to the block noise, rounds do not): about {s} steps would"
+    )
+    if ab:
+        return why + f": --specperf-steps {s} (both sides)"
+    return why + (
+        f": record the baseline with --specperf-update-baselines --specperf-steps {s} and "
+        f"run with --specperf-steps {s}"
+    )
 
 
 #: A critical value this many times the normal one at the same level says the verdict's
@@ -335,13 +357,16 @@ def _few_df_advice(m: MetricVerdict) -> str:
     )
 
 
-def _ab_processes_advice(m: MetricVerdict) -> str:
-    """An A/B case's noise between server processes: more processes per side decide it."""
+def _ab_processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
+    """An A/B case's noise between server processes: more processes per side decide it.
+    ``after_blocks``: new blocks would decide it too, and the advice said so first (the
+    few degrees of freedom are then the block term's, which history does not add to)."""
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
+    lead = "or more processes" if after_blocks else "more steps cannot decide it"
     text = (
-        f"; more steps cannot decide it: the noise between server processes is {between} "
+        f"; {lead}: the noise between server processes is {between} "
         f"per run ({m.base_runs} reference and {m.now_runs} tested process(es))"
-    ) + _few_df_advice(m)
+    ) + ("" if after_blocks else _few_df_advice(m))
     p = m.processes_to_decide
     if p is not None:
         return text + f"; about {p} processes per side would decide: --specperf-processes {p}"
@@ -355,17 +380,21 @@ def _ab_processes_advice(m: MetricVerdict) -> str:
             "recording finds it, and A/B runs of a comparable setup honour the mark "
             "(docs/statistics.md, section 6)"
         )
-    return text + "; no practical number of processes would: run on a quieter machine"
+    quieter = "" if after_blocks else ": run on a quieter machine"
+    return text + f"; no practical number of processes would{quieter}"
 
 
-def _processes_advice(m: MetricVerdict) -> str:
+def _processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
+    """A stored case's noise between server processes and sittings: what more processes
+    or sittings would do. ``after_blocks``: as in ``_ab_processes_advice``."""
     runs = f"{m.base_runs} baseline run(s)"
     if m.history_runs:
         runs += f" and {m.history_runs} history run(s)"
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
     text = (
-        f"; more steps cannot decide it: the noise between server processes is {between} "
-        f"per run ({runs}), and the baseline's own blocks add theirs"
+        f"; {'or more processes' if after_blocks else 'more steps cannot decide it'}: the "
+        f"noise between server processes is {between} per run ({runs}), and the "
+        "baseline's own blocks add theirs"
     )
     sd = m.sitting if m.sitting is not None and m.sitting_coef else 0.0
     sitting = sd > 0
@@ -381,7 +410,8 @@ def _processes_advice(m: MetricVerdict) -> str:
             "days), or measure a calibrated prior with specperf calibrate"
         )
     if p is None:
-        return text + "; no practical number of processes would: re-record on a quiet machine"
+        quiet = "" if after_blocks else ": re-record on a quiet machine"
+        return text + f"; no practical number of processes would{quiet}"
     run = f"run with --specperf-processes {p}"
     if p <= m.base_runs:
         return text + f"; about {p} processes would decide: {run}"
