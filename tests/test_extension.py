@@ -46,7 +46,8 @@ def undecided(monkeypatch):
     the decoders' round counts (``side_run`` is replaced: the doubles hold no records)."""
     answers: list[list[str]] = []
     monkeypatch.setattr(
-        "pytest_specperf.run.measure.side_run", lambda decoders, case: decoders[0].rounds
+        "pytest_specperf.run.measure.side_run",
+        lambda decoders, case, looks=None: decoders[0].rounds,
     )
     return answers
 
@@ -106,7 +107,7 @@ def test_an_ab_case_takes_every_look_with_one_process_a_side(make_run, monkeypat
 
     monkeypatch.setattr("pytest_specperf.run.measure.start_side", start_side)
     monkeypatch.setattr(
-        "pytest_specperf.run.measure._ab_runs", lambda ds, case: (None, None)
+        "pytest_specperf.run.measure._ab_runs", lambda ds, case, looks=None: (None, None)
     )  # the doubles hold no records
     asked: list[int] = []
 
@@ -123,6 +124,60 @@ def test_an_ab_case_takes_every_look_with_one_process_a_side(make_run, monkeypat
     assert measured.order == tuple(describe_order(o) for o in looks)
     assert len(measured.order) == MAX_LOOKS
     assert [d.rounds for d in decoders] == [2 * MAX_LOOKS, 2 * MAX_LOOKS]
+
+
+def test_the_looks_are_planned_from_the_first_rounds_time():
+    """As many looks as fit if every round takes as long as the first, at most MAX_LOOKS:
+    a case whose first round takes more than half the budget gets one look, and its
+    gates the whole share of the false-alarm budget instead of Pocock's boundary over
+    looks it could never take."""
+    from pytest_specperf.judging.significance import MAX_LOOKS, Family, planned_looks
+    from pytest_specperf.run.cases import CaseRequest
+
+    assert [planned_looks(30.0, t) for t in (40.0, 20.0, 15.0, 14.0, 10.0, 1.0)] == [
+        1, 1, 2, 2, 3, MAX_LOOKS]  # fmt: skip
+    assert planned_looks(0.0, 5.0) == 1 and planned_looks(30.0, 0.0) == MAX_LOOKS
+    request = CaseRequest("n", "t", "", None, None, None, tests=2, looks=MAX_LOOKS)  # type: ignore[arg-type]
+    one, four = request.family(7, 1, planned=1), request.family(7, 1)
+    assert (one.looks, four.looks) == (1, MAX_LOOKS)
+    assert one.gate_alpha(5) == Family(tests=2, cases=7).gate_alpha(5)
+    assert one.gate_alpha(5) > 3 * four.gate_alpha(5)  # Pocock over 4 looks: 0.31 of it
+    assert request.family(7, 3, planned=2).look == 2  # clamped to the planned looks
+    assert CaseRequest("n", "t", "", None, None, None).family(1, 1, planned=3).looks == 1  # type: ignore[arg-type]
+
+
+def test_a_first_round_too_long_for_a_second_takes_one_look(make_run, undecided, monkeypatch):
+    clock = FakeClock(20.0)  # the first round took 20 s of 30
+    monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
+    decoder = FakeDecoder(make_run, clock, round_s=1.0)  # later rounds would be quick
+    undecided += [["verify"]] * 5
+    assert more_rounds([decoder], None, clock, _extension(30.0, undecided)) == 1
+    assert decoder.rounds == 1
+    clock.t = 10.0  # 10 s of 30: three looks planned, and no more however quick
+    assert more_rounds([decoder], None, clock, _extension(30.0, undecided)) == 3
+    assert decoder.rounds == 3
+
+
+def test_an_ab_case_plans_its_looks_from_its_first_round(make_run, monkeypatch):
+    """The A/B loop plans its looks from the first round of both sides (``A1 B1 B2 A2``)
+    and hands them to the judge with the runs: here the first round took 20 s of 30,
+    so the case is judged at one look and measured in no more."""
+    from pytest_specperf.run.measure import Side, measure_ab
+
+    clock = FakeClock(20.0)
+    monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
+
+    def start_side(side, case, progress, **kw):  # a test double: a decoder of one round
+        return [FakeDecoder(make_run, clock, round_s=0.0)], ""
+
+    monkeypatch.setattr("pytest_specperf.run.measure.start_side", start_side)
+    handed: list[int | None] = []
+    monkeypatch.setattr("pytest_specperf.run.measure._ab_runs",
+                        lambda ds, case, looks=None: handed.append(looks) or (None, None))  # fmt: skip
+    one = Side((SimpleNamespace(),))  # type: ignore[arg-type]
+    measured = measure_ab(one, one, None, clock, device=None, pids=(),
+                          extension=(30.0, lambda a, b, looks: ["verify"]))  # fmt: skip
+    assert len(measured.order) == 1 and handed == [1, 1]
 
 
 def test_no_rounds_without_a_budget(make_run, undecided):

@@ -140,6 +140,9 @@ class DecodeRun:
     #: when the automatic extension measured more; and the first round's steps
     rounds: int = 1
     round_steps: int = 0
+    #: the looks the automatic extension planned for this case from its first round
+    #: (``significance.planned_looks``); None: the run's options' (no extension: 1)
+    looks: int | None = None
 
     @property
     def processes(self) -> tuple[DecodeRun, ...]:

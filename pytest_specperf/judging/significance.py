@@ -113,6 +113,21 @@ class Family:
 LONE = Family()
 
 
+def planned_looks(max_time_s: float, first_round_s: float) -> int:
+    """The looks the automatic extension plans for a case once its first round took
+    ``first_round_s`` of ``max_time_s`` (``MAX_LOOKS`` at most, 1 at least): as many as
+    fit if every round takes as long as the first. Fixed before any verdict is seen (a
+    round's time, not its figures), so the boundary over them keeps its false-alarm rate;
+    a case whose rounds cannot fit a second look is judged at one look's level instead of
+    paying Pocock's boundary for looks it would never take (docs/statistics.md,
+    section 3)."""
+    if not first_round_s > 0 or not math.isfinite(first_round_s):
+        return MAX_LOOKS
+    if not max_time_s > 0:
+        return 1
+    return max(1, min(MAX_LOOKS, math.floor(max_time_s / first_round_s)))
+
+
 def share_of_run(family: Family, tests: int) -> Family:
     """``family`` shared by at least ``tests`` tests. A report written before 2026-12-05
     saved ``tests = 1`` for every case of a run of many tests (pytest never called

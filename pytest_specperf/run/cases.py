@@ -70,12 +70,15 @@ class CaseRequest:
     tests: int = 1
     looks: int = 1
 
-    def family(self, cases: int, look: int = 1) -> Family:
+    def family(self, cases: int, look: int = 1, planned: int | None = None) -> Family:
         """The false-alarm family of a case of this test that has measured ``cases``, at
         look ``look`` (the extension's looks taken, clamped to ``looks``: a side's rounds
-        per process for one side; an A/B case's entries of its order)."""
-        look = min(max(1, look), self.looks)
-        return Family(tests=self.tests, cases=max(1, cases), looks=self.looks, look=look)
+        per process for one side; an A/B case's entries of its order); ``planned``: the
+        looks the extension planned for the case from its first round (``DecodeRun.looks``,
+        at most ``looks``)."""
+        looks = self.looks if planned is None else max(1, min(planned, self.looks))
+        look = min(max(1, look), looks)
+        return Family(tests=self.tests, cases=max(1, cases), looks=looks, look=look)
 
     def key(self, context_len: int, layout: str, batch_size: int) -> str:
         """``ctx=<tokens> kv=<layout> bs=<batch>`` plus the test's other parameters."""
@@ -119,7 +122,7 @@ def case_of(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: D
         history=inputs.history_of(request.test, key),
         kv_traffic=_mapping(server.server_info.get("kv_read")),
         budgets=request.budgets,
-        family=request.family(cases, run.rounds if look is None else look),
+        family=request.family(cases, run.rounds if look is None else look, run.looks),
         prior=inputs.prior,
         sitting=inputs.sitting,
     )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytest_specperf.judging.ab import REFERENCE, Slot, abba_order, describe_order, next_round
 from pytest_specperf.judging.samples import DecodeRun, Window, build_run
-from pytest_specperf.judging.significance import MAX_LOOKS
+from pytest_specperf.judging.significance import MAX_LOOKS, planned_looks
 from pytest_specperf.server.client import ServerHTTPError, ServerUnreachable
 from pytest_specperf.server.decoder import (
     CaseSpec,
@@ -113,10 +113,11 @@ def decode_run(measured: Measured) -> DecodeRun:
     )
 
 
-def side_run(decoders: Sequence[Rounds], case: CaseSpec) -> DecodeRun:
-    """The run of a side so far: the first process's, the others as its siblings."""
+def side_run(decoders: Sequence[Rounds], case: CaseSpec, looks: int | None = None) -> DecodeRun:
+    """The run of a side so far: the first process's, the others as its siblings;
+    ``looks``: the looks the extension planned for it (``DecodeRun.looks``)."""
     runs = [decode_run(d.measured(case)) for d in decoders]
-    return dataclasses.replace(runs[0], siblings=tuple(runs[1:]))
+    return dataclasses.replace(runs[0], siblings=tuple(runs[1:]), looks=looks)
 
 
 def measurement_failure(server: ModelServer, error: Exception) -> str:
@@ -166,28 +167,31 @@ def start_side(side: Side, case: CaseSpec, progress: Progress, *, device: Device
 
 
 def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
-                extension: Extension, active: _Active | None = None) -> None:  # fmt: skip
+                extension: Extension, active: _Active | None = None) -> int:  # fmt: skip
     """More rounds of every process's blocks while some gated metric is UNSTABLE only for
     want of steps (``extension.undecided``), the next round fits in its time, and the
-    case has looks left (``MAX_LOOKS``: the false-alarm budget is spent over them)."""
+    case has looks left (those planned from the first round's time,
+    ``significance.planned_looks``: the false-alarm budget is spent over them). The
+    looks planned."""
     if extension.max_time_s <= 0:
-        return
+        return 1
     round_s = progress.elapsed()  # the first round in every process, warm-ups included
+    looks = planned_looks(extension.max_time_s, round_s)
     while True:
-        metrics = extension.undecided(side_run(decoders, case))
+        metrics = extension.undecided(side_run(decoders, case, looks))
         if not metrics:
-            return
+            return looks
         if progress.elapsed() + round_s > extension.max_time_s:
-            return  # the budget is spent: the verdict says so
-        if decoders[0].measured(case).rounds >= MAX_LOOKS:
-            return  # the false-alarm budget was spent over MAX_LOOKS looks (judging.spending)
+            return looks  # the budget is spent: the verdict says so
+        if decoders[0].measured(case).rounds >= looks:
+            return looks  # the false-alarm budget was spent over the planned looks
         t0 = time.monotonic()
         note = f"round {decoders[0].measured(case).rounds + 1} ({', '.join(metrics)} undecided)"
         for d in decoders:
             if active is not None:
                 active.server = d.server
             if not d.more(case, note=note):
-                return
+                return looks
         round_s = time.monotonic() - t0
 
 
@@ -212,9 +216,10 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
             baseline_step_ms=baseline_step_ms, active=active,
         )  # fmt: skip
         try:
+            looks = None
             if extension is not None:
-                more_rounds(decoders, case, progress, extension, active)
-            return SideMeasurement(side_run(decoders, case), note)
+                looks = more_rounds(decoders, case, progress, extension, active)
+            return SideMeasurement(side_run(decoders, case, looks), note)
         finally:
             for d in decoders:
                 d.close()
@@ -240,11 +245,12 @@ class ABMeasurement:
     telemetry_note: str
 
 
-def _ab_runs(decoders: Mapping[Slot, Rounds], case: CaseSpec) -> tuple[DecodeRun, DecodeRun]:
+def _ab_runs(decoders: Mapping[Slot, Rounds], case: CaseSpec,
+             looks: int | None = None) -> tuple[DecodeRun, DecodeRun]:  # fmt: skip
     def side(letter: str) -> DecodeRun:
         ds = [d for s, d in sorted(decoders.items(), key=lambda kv: kv[0].index)
               if s.side == letter]  # fmt: skip
-        return side_run(ds, case)
+        return side_run(ds, case, looks)
 
     return side(REFERENCE), side("B")
 
@@ -267,7 +273,8 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
     """An A/B case: the first round of every process of both sides in ``abba_order``
     (a side's process met again measures another round), then, while ``extension``'s
     function names an UNSTABLE metric, the next round fits in its seconds and the case
-    has looks left (``MAX_LOOKS``, counted in ``order``'s entries, one per look: a side
+    has looks left (those planned from the first round's time, ``planned_looks``, at most
+    ``MAX_LOOKS``, counted in ``order``'s entries, one per look: a side
     with fewer processes measures a process twice per look), further rounds in the
     mirrored order.
     ``MeasurementFailed`` naming the side and server whose measurement broke off."""
@@ -292,10 +299,11 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
                 decoders[slot] = started[0]
                 note = n or note
             last, t0 = order, progress.elapsed()
+            planned = None if extension is None else planned_looks(extension[0], t0)
             while extension is not None and extension[0] > 0:
                 looks = len(rounds)  # one entry per look, whatever the processes' rounds
-                metrics = extension[1](*_ab_runs(decoders, case), looks)
-                if not metrics or looks >= MAX_LOOKS:
+                metrics = extension[1](*_ab_runs(decoders, case, planned), looks)
+                if not metrics or looks >= (planned or MAX_LOOKS):
                     break
                 if progress.elapsed() + t0 > extension[0]:
                     break  # the budget is spent: the verdict says so
@@ -307,7 +315,7 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
                     break
                 rounds.append(describe_order(last))
                 t0 = time.monotonic() - t1
-            ra, rb = _ab_runs(decoders, case)
+            ra, rb = _ab_runs(decoders, case, planned)
             return ABMeasurement(ra, rb, tuple(rounds), note)
         finally:
             for d in decoders.values():
