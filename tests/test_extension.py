@@ -204,7 +204,7 @@ def test_no_extension_when_recording_or_without_time():
         (0.0, 1, "about 40 steps would decide and the automatic extension is off "
          "(--specperf-max-time 0): raise it, or run with --specperf-steps 40"),
         (25.0, 3, "about 40 steps would decide: the automatic extension stopped after 3 "
-         "rounds at --specperf-max-time 25 s"),
+         "rounds at --specperf-max-time 25 s; raise it (or rerun on a quieter machine)"),
     ],
 )  # fmt: skip
 def test_unit_steps_advice_names_the_extension_state(max_time, rounds, says):
@@ -212,5 +212,9 @@ def test_unit_steps_advice_names_the_extension_state(max_time, rounds, says):
 
     from pytest_specperf.reporting.terminal import _steps_advice
 
-    fake_verdict = SimpleNamespace(steps_to_decide=40, rounds=rounds)  # a unit-test double
+    fake_verdict = SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=False)  # a double
     assert says in _steps_advice(fake_verdict, max_time)
+    if max_time:  # A/B: the steps from the start are the other way (no look to pay for)
+        ab = _steps_advice(SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=True),
+                           max_time)  # fmt: skip
+        assert ab.endswith("; raise it, or run with --specperf-steps 40 (both sides)"), ab

@@ -227,9 +227,10 @@ def _ab_gate(alongside: bool) -> Noise:
 
 
 def test_an_ab_reference_side_measured_alongside_shrinks_with_the_rounds_too():
-    """A/B measures the extension's rounds on both sides (mirrored): the reference side's
-    blocks are not a floor, as a stored baseline's are. The same gate judged as if A were
-    stored finds no number of rounds; measured alongside, a few rounds decide it."""
+    """A/B measures the extension's rounds on both sides (mirrored), each round's blocks
+    paired with the other side's of that round: the reference side's blocks are not a
+    floor, as a stored baseline's are. The same gate judged as if A were stored finds no
+    number of rounds; measured alongside, a few rounds decide it."""
     alpha, band = 4.46e-4, math.log(1.07)
 
     def t(df: float) -> float:
@@ -244,6 +245,10 @@ def test_an_ab_reference_side_measured_alongside_shrinks_with_the_rounds_too():
     assert rounds is not None and 2 <= rounds <= 4
     assert t(ab.df_at_rounds(rounds)) * ab.predicted(rounds) <= band
     assert ab.predicted(2) ** 2 == pytest.approx(ab.between**2 + ab.within**2 / 2)
+    # each round's blocks pair anew: the block term's degrees of freedom grow with them,
+    # as with new blocks; a stored baseline's rounds keep its 7
+    assert ab.df_at_rounds(2) == pytest.approx(ab.with_blocks(2)[1]) and ab.df_at_rounds(2) > ab.df
+    assert stored.df_at_rounds(2) < stored.df
     assert stored.predicted(2) ** 2 == pytest.approx(ab.between**2 + 2.08e-4 + 1.30e-4 / 2)
 
 

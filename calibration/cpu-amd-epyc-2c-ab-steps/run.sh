@@ -15,7 +15,7 @@ export THP_MEM_ALLOC_ENABLE=1
 for k in $(seq 1 "$ROUNDS"); do
   for cfg in $CONFIGS; do
     IFS=: read -r procs steps dir <<< "$cfg"
-    done_runs=$(find "$OUT/$dir" -name 'rep*.json' 2>/dev/null | wc -l)
+    done_runs=$(find "$OUT/$dir" -maxdepth 1 -name 'rep*.json' 2>/dev/null | wc -l)
     echo "== $(date -u +%T) round $k, $procs processes a side, $steps steps: run $((done_runs + 1))"
     /work/venv-cal/bin/specperf calibrate --ab python=/work/venv-cal/bin/python \
         --processes "$procs" --repetitions $((done_runs + 1)) --history --host-stall-share 0 \

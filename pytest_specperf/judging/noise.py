@@ -205,7 +205,9 @@ class Noise:
     log_centers: tuple[float, float] = (math.nan, math.nan)
     #: the baseline was measured in the current runs' sitting, beside them (A/B: the
     #: reference side, ``sitting_coef`` 0): the extension's rounds are measured on both
-    #: sides (mirrored), so more rounds shrink its block part too
+    #: sides (mirrored), and each side's blocks of a round pair with the other's of that
+    #: round (``blocks`` counts them all, ``rounds`` is 1), so more rounds shrink its block
+    #: part too and add degrees of freedom to the block term, as new blocks do
     alongside: bool = False
 
     @property
@@ -260,10 +262,15 @@ class Noise:
         return math.sqrt(self._blocks_at(rounds) + self._level_part)
 
     def df_at_rounds(self, rounds: float) -> float:
-        """The degrees of freedom of ``predicted(rounds)`` (at least: the block term keeps
-        today's, which more blocks only raise). More rounds shrink the block term, so where
-        the process term rests on fewer degrees of freedom the total's fall."""
-        return satterthwaite(self._parts(self._blocks_at(rounds), self.now_runs, self.base_runs))
+        """The degrees of freedom of ``predicted(rounds)``. More rounds shrink the block
+        term, so where the process term rests on fewer degrees of freedom the total's fall.
+        Against a stored baseline the block term keeps today's (rounds of its blocks pair
+        with its one measurement of each); ``alongside``, each round's blocks pair anew, so
+        they grow with the blocks measured."""
+        parts = self._parts(self._blocks_at(rounds), self.now_runs, self.base_runs)
+        if self.alongside:
+            parts[0] = (parts[0][0], (self.within_df + 1) * rounds / self.rounds - 1)
+        return satterthwaite(parts)
 
     def rounds_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
         """The fewest rounds per current run whose noise times the critical value at their

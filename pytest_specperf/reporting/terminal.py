@@ -315,21 +315,20 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
 
 def _new_blocks_advice(m: MetricVerdict, ab: bool) -> str:
     """Where rounds of the same blocks cannot decide but new blocks would
-    (``steps_with_new_blocks``): the steps, on both sides. Rounds shrink the block noise
-    and add no degree of freedom to it; new blocks do both, and a stored baseline's own
-    blocks are only lowered by re-recording it."""
+    (``steps_with_new_blocks``): the steps. Against a stored baseline, rounds shrink the
+    run's block noise alone and add no degree of freedom to it; a baseline re-recorded at
+    more steps, and runs of as many, do both. (In A/B rounds pair anew on both sides, so
+    where new blocks would decide, rounds would too, and the steps advice says so.)"""
     s = m.steps_with_new_blocks
     if s is None:
         return ""
-    why = (
-        "; more rounds of the same blocks cannot decide it, new blocks can (each adds a "
-        f"degree of freedom to the block noise, rounds do not): about {s} steps would"
-    )
     if ab:
-        return why + f": --specperf-steps {s} (both sides)"
-    return why + (
-        f": record the baseline with --specperf-update-baselines --specperf-steps {s} and "
-        f"run with --specperf-steps {s}"
+        return f"; about {s} steps would decide: --specperf-steps {s} (both sides)"
+    return (
+        "; more rounds of the baseline's blocks cannot decide it, new blocks can (the "
+        "baseline's own are measured again, and each adds a degree of freedom to the block "
+        f"noise): about {s} steps would: record the baseline with --specperf-update-baselines "
+        f"--specperf-steps {s} and run with --specperf-steps {s}"
     )
 
 
@@ -436,9 +435,12 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None) -> str:
             f"with --specperf-steps {steps}"
         )
     rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
+    # A/B: both sides measure the steps from the start, with no look of the extension
+    other = (f", or run with --specperf-steps {steps} (both sides)" if m.ab_sides
+             else " (or rerun on a quieter machine)")  # fmt: skip
     return text + (
         f": the automatic extension stopped{rounds} at --specperf-max-time {max_time_s:g} s; "
-        "raise it (or rerun on a quieter machine)"
+        f"raise it{other}"
     )
 
 
