@@ -161,13 +161,15 @@ def test_a_first_round_too_long_for_a_second_takes_one_look(make_run, undecided,
 def test_an_ab_case_plans_its_looks_from_its_first_round(make_run, monkeypatch):
     """The A/B loop plans its looks from the first round of both sides (``A1 B1 B2 A2``)
     and hands them to the judge with the runs: here the first round took 20 s of 30,
-    so the case is judged at one look and measured in no more."""
+    so the case is judged at one look and measured in no more (the case's clock, which
+    the servers' starts may hold, is not what plans them)."""
     from pytest_specperf.run.measure import Side, measure_ab
 
-    clock = FakeClock(20.0)
+    clock = FakeClock(100.0)  # the servers' starts before the case do not count
     monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
 
     def start_side(side, case, progress, **kw):  # a test double: a decoder of one round
+        clock.t += 10.0  # A1, then B1: 20 s; the second round of each takes no time
         return [FakeDecoder(make_run, clock, round_s=0.0)], ""
 
     monkeypatch.setattr("pytest_specperf.run.measure.start_side", start_side)

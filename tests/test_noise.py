@@ -26,7 +26,7 @@ from pytest_specperf.judging.noise import (
     sitting_coefficient,
 )
 from pytest_specperf.judging.significance import Family, critical
-from pytest_specperf.judging.stats import Summary, stable
+from pytest_specperf.judging.stats import Summary, satterthwaite, stable
 from pytest_specperf.judging.verdict import (
     MetricVerdict,
     Runs,
@@ -200,8 +200,7 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     assert today == 7 and reach(noise, today) > band  # the promise did not decide
     assert noise.df_at_rounds(today) < noise.df / 2
     assert noise.rounds_to_decide(band, t) is None  # no number of rounds would
-    steps, procs, _ = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha,
-                                 False)  # fmt: skip
+    steps, procs = _to_decide(noise, math.expm1(band / 2), 0.05, 16, t(noise.df), alpha, False)
     assert steps is None and procs is not None
     assert t(noise.df_with_processes(procs)) * noise.with_processes(procs) <= band
     dip = noise.rounds_to_decide(math.log(1.055), t)  # t x noise falls, then rises again:
@@ -211,7 +210,7 @@ def test_rounds_to_decide_take_the_critical_value_at_their_degrees_of_freedom():
     calmer = _leaning_on_processes(0.005)  # here rounds do decide, at their own t
     r = calmer.rounds_to_decide(band, t)
     assert r is not None and reach(calmer, r) <= band < reach(calmer, r - 1)
-    assert _to_decide(calmer, 0.0, 0.05, 16, t(calmer.df), alpha, False) == (r * 8, None, None)
+    assert _to_decide(calmer, 0.0, 0.05, 16, t(calmer.df), alpha, False) == (r * 8, None)
 
 
 def _ab_gate(alongside: bool) -> Noise:
@@ -247,7 +246,8 @@ def test_an_ab_reference_side_measured_alongside_shrinks_with_the_rounds_too():
     assert ab.predicted(2) ** 2 == pytest.approx(ab.between**2 + ab.within**2 / 2)
     # each round's blocks pair anew: the block term's degrees of freedom grow with them,
     # as with new blocks; a stored baseline's rounds keep its 7
-    assert ab.df_at_rounds(2) == pytest.approx(ab.with_blocks(2)[1]) and ab.df_at_rounds(2) > ab.df
+    halved = [(ab.within**2 / 2, 2 * 8 - 1), (ab.between**2, 12)]  # 16 paired blocks
+    assert ab.df_at_rounds(2) == pytest.approx(satterthwaite(halved)) and ab.df_at_rounds(2) > ab.df
     assert stored.df_at_rounds(2) < ab.df_at_rounds(2)
     assert stored.predicted(2) ** 2 == pytest.approx(ab.between**2 + 2.08e-4 + 1.30e-4 / 2)
 
@@ -257,28 +257,6 @@ def test_relative_noise_knows_a_baseline_measured_in_the_same_sitting():
     assert relative_noise(base, [run_of(NOW, sitting="night")], prior=PHASE).alongside
     assert not relative_noise(base, [run_of(NOW, sitting="later")], prior=PHASE).alongside
     assert not relative_noise(base, [run_of(NOW)], prior=PHASE).alongside  # unlabelled: now
-
-
-def test_new_blocks_add_degrees_of_freedom_where_rounds_cannot():
-    """A baseline whose own blocks are the noise (stored: rounds of the run cannot lower
-    them) and a block term on 7 degrees of freedom: more rounds never decide; twice the
-    blocks on both sides (a baseline re-recorded at twice the steps) halve the block term
-    and give it 15 degrees of freedom. The verdict's advice names those steps."""
-    alpha, band = 4.46e-4, math.log(1.07)
-
-    def t(df: float) -> float:
-        return critical(alpha, df)
-
-    noise = _ab_gate(False)
-    assert noise.rounds_to_decide(band, t) is None
-    w2, df2 = noise.with_blocks(2)
-    assert w2**2 == pytest.approx(noise.within**2 / 2 + noise.between**2)
-    assert noise.df < df2 and t(df2) < t(noise.df)
-    multiple = noise.blocks_to_decide(band, t)
-    assert multiple == 2 and t(df2) * w2 <= band
-    assert noise.blocks_to_decide(band / 10, t) is None  # no practical multiple would
-    steps, procs, blocks = _to_decide(noise, 0.02, 0.07, 32, t(noise.df), alpha, False)
-    assert (steps, blocks) == (None, 64) and procs is not None
 
 
 def test_one_run_against_one_is_the_paired_noise_plus_the_priors():

@@ -561,31 +561,6 @@ def test_an_ab_case_no_process_count_decides_points_at_the_files_mark_when_proce
     assert "run on a quieter machine" in unstable_advice(busy, ab=True)
 
 
-def test_where_new_blocks_would_decide_the_advice_names_the_steps_first():
-    """Rounds of a stored baseline's blocks cannot decide it, new blocks can: the advice
-    names the steps (a re-recorded baseline; both sides in A/B), then what processes
-    would; it no longer says more steps cannot decide it, nor sends an A/B user to the
-    history for degrees of freedom that are the block term's."""
-    from pytest_specperf.reporting.terminal import unstable_advice
-
-    m = _unstable_ab(between=0.0076, floor=0.016, noise=0.02, critical=4.55, df=10.7,
-                     history_runs=10, processes_to_decide=4, steps_with_new_blocks=64)  # fmt: skip
-    text = unstable_advice(m, ab=True)
-    assert "; about 64 steps would decide: --specperf-steps 64 (both sides)" in text, text
-    assert "; or more processes: the noise between server processes is +-0.8% per run" in text
-    assert "about 4 processes per side would decide: --specperf-processes 4" in text
-    assert "more steps cannot decide it" not in text and "--specperf-history" not in text
-    stored = unstable_advice(dataclasses.replace(m, ab_sides=False, processes_to_decide=None,
-                                                 sitting=0.0, sitting_coef=0.0))  # fmt: skip
-    assert "more rounds of the baseline's blocks cannot decide it, new blocks can" in stored
-    assert ("about 64 steps would: record the baseline with --specperf-update-baselines "
-            "--specperf-steps 64 and run with --specperf-steps 64") in stored, stored
-    assert stored.endswith("no practical number of processes would"), stored
-    without = unstable_advice(dataclasses.replace(m, steps_with_new_blocks=None), ab=True)
-    assert "more steps cannot decide it" in without and "new blocks" not in without
-    assert MetricVerdict.from_json(m.to_json()).steps_with_new_blocks == 64
-
-
 def test_tolerance_for_band_inverts_band_limit():
     """The least tolerance a band decides is ``band_limit``'s inverse, for a time (log),
     a higher-is-better quantity and a share in points."""

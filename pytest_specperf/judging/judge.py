@@ -284,7 +284,7 @@ def _holm(
         v = m.rejudged(m.tolerance, z=z)
         if v is Verdict.SLOWER:
             out[i] = replace(m, verdict=v, critical=z, alpha=levels[i], steps_to_decide=None,
-                             processes_to_decide=None, steps_with_new_blocks=None)  # fmt: skip
+                             processes_to_decide=None)  # fmt: skip
     return out
 
 

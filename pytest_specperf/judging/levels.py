@@ -34,7 +34,9 @@ MAX_COUNT = 64
 #: The default suite's shape (``perf_tests``: 7 tests; a speculative case's gates: step,
 #: unaccounted, accept length, draft and verify) and the per-gate level it gives with the
 #: automatic extension (docs/statistics.md, 7): the one-sided false-alarm level a single
-#: gate is judged at, 4.46e-4 (``Family``'s arithmetic, not a copy of it).
+#: gate is judged at, 4.46e-4 (``Family``'s arithmetic, not a copy of it), where every case
+#: plans ``MAX_LOOKS`` (a case too slow for them plans fewer and gets more: the sample
+#: sizes planned here are then on the safe side).
 DEFAULT_SUITE_TESTS = 7
 DEFAULT_SUITE_GATES = 5
 DEFAULT_GATE_ALPHA = Family(tests=DEFAULT_SUITE_TESTS, looks=MAX_LOOKS).gate_alpha(

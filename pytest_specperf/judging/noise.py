@@ -60,8 +60,6 @@ from pytest_specperf.judging.stats import satterthwaite, stable
 MAX_PROCESSES = 16
 #: Rounds per run beyond which no advice is given (``Noise.rounds_to_decide``).
 MAX_ROUNDS = 1_000_000
-#: The most times the blocks of a run ``Noise.blocks_to_decide`` considers (32 steps: 256).
-MAX_BLOCK_MULTIPLE = 8
 #: Fewest paired blocks for a paired noise (two degrees of freedom).
 MIN_PAIRED_BLOCKS = 3
 #: The sitting of runs stored without one (baselines before schema 4): all one sitting.
@@ -301,34 +299,6 @@ class Noise:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if reach(mid) <= band else (mid, hi)
         return hi
-
-    def with_blocks(self, multiple: int) -> tuple[float, float]:
-        """The noise and its degrees of freedom with ``multiple`` times the blocks a run
-        measures, on both sides, in one round (a baseline re-recorded at as many steps, or
-        both sides of an A/B run): the paired block term falls to ``1 / multiple`` of its
-        one-round value and rests on ``multiple x blocks - 1`` degrees of freedom; the
-        process and sitting parts stay. Rounds of the same blocks (``predicted``) shrink the
-        term too, but add none."""
-        one_round = self.now_var + (self.base_var if self.alongside else 0.0)
-        w2 = (one_round * self.rounds + self._fixed_blocks) / multiple
-        parts = self._parts(w2, self.now_runs, self.base_runs)
-        parts[0] = (parts[0][0], multiple * self.blocks - 1.0)
-        return math.sqrt(sum(v for v, _ in parts)), satterthwaite(parts)
-
-    def blocks_to_decide(self, band: float, critical: Callable[[float], float]) -> int | None:
-        """The least multiple (2 to ``MAX_BLOCK_MULTIPLE``) of the blocks a run measures,
-        on both sides, whose noise times the critical value at its degrees of freedom
-        (``with_blocks``) comes within ``band`` (log scale); None if none does (or the
-        blocks do not pair). Where ``rounds_to_decide`` finds no count, the block term's
-        few degrees of freedom (7 at 32 steps) or the baseline's own blocks may be what
-        holds the band open, and new blocks answer both."""
-        if not self.paired or not band > 0 or self.blocks < MIN_PAIRED_BLOCKS:
-            return None
-        for multiple in range(2, MAX_BLOCK_MULTIPLE + 1):
-            noise, df = self.with_blocks(multiple)
-            if critical(df) * noise <= band:
-                return multiple
-        return None
 
     def _parts_at(self, processes: int) -> list[tuple[float, float]]:
         """``_parts`` with ``processes`` current runs of one round each, against a baseline

@@ -71,7 +71,8 @@ class Family:
     tests: int = 1
     #: cases this test measures
     cases: int = 1
-    #: looks per case (1 without the automatic extension, else ``MAX_LOOKS``)
+    #: looks per case (1 without the automatic extension, else those it planned from the
+    #: case's first round, ``planned_looks``, at most ``MAX_LOOKS``)
     looks: int = 1
     #: the look being judged (1 to ``looks``): the run's rounds so far
     look: int = 1
@@ -116,11 +117,10 @@ LONE = Family()
 def planned_looks(max_time_s: float, first_round_s: float) -> int:
     """The looks the automatic extension plans for a case once its first round took
     ``first_round_s`` of ``max_time_s`` (``MAX_LOOKS`` at most, 1 at least): as many as
-    fit if every round takes as long as the first. Fixed before any verdict is seen (a
-    round's time, not its figures), so the boundary over them keeps its false-alarm rate;
-    a case whose rounds cannot fit a second look is judged at one look's level instead of
-    paying Pocock's boundary for looks it would never take (docs/statistics.md,
-    section 3)."""
+    fit if every round takes as long as the first. Fixed before any verdict is seen, from
+    the clock, not the judged change (docs/statistics.md, section 3, says where the two
+    can go together); a case whose rounds cannot fit a second look is judged at one
+    look's level instead of paying Pocock's boundary for looks it would never take."""
     if not first_round_s > 0 or not math.isfinite(first_round_s):
         return MAX_LOOKS
     if not max_time_s > 0:

@@ -142,7 +142,6 @@ class MetricVerdictJSON(TypedDict):
     history_runs: int
     rounds: int
     processes_to_decide: int | None
-    steps_with_new_blocks: int | None
     judged_base: float | None
     judged_now: float | None
     critical: float | None
@@ -206,10 +205,6 @@ class MetricVerdict:
     #: UNSTABLE that more steps cannot decide: the processes that would (the run's, and the
     #: baseline's too when it has fewer runs)
     processes_to_decide: int | None = None
-    #: UNSTABLE that more rounds of the same blocks cannot decide: the steps per run, of
-    #: new blocks on both sides (``--specperf-steps``; a stored baseline re-recorded at
-    #: them), that would (``Noise.blocks_to_decide``)
-    steps_with_new_blocks: int | None = None
     #: the judged centers: the geometric means of the judged form's blocks (``verify/rest``:
     #: 3.20 -> 3.55; their ratio is ``change``) when the blocks pair; with ``basis`` set,
     #: ``base`` and ``now`` are the raw metric's (ms)
@@ -389,7 +384,6 @@ class MetricVerdict:
             "history_runs": self.history_runs,
             "rounds": self.rounds,
             "processes_to_decide": self.processes_to_decide,
-            "steps_with_new_blocks": self.steps_with_new_blocks,
             "judged_base": _finite_or_none(self.judged_base),
             "judged_now": _finite_or_none(self.judged_now),
             "critical": _finite_or_none(self.critical),
@@ -464,7 +458,6 @@ def _noise_parts(d: Mapping[str, Any]) -> dict[str, Any]:
         "history_runs": _count(d.get("history_runs"), 0),
         "rounds": max(1, _count(d.get("rounds"), 1)),
         "processes_to_decide": _int_or_none(d.get("processes_to_decide")),
-        "steps_with_new_blocks": _int_or_none(d.get("steps_with_new_blocks")),
         "critical": _number(d.get("critical"), Z) if d.get("critical") is not None else Z,
         "df": _optional(d.get("df")),
         "alpha": _optional(d.get("alpha")),
@@ -815,35 +808,22 @@ def _verdict(
     return v, steps
 
 
-#: steps (more rounds), processes, steps (new blocks) that would decide; None: none would
-_Counts = tuple[int | None, int | None, int | None]
-
-
 def _to_decide(noise: Noise, change: float, tolerance: float, steps: int, z: float,
-               alpha: float, higher_is_better: bool) -> _Counts:  # fmt: skip
-    """Steps per run that more rounds of the same blocks would decide in (None: they
-    cannot), else the processes that would and the steps of new blocks that would, for a
-    relative change judged on ``z`` at the gate's level ``alpha``. ``steps``: the steps
-    measured per current run. Each count's critical value is taken at its own degrees of
-    freedom: more rounds shrink the block term, so the total leans on the process term's
-    (often fewer); more processes add to the process term's; new blocks to the block
-    term's."""
+               alpha: float, higher_is_better: bool) -> tuple[int | None, int | None]:  # fmt: skip
+    """Steps per run that would decide (None: more steps cannot), else processes that
+    would, for a relative change judged on ``z`` at the gate's level ``alpha``. ``steps``:
+    the steps measured per current run. Each count's critical value is taken at its own
+    degrees of freedom: more rounds shrink the block term (and, A/B, add to its degrees
+    of freedom), so the total leans on the process term's (often fewer); more processes
+    add to the process term's."""
     if not noise.paired:  # unpaired: assume all the noise shrinks with steps
-        alone = steps_to_decide(steps, change, noise.total, tolerance, z,
-                                higher_is_better=higher_is_better, relative=True)  # fmt: skip
-        return alone, None, None
+        return steps_to_decide(steps, change, noise.total, tolerance, z,
+                               higher_is_better=higher_is_better, relative=True), None  # fmt: skip
     band = _band_target(change, tolerance, higher_is_better, True)
-
-    def at(df: float) -> float:
-        return critical(alpha, df)
-
-    per_round = max(1, steps // noise.rounds)
-    rounds = noise.rounds_to_decide(band, at)
+    rounds = noise.rounds_to_decide(band, lambda df: critical(alpha, df))
     if rounds is not None:
-        return rounds * per_round, None, None
-    multiple = noise.blocks_to_decide(band, at)
-    blocks = None if multiple is None else multiple * per_round
-    return None, noise.processes_for(band, at), blocks
+        return rounds * max(1, steps // noise.rounds), None
+    return None, noise.processes_for(band, lambda df: critical(alpha, df))
 
 
 def _change(base: float, now: float) -> float:
@@ -914,9 +894,9 @@ def judge_metric(
         verdict, change, noise.total, tolerance, higher_is_better=higher, z=z, relative=True,
         scatter=spread)  # fmt: skip
     verdict = _undecided_if_disturbed(verdict, is_disturbed(ratio), beyond=beyond)
-    steps = procs = blocks = None
+    steps = procs = None
     if verdict is Verdict.UNSTABLE and not is_disturbed(ratio):
-        steps, procs, blocks = _to_decide(noise, change, tolerance, ns[0].n, z, alpha, higher)
+        steps, procs = _to_decide(noise, change, tolerance, ns[0].n, z, alpha, higher)
     return MetricVerdict(
         metric, verdict, b, n, change, noise.total, tolerance, spec(metric).unit, steps,
         scatter_ratio=ratio, block_scatter=spread, within=noise.within, between=noise.between,
@@ -925,7 +905,7 @@ def judge_metric(
         history_runs=noise.history_runs, rounds=noise.rounds, processes_to_decide=procs,
         critical=z, df=noise.df, alpha=alpha, sitting=noise.sitting,
         sitting_coef=noise.sitting_coef, sittings=noise.sittings,
-        exact_runs=noise.exact_runs or None, steps_with_new_blocks=blocks,
+        exact_runs=noise.exact_runs or None,
         judged_base=_exp_or_none(noise.log_centers[0]),
         judged_now=_exp_or_none(noise.log_centers[1]),
     )  # fmt: skip

@@ -306,30 +306,9 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
     )
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s)
-    if m.within is not None and m.floor is not None:  # paired: more rounds cannot decide
-        lead = _new_blocks_advice(m, ab)
-        return text + lead + (_ab_processes_advice(m, bool(lead)) if ab
-                              else _processes_advice(m, bool(lead)))  # fmt: skip
+    if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
+        return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
     return text
-
-
-def _new_blocks_advice(m: MetricVerdict, ab: bool) -> str:
-    """Where rounds of the same blocks cannot decide but new blocks would
-    (``steps_with_new_blocks``): the steps. Against a stored baseline, rounds shrink the
-    run's block noise alone and add no degree of freedom to it; a baseline re-recorded at
-    more steps, and runs of as many, do both. (In A/B rounds pair anew on both sides, so
-    where new blocks would decide, rounds would too, and the steps advice says so.)"""
-    s = m.steps_with_new_blocks
-    if s is None:
-        return ""
-    if ab:
-        return f"; about {s} steps would decide: --specperf-steps {s} (both sides)"
-    return (
-        "; more rounds of the baseline's blocks cannot decide it, new blocks can (the "
-        "baseline's own are measured again, and each adds a degree of freedom to the block "
-        f"noise): about {s} steps would: record the baseline with --specperf-update-baselines "
-        f"--specperf-steps {s} and run with --specperf-steps {s}"
-    )
 
 
 #: A critical value this many times the normal one at the same level says the verdict's
@@ -356,16 +335,13 @@ def _few_df_advice(m: MetricVerdict) -> str:
     )
 
 
-def _ab_processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
-    """An A/B case's noise between server processes: more processes per side decide it.
-    ``after_blocks``: new blocks would decide it too, and the advice said so first (the
-    few degrees of freedom are then the block term's, which history does not add to)."""
+def _ab_processes_advice(m: MetricVerdict) -> str:
+    """An A/B case's noise between server processes: more processes per side decide it."""
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
-    lead = "or more processes" if after_blocks else "more steps cannot decide it"
     text = (
-        f"; {lead}: the noise between server processes is {between} "
+        f"; more steps cannot decide it: the noise between server processes is {between} "
         f"per run ({m.base_runs} reference and {m.now_runs} tested process(es))"
-    ) + ("" if after_blocks else _few_df_advice(m))
+    ) + _few_df_advice(m)
     p = m.processes_to_decide
     if p is not None:
         return text + f"; about {p} processes per side would decide: --specperf-processes {p}"
@@ -379,21 +355,17 @@ def _ab_processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
             "recording finds it, and A/B runs of a comparable setup honour the mark "
             "(docs/statistics.md, section 6)"
         )
-    quieter = "" if after_blocks else ": run on a quieter machine"
-    return text + f"; no practical number of processes would{quieter}"
+    return text + "; no practical number of processes would: run on a quieter machine"
 
 
-def _processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
-    """A stored case's noise between server processes and sittings: what more processes
-    or sittings would do. ``after_blocks``: as in ``_ab_processes_advice``."""
+def _processes_advice(m: MetricVerdict) -> str:
     runs = f"{m.base_runs} baseline run(s)"
     if m.history_runs:
         runs += f" and {m.history_runs} history run(s)"
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
     text = (
-        f"; {'or more processes' if after_blocks else 'more steps cannot decide it'}: the "
-        f"noise between server processes is {between} per run ({runs}), and the "
-        "baseline's own blocks add theirs"
+        f"; more steps cannot decide it: the noise between server processes is {between} "
+        f"per run ({runs}), and the baseline's own blocks add theirs"
     )
     sd = m.sitting if m.sitting is not None and m.sitting_coef else 0.0
     sitting = sd > 0
@@ -409,8 +381,7 @@ def _processes_advice(m: MetricVerdict, after_blocks: bool = False) -> str:
             "days), or measure a calibrated prior with specperf calibrate"
         )
     if p is None:
-        quiet = "" if after_blocks else ": re-record on a quiet machine"
-        return text + f"; no practical number of processes would{quiet}"
+        return text + "; no practical number of processes would: re-record on a quiet machine"
     run = f"run with --specperf-processes {p}"
     if p <= m.base_runs:
         return text + f"; about {p} processes would decide: {run}"
@@ -435,7 +406,7 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None) -> str:
             f"with --specperf-steps {steps}"
         )
     rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
-    # A/B: both sides measure the steps from the start, with no look of the extension
+    # A/B: both sides can measure the steps from the start, with no further round
     other = (f", or run with --specperf-steps {steps} (both sides)" if m.ab_sides
              else " (or rerun on a quieter machine)")  # fmt: skip
     return text + (

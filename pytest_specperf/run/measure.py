@@ -167,16 +167,18 @@ def start_side(side: Side, case: CaseSpec, progress: Progress, *, device: Device
 
 
 def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
-                extension: Extension, active: _Active | None = None) -> int:  # fmt: skip
+                extension: Extension, active: _Active | None = None,
+                first_round_s: float | None = None) -> int:  # fmt: skip
     """More rounds of every process's blocks while some gated metric is UNSTABLE only for
     want of steps (``extension.undecided``), the next round fits in its time, and the
     case has looks left (those planned from the first round's time,
-    ``significance.planned_looks``: the false-alarm budget is spent over them). The
-    looks planned."""
+    ``significance.planned_looks``, from ``first_round_s``, the first round's own time
+    without the servers' starts; the case's time so far if not given: the false-alarm
+    budget is spent over them). The looks planned."""
     if extension.max_time_s <= 0:
         return 1
     round_s = progress.elapsed()  # the first round in every process, warm-ups included
-    looks = planned_looks(extension.max_time_s, round_s)
+    looks = planned_looks(extension.max_time_s, round_s if first_round_s is None else first_round_s)
     while True:
         metrics = extension.undecided(side_run(decoders, case, looks))
         if not metrics:
@@ -211,6 +213,7 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
     active = _Active(side.servers[0])
     failure: str | None = None
     try:
+        t0 = time.monotonic()  # the first round's own time: the servers are up already
         decoders, note = start_side(
             side, case, progress, device=device, pids=pids,
             baseline_step_ms=baseline_step_ms, active=active,
@@ -218,7 +221,8 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
         try:
             looks = None
             if extension is not None:
-                looks = more_rounds(decoders, case, progress, extension, active)
+                looks = more_rounds(decoders, case, progress, extension, active,
+                                    time.monotonic() - t0)  # fmt: skip
             return SideMeasurement(side_run(decoders, case, looks), note)
         finally:
             for d in decoders:
@@ -284,6 +288,7 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
     order = abba_order(len(a.servers), len(b.servers))
     rounds = [describe_order(order)]
     note, failure, where = "", None, ""
+    first = time.monotonic()  # the first round's own time (the servers are up already)
     try:
         try:
             for slot in order:
@@ -299,7 +304,8 @@ def measure_ab(a: Side, b: Side, case: CaseSpec, progress: Progress, *, device: 
                 decoders[slot] = started[0]
                 note = n or note
             last, t0 = order, progress.elapsed()
-            planned = None if extension is None else planned_looks(extension[0], t0)
+            first = time.monotonic() - first
+            planned = None if extension is None else planned_looks(extension[0], first)
             while extension is not None and extension[0] > 0:
                 looks = len(rounds)  # one entry per look, whatever the processes' rounds
                 metrics = extension[1](*_ab_runs(decoders, case, planned), looks)
