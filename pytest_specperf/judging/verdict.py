@@ -409,7 +409,7 @@ class MetricVerdict:
             verdict = Verdict(d.get("verdict", Verdict.SAME.value))
         except ValueError:
             raise ValueError(f"{d['metric']}: unknown verdict {d.get('verdict')!r}") from None
-        sr, raw, std = d.get("scatter_ratio"), d.get("raw_change"), d.get("steps_to_decide")
+        sr, raw = d.get("scatter_ratio"), d.get("raw_change")
         return cls(
             **_noise_parts(d),
             metric=d["metric"],
@@ -420,7 +420,7 @@ class MetricVerdict:
             noise=_number(d.get("noise"), math.nan),
             tolerance=_number(d.get("tolerance"), math.nan),
             unit=str(d.get("unit", "ms")),
-            steps_to_decide=std if isinstance(std, int) and not isinstance(std, bool) else None,
+            steps_to_decide=_int_or_none(d.get("steps_to_decide")),
             share_based=bool(d.get("share_based")),
             basis=d.get("basis") if isinstance(d.get("basis"), str) else None,
             raw_change=None if raw is None else _number(raw, math.nan),
