@@ -9,7 +9,10 @@ one at the shipped tolerances (7% phases, 25% step) as stored and as planned now
 median widest phase band both ways.
 
     cd calibration/cpu-amd-epyc-2c-ab-steps
-    /work/venv/bin/python one_look.py steps32 steps64 procs3 > one_look.txt
+    /work/venv/bin/python one_look.py steps32 steps64:0-7 procs3 > one_look.txt
+
+(``dir:K-L``: the work dir's runs K+1 to L, as in compare.py; ``steps64:0-7``, the runs of
+the frozen ``4182240``.)
 
 Run with the package installed (the rule's own functions are used).
 """
@@ -49,17 +52,20 @@ def at_plan(report):
         # 16-69 s of measurement a round, so one look either way (checked below).
         plan = replace(family, looks=looks, look=1)
         level = plan.gate_alpha(len(c.metrics))
+        df = [float("inf") if m.df is None else m.df for m in c.metrics]
         metrics = tuple(
-            replace(m, alpha=level, critical=critical(level, m.df if m.df is not None else float("inf")))
-            for m in c.metrics
+            replace(m, alpha=level, critical=critical(level, d)) for m, d in zip(c.metrics, df)
         )
         cases.append((replace(c, metrics=metrics), looks))
     return cases
 
 
 def main(args):
-    for name in args:
+    for arg in args:
+        name, _, span = arg.partition(":")  # dir:K-L: its runs K+1 to L, as compare.py
+        first, _, last = span.partition("-")
         files = sorted(glob.glob(str(HERE / name / "rep*-A_A.json")))
+        files = files[int(first or 0) : int(last) if last else None]
         rows = []
         for f in files:
             report = read_report(Path(f))
@@ -67,13 +73,14 @@ def main(args):
             planned = at_plan(report)
             now = judge_run([c for c, _ in planned], None, TOL_PHASE, TOL_STEP)
             rows.append((Path(f).name[:5], stored, now, sorted({n for _, n in planned})))
-        print(f"== {name}: {len(rows)} A/A runs (the first, the history's stand-in, not among them)")
+        print(f"== {arg}: {len(rows)} A/A runs (the history's stand-in not among them)")
         for rep, stored, now, looks in rows:
             print(
                 f"  {rep}  looks now {looks}  widest phase band {widest(stored.judged):.2%} -> "
                 f"{widest(now.judged):.2%}  step {widest(stored.judged, False):.2%} -> "
-                f"{widest(now.judged, False):.2%}  UNSTABLE cases {len(stored.unstable_cases)} -> "
-                f"{len(now.unstable_cases)}  SLOWER {len(stored.slower_cases)} -> {len(now.slower_cases)}"
+                f"{widest(now.judged, False):.2%}  UNSTABLE cases "
+                f"{len(stored.unstable_cases)} -> {len(now.unstable_cases)}  SLOWER "
+                f"{len(stored.slower_cases)} -> {len(now.slower_cases)}"
             )
         if rows:
             for label, i in (("as stored (4 looks)", 1), ("at the planned looks", 2)):
@@ -88,4 +95,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["steps32", "steps64", "procs3"])
+    main(sys.argv[1:] or ["steps32", "steps64:0-7", "procs3"])
