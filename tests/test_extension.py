@@ -220,3 +220,35 @@ def test_unit_steps_advice_names_the_extension_state(max_time, rounds, says):
         ab = _steps_advice(SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=True),
                            max_time)  # fmt: skip
         assert ab.endswith("; raise it, or run with --specperf-steps 40 (both sides)"), ab
+
+
+def test_unit_ab_steps_advice_counts_a_look_s_rounds_of_one_process():
+    """With one process a side, A/B measures each process two rounds a look (``A1 B1 B1
+    A1``): the steps that decide count both, and ``--specperf-steps`` sets each round's,
+    so the run needs half of them; at 2 processes a side a look is one round."""
+    from types import SimpleNamespace
+
+    from pytest_specperf.reporting.terminal import _steps_advice
+
+    one = SimpleNamespace(steps_to_decide=81, rounds=2, ab_sides=True)  # a double: one look
+    said = _steps_advice(one, 30.0, looks=1)
+    assert said.startswith("; about 81 steps per process (2 rounds of it a look) would decide")
+    assert said.endswith("or run with --specperf-steps 41 (both sides)"), said
+    two = SimpleNamespace(steps_to_decide=81, rounds=3, ab_sides=True)  # 2 a side, 3 looks
+    said = _steps_advice(two, 30.0, looks=3)
+    assert "81 steps would decide" in said and said.endswith("--specperf-steps 81 (both sides)")
+
+
+def test_a_case_s_looks_are_its_ab_order_entries_or_its_rounds():
+    """The terminal's advice reads a case's looks from its record: one ``ab.order`` entry a
+    look in A/B; a stored comparison measures one round a look."""
+    from pytest_specperf.store.report import CaseRecord
+
+    def record(**extra):
+        return CaseRecord.from_json({"test": "t", "key": "k", "verdict": "SAME",
+                                     "step_ms": {"median": 1.0}, **extra})  # fmt: skip
+
+    assert record(ab={"order": ["A1 B1 B1 A1"]}, runs=[{"rounds": 2}]).looks == 1
+    assert record(ab={"order": ["A1 B1 B2 A2", "A2 B2 B1 A1"]}, runs=[{"rounds": 2}]).looks == 2
+    assert record(runs=[{"rounds": 3}]).looks == 3
+    assert record().looks == 1

@@ -103,7 +103,9 @@ def strict_failure(config: pytest.Config, outcome: CaseOutcome,
             s = get_session(config).settings
             budget = None if s.update_baselines else s.max_time_s
             ab = outcome.reference is not None
-            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab)}" for m in undecided]
+            looks = len(outcome.ab_order) or outcome.run.rounds
+            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab, looks=looks)}"
+                      for m in undecided]  # fmt: skip
     return "\n".join(lines)
 
 

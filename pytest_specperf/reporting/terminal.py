@@ -264,11 +264,13 @@ def summary_table(cases: Sequence[CaseView]) -> list[str]:
 
 
 def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
-                    ab: bool = False) -> str:  # fmt: skip
+                    ab: bool = False, looks: int | None = None) -> str:  # fmt: skip
     """Why a metric could not be decided, and what would decide it: nothing but a quiet
     machine (disturbed), more processes (the noise between server processes), or more
     steps (the automatic extension's budget, ``max_time_s``, was spent or is off).
-    ``ab``: an A/B case (its baseline is the reference side of this run, never recorded)."""
+    ``ab``: an A/B case (its baseline is the reference side of this run, never recorded);
+    ``looks``: the looks it took (A/B: a side with fewer processes than pairs measures a
+    process more than one round a look; None: one round a look)."""
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
@@ -305,7 +307,7 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
         f"{m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
-        return text + _steps_advice(m, max_time_s)
+        return text + _steps_advice(m, max_time_s, looks)
     if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
         return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
     return text
@@ -392,9 +394,15 @@ def _processes_advice(m: MetricVerdict) -> str:
     )
 
 
-def _steps_advice(m: MetricVerdict, max_time_s: float | None) -> str:
+def _steps_advice(m: MetricVerdict, max_time_s: float | None, looks: int | None = None) -> str:
+    """More steps: ``m.steps_to_decide`` counts a tested process's steps over all its
+    rounds; where a look measures a process more than once (A/B with fewer processes a side
+    than pairs: one process a side measures two rounds a look), ``--specperf-steps`` sets
+    each round's, so the run needs that many fewer."""
     steps = m.steps_to_decide
-    text = f"; about {steps} steps would decide"
+    per_look = max(1, m.rounds // max(1, looks)) if m.ab_sides and looks else 1
+    each = f" per process ({per_look} rounds of it a look)" if per_look > 1 else ""
+    text = f"; about {steps} steps{each} would decide"
     if max_time_s is None:
         return text + (
             f": record the baseline and run with --specperf-steps {steps} (or the marker's "
@@ -407,7 +415,8 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None) -> str:
         )
     rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
     # A/B: both sides can measure the steps from the start, with no further round
-    other = (f", or run with --specperf-steps {steps} (both sides)" if m.ab_sides
+    per_round = -(-steps // per_look) if steps else steps
+    other = (f", or run with --specperf-steps {per_round} (both sides)" if m.ab_sides
              else " (or rerun on a quieter machine)")  # fmt: skip
     return text + (
         f": the automatic extension stopped{rounds} at --specperf-max-time {max_time_s:g} s; "
@@ -459,7 +468,8 @@ def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> li
         lines += [f"NOT GATED {c.test} {c.key}: {r}" for r in c.reasons if r.startswith(NOT_GATED)]
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
-                advice = unstable_advice(m, max_time_s=max_time_s, ab=c.ab_reference is not None)
+                advice = unstable_advice(m, max_time_s=max_time_s,
+                                         ab=c.ab_reference is not None, looks=c.looks)  # fmt: skip
                 lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 

@@ -172,6 +172,11 @@ class CaseView:
         return self.record.rounds
 
     @property
+    def looks(self) -> int:
+        """The looks the case took (``CaseRecord.looks``)."""
+        return self.record.looks
+
+    @property
     def ab_reference(self) -> str | None:
         """An A/B case's reference side as typed (``python=...``); None: a baseline file."""
         return self.record.ab_reference

@@ -514,6 +514,14 @@ class CaseRecord:
         return r if isinstance(r, int) and r >= 1 else 1
 
     @property
+    def looks(self) -> int:
+        """The looks the case took: an A/B case's ``ab.order`` entries (one a look), else
+        its rounds (a stored comparison measures one round a look)."""
+        ab = self.data.get("ab")
+        order = ab.get("order") if isinstance(ab, Mapping) else None
+        return max(1, len(order)) if isinstance(order, list) else self.rounds
+
+    @property
     def ab_reference(self) -> str | None:
         """An A/B case's reference side as typed (``python=...``); None: a baseline file."""
         ab = self.data.get("ab")
