@@ -190,3 +190,56 @@ def test_ab_processes_that_disagree_keep_the_prior() -> None:
     assert mv is not None and bare is not None
     assert mv.exact_runs is None and mv.between is not None and mv.between > 0
     assert mv.noise > bare.noise > 0  # the device prior is imposed, as before
+
+
+def test_a_running_reference_server_s_two_rounds_fold_onto_two_tested_processes() -> None:
+    """``A1 B1 B2 A1``: one running server as A measures two rounds of the case's 8 blocks
+    (16), each tested process one (8). Unfolded, A's 16 blocks cannot pair with B's 8 and
+    the comparison fell back to the unpaired centers, whose noise carries the prompts'
+    own spread; folded (each block's geometric mean over A's two rounds) they pair."""
+    from pytest_specperf.judging.ab import fold_rounds, rounds_per_look, tested_blocks
+    from pytest_specperf.judging.samples import DecodeRun
+
+    prompts = (30.0, 36.0, 27.0, 33.0, 40.0, 29.0, 35.0, 31.0)  # ms: block effects of +-15%
+    wobble = (1.004, 0.997, 1.002, 0.999, 1.003, 0.996, 1.001, 0.998)
+
+    def blocks(scale: float, shift: int = 0) -> tuple[float, ...]:
+        return tuple(p * scale * wobble[(j + shift) % 8] for j, p in enumerate(prompts))
+
+    a1 = blocks(1.0) + blocks(1.0, 3)  # two rounds of the same prompts
+    assert fold_rounds(a1, 8) == pytest.approx(
+        [math.sqrt(x * y) for x, y in zip(a1[:8], a1[8:])]
+    )
+    assert fold_rounds(a1, 16) == a1 and fold_rounds(a1, 5) == a1  # nothing to fold
+    base = CaseBaseline.from_run(
+        test="t.py::test_decode", key="ctx=2048 kv=contiguous bs=1", fingerprint=FP_RELEASE,
+        steps=64, metrics={"step": Summary.compact(32.5, a1, 64)},
+        at="2026-12-06T15:00:00+00:00",
+    )  # fmt: skip
+    b_runs = [
+        {"step": Summary.compact(32.5 * s, blocks(s, k), 32)}
+        for k, s in ((1, 1.01), (5, 1.012))
+    ]
+    def process(summaries: dict[str, Summary], *siblings: DecodeRun) -> DecodeRun:
+        return DecodeRun(2048, 1, "contiguous", (), (), {}, summaries, None, {}, 1.0, 8,
+                         siblings=siblings)  # fmt: skip
+
+    tested = process(b_runs[0], process(b_runs[1]))  # the two tested processes
+    assert tested_blocks(tested) == {"step": 8}
+    assert rounds_per_look(1, 2) == 1 and rounds_per_look(1, 1) == 2
+
+    def judged(fold: dict[str, int] | None):
+        ref = reference_baseline(base, "s", FP_BUILD, fold_to=fold)
+        a = tuple(ref.run_metrics(i) for i in range(len(ref.runs)))
+        runs = Runs(a, tuple(b_runs), tuple(b_runs), ("s",), ("s", "s"), ("s B", "s B"))
+        mv = judge_runs("step", runs, TOLS, alpha=ALPHA, prior=NO_PRIOR)
+        assert mv is not None
+        return mv
+
+    unfolded, folded = judged(None), judged(tested_blocks(tested))
+    # unpaired: the centers' standard errors, which carry the prompts' own spread (+-15%)
+    assert unfolded.verdict is Verdict.UNSTABLE and unfolded.noise > 0.04
+    assert unfolded.judged_base is None  # the centers' ratio: no paired statistic
+    assert folded.verdict is Verdict.SAME and folded.judged_base is not None  # paired
+    assert folded.change == pytest.approx(0.011, abs=0.002)
+    assert folded.noise < unfolded.noise / 20

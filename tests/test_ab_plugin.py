@@ -119,6 +119,27 @@ def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
     assert not (pytester.path / "baselines").exists()  # an A/B run writes no baseline
 
 
+def test_a_running_reference_against_two_tested_processes_pairs_its_blocks(
+    pytester: pytest.Pytester, side_a: ServerClient
+) -> None:
+    """``A1 B1 B2 A1``: the running server measures two rounds of the case, each tested
+    process one. A's rounds fold onto B's blocks, so the comparison pairs block by block
+    (``judged_base``: the paired statistic's centers); unfolded, A's 16 blocks could not
+    pair with B's 8 and the case was judged on the unpaired centers."""
+    pytester.makepyfile(test_case=CASE.replace("run.rounds == 2", "run.rounds == 1"))
+    result = pytester.runpytest_subprocess(
+        *SHORT_RUN, WIDE, f"--specperf-ab=url={side_a.base_url}", "--specperf-json=r.json",
+        *SIDE_B[:2], "--specperf-processes=2", "--specperf-steps=16,warmup=2", timeout=240,
+    )  # fmt: skip  (16 steps: 4 blocks a round, enough to pair; 8 steps give 2)
+    result.assert_outcomes(passed=1)
+    case = _case(pytester)
+    assert case["ab"]["order"] == ["A1 B1 B2 A1"] and case["ab"]["reference_processes"] == 1
+    m = _verify(case)
+    assert (m["base_runs"], m["now_runs"]) == (1, 2)
+    assert m["judged_base"] is not None and m["judged_now"] is not None  # paired
+    assert m["floor"] is not None and m["floor"] < m["noise"]  # blocks that pair can shrink
+
+
 def test_a_nightly_ab_learns_the_process_spread_from_its_earlier_reports(
     pytester: pytest.Pytester, side_a: ServerClient
 ) -> None:

@@ -230,25 +230,34 @@ def test_unit_ab_steps_advice_counts_a_look_s_rounds_of_one_process():
 
     from pytest_specperf.reporting.terminal import _steps_advice
 
-    one = SimpleNamespace(steps_to_decide=81, rounds=2, ab_sides=True)  # a double: one look
-    said = _steps_advice(one, 30.0, looks=1)
-    assert said.startswith("; about 81 steps per process (2 rounds of it a look) would decide")
+    one = SimpleNamespace(steps_to_decide=81, rounds=1, ab_sides=True)  # a double
+    said = _steps_advice(one, 30.0, per_look=2)
+    assert said.startswith("; about 81 steps in the first tested process (it measures 2 "
+                           "rounds a look) would decide")  # fmt: skip
     assert said.endswith("or run with --specperf-steps 41 (both sides)"), said
-    two = SimpleNamespace(steps_to_decide=81, rounds=3, ab_sides=True)  # 2 a side, 3 looks
-    said = _steps_advice(two, 30.0, looks=3)
+    off = _steps_advice(one, 0.0, per_look=2)
+    assert off.endswith("raise it, or run with --specperf-steps 41"), off
+    said = _steps_advice(one, 30.0, per_look=1)
     assert "81 steps would decide" in said and said.endswith("--specperf-steps 81 (both sides)")
+    stored = SimpleNamespace(steps_to_decide=81, rounds=1, ab_sides=False)
+    assert "--specperf-steps 81" in _steps_advice(stored, 0.0, per_look=2)  # never halved
 
 
-def test_a_case_s_looks_are_its_ab_order_entries_or_its_rounds():
-    """The terminal's advice reads a case's looks from its record: one ``ab.order`` entry a
-    look in A/B; a stored comparison measures one round a look."""
+@pytest.mark.parametrize(("a", "b", "per_look"), [(1, 1, 2), (1, 2, 1), (2, 1, 2), (3, 2, 2),
+                                                  (2, 2, 1), (3, 1, 3), (4, 4, 1)])  # fmt: skip
+def test_a_case_s_rounds_per_look_follow_the_order_of_its_processes(a, b, per_look):
+    """The first tested process measures ``ceil(max(a, b, 2) / b)`` rounds a look: as many
+    times as ``abba_order`` names it; a report's case reads it back from its sides."""
+    from pytest_specperf.judging.ab import abba_order, describe_order, rounds_per_look
     from pytest_specperf.store.report import CaseRecord
 
-    def record(**extra):
-        return CaseRecord.from_json({"test": "t", "key": "k", "verdict": "SAME",
-                                     "step_ms": {"median": 1.0}, **extra})  # fmt: skip
-
-    assert record(ab={"order": ["A1 B1 B1 A1"]}, runs=[{"rounds": 2}]).looks == 1
-    assert record(ab={"order": ["A1 B1 B2 A2", "A2 B2 B1 A1"]}, runs=[{"rounds": 2}]).looks == 2
-    assert record(runs=[{"rounds": 3}]).looks == 3
-    assert record().looks == 1
+    assert rounds_per_look(a, b) == describe_order(abba_order(a, b)).split().count("B1")
+    assert rounds_per_look(a, b) == per_look
+    record = CaseRecord.from_json({
+        "test": "t", "key": "k", "verdict": "SAME", "step_ms": {"median": 1.0},
+        "ab": {"reference_processes": a}, "runs": [{}] * b,
+    })  # fmt: skip
+    assert record.rounds_per_look == per_look
+    stored = CaseRecord.from_json({"test": "t", "key": "k", "verdict": "SAME",
+                                   "step_ms": {"median": 1.0}, "runs": [{}] * b})  # fmt: skip
+    assert stored.rounds_per_look == 1

@@ -79,6 +79,13 @@ def abba_order(a: int, b: int) -> tuple[Slot, ...]:
     return tuple(out)
 
 
+def rounds_per_look(a: int, b: int) -> int:
+    """The rounds the first tested process (``B1``) measures a look over ``a`` reference
+    and ``b`` tested processes (``abba_order``'s ``max(a, b, 2)`` pairs taken in turn): 2
+    with one process a side (``A1 B1 B1 A1``), 1 with two."""
+    return -(-max(a, b, 2) // max(1, b))
+
+
 def next_round(order: Sequence[Slot]) -> tuple[Slot, ...]:
     """The order of the next round: the last one mirrored (``A1 B1 B2 A2`` ->
     ``A2 B2 B1 A1``), so that every round is balanced on its own."""
@@ -91,18 +98,57 @@ def describe_order(order: Sequence[Slot]) -> str:
 
 
 def reference_baseline(base: CaseBaseline, sitting: str, tested: Mapping[str, Any],
-                       not_gated: NotGated | None = None) -> CaseBaseline:  # fmt: skip
+                       not_gated: NotGated | None = None,
+                       fold_to: Mapping[str, int] | None = None) -> CaseBaseline:  # fmt: skip
     """The reference side's runs as the comparison's baseline, stamped with this run's
     ``sitting`` (both sides share it: the noise has no sitting term) and under the tested
     side's engine fingerprint ``tested``: the two sides differ on purpose (another build,
     other server arguments), which ``engine_differences`` says. ``not_gated``: the mark of
-    the device's baseline file for the case (``stored_mark``), honoured as there."""
-    runs = tuple(dataclasses.replace(r, sitting=sitting) for r in base.runs)
+    the device's baseline file for the case (``stored_mark``), honoured as there.
+    ``fold_to``: per form, the fewest blocks a tested process measured (``tested_blocks``):
+    a reference process that measured more rounds than that (one running server against
+    two tested processes: ``A1 B1 B2 A1``) has its rounds folded onto them
+    (``fold_rounds``), so that its blocks pair with the tested side's."""
+    runs = tuple(
+        dataclasses.replace(r, sitting=sitting, blocks=_folded(r.blocks, fold_to or {}))
+        for r in base.runs
+    )
     fp = MappingProxyType(dict(tested))
     return dataclasses.replace(
         base, runs=runs, not_gated=not_gated, fingerprint=fp, identity=identity_of(fp),
         fingerprint_hash=fingerprint_hash(fp),
     )  # fmt: skip
+
+
+def tested_blocks(run: DecodeRun) -> dict[str, int]:
+    """Per form, the fewest blocks any of the tested side's processes measured."""
+    out: dict[str, int] = {}
+    for p in run.processes:
+        for m, s in p.summaries.items():
+            if s.blocks:
+                out[m] = min(out.get(m, len(s.blocks)), len(s.blocks))
+    return out
+
+
+def fold_rounds(blocks: Sequence[float], period: int) -> tuple[float, ...]:
+    """Block centers of several rounds of the same ``period`` blocks (the same prompts and
+    layouts, round after round) as ``period`` blocks: each position's geometric mean over
+    the rounds, the mean of the logs the noise pairs (``noise.log_rows``). Unchanged where
+    they do not fold (a length that is not a larger multiple, a center <= 0)."""
+    if period < 1 or len(blocks) <= period or len(blocks) % period or min(blocks) <= 0:
+        return tuple(blocks)
+    rounds = len(blocks) // period
+    return tuple(
+        math.exp(statistics.fmean(math.log(blocks[r * period + j]) for r in range(rounds)))
+        for j in range(period)
+    )
+
+
+def _folded(blocks: Mapping[str, tuple[float, ...]],
+            fold_to: Mapping[str, int]) -> Mapping[str, tuple[float, ...]]:  # fmt: skip
+    if not fold_to:
+        return blocks
+    return {m: fold_rounds(b, fold_to[m]) if m in fold_to else b for m, b in blocks.items()}
 
 
 def stored_mark(file: BaselineFile | None, tested: Mapping[str, Any], test: str, key: str,

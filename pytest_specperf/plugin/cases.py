@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_specperf.judging.ab import rounds_per_look
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.judging.strict import Unjudged
@@ -103,8 +104,9 @@ def strict_failure(config: pytest.Config, outcome: CaseOutcome,
             s = get_session(config).settings
             budget = None if s.update_baselines else s.max_time_s
             ab = outcome.reference is not None
-            looks = len(outcome.ab_order) or outcome.run.rounds
-            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab, looks=looks)}"
+            a = len(outcome.baseline.runs) if ab and outcome.baseline is not None else 1
+            per_look = rounds_per_look(a, len(outcome.run.processes)) if ab else 1
+            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab, per_look=per_look)}"
                       for m in undecided]  # fmt: skip
     return "\n".join(lines)
 

@@ -264,13 +264,13 @@ def summary_table(cases: Sequence[CaseView]) -> list[str]:
 
 
 def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
-                    ab: bool = False, looks: int | None = None) -> str:  # fmt: skip
+                    ab: bool = False, per_look: int = 1) -> str:  # fmt: skip
     """Why a metric could not be decided, and what would decide it: nothing but a quiet
     machine (disturbed), more processes (the noise between server processes), or more
     steps (the automatic extension's budget, ``max_time_s``, was spent or is off).
     ``ab``: an A/B case (its baseline is the reference side of this run, never recorded);
-    ``looks``: the looks it took (A/B: a side with fewer processes than pairs measures a
-    process more than one round a look; None: one round a look)."""
+    ``per_look``: the rounds its first tested process measured a look
+    (``judging.ab.rounds_per_look``: 2 with one process a side)."""
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
@@ -307,7 +307,7 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
         f"{m.tolerance * 100:.0f}{unit})"
     )
     if m.steps_to_decide:
-        return text + _steps_advice(m, max_time_s, looks)
+        return text + _steps_advice(m, max_time_s, per_look)
     if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
         return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
     return text
@@ -394,15 +394,16 @@ def _processes_advice(m: MetricVerdict) -> str:
     )
 
 
-def _steps_advice(m: MetricVerdict, max_time_s: float | None, looks: int | None = None) -> str:
-    """More steps: ``m.steps_to_decide`` counts a tested process's steps over all its
-    rounds; where a look measures a process more than once (A/B with fewer processes a side
-    than pairs: one process a side measures two rounds a look), ``--specperf-steps`` sets
-    each round's, so the run needs that many fewer."""
+def _steps_advice(m: MetricVerdict, max_time_s: float | None, per_look: int = 1) -> str:
+    """More steps. ``m.steps_to_decide`` counts the first tested process's steps over its
+    rounds; ``--specperf-steps`` sets a round's, and where a look measures that process
+    ``per_look`` rounds (A/B with one process a side: ``A1 B1 B1 A1``), a run needs that
+    many times fewer."""
     steps = m.steps_to_decide
-    per_look = max(1, m.rounds // max(1, looks)) if m.ab_sides and looks else 1
-    each = f" per process ({per_look} rounds of it a look)" if per_look > 1 else ""
-    text = f"; about {steps} steps{each} would decide"
+    per_look = per_look if m.ab_sides and per_look > 1 else 1
+    per_round = -(-steps // per_look) if steps else steps
+    each = f" in the first tested process (it measures {per_look} rounds a look)"
+    text = f"; about {steps} steps{each if per_look > 1 else ''} would decide"
     if max_time_s is None:
         return text + (
             f": record the baseline and run with --specperf-steps {steps} (or the marker's "
@@ -411,11 +412,10 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None, looks: int | None 
     if max_time_s <= 0:
         return text + (
             " and the automatic extension is off (--specperf-max-time 0): raise it, or run "
-            f"with --specperf-steps {steps}"
+            f"with --specperf-steps {per_round}"
         )
     rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
     # A/B: both sides can measure the steps from the start, with no further round
-    per_round = -(-steps // per_look) if steps else steps
     other = (f", or run with --specperf-steps {per_round} (both sides)" if m.ab_sides
              else " (or rerun on a quieter machine)")  # fmt: skip
     return text + (
@@ -468,8 +468,8 @@ def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> li
         lines += [f"NOT GATED {c.test} {c.key}: {r}" for r in c.reasons if r.startswith(NOT_GATED)]
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
-                advice = unstable_advice(m, max_time_s=max_time_s,
-                                         ab=c.ab_reference is not None, looks=c.looks)  # fmt: skip
+                advice = unstable_advice(m, max_time_s=max_time_s, ab=c.ab_reference is not None,
+                                         per_look=c.rounds_per_look)  # fmt: skip
                 lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 

@@ -172,9 +172,9 @@ class CaseView:
         return self.record.rounds
 
     @property
-    def looks(self) -> int:
-        """The looks the case took (``CaseRecord.looks``)."""
-        return self.record.looks
+    def rounds_per_look(self) -> int:
+        """The rounds its first tested process measured a look (``CaseRecord``'s)."""
+        return self.record.rounds_per_look
 
     @property
     def ab_reference(self) -> str | None:

@@ -18,6 +18,7 @@ from pytest_specperf.judging.ab import (
     engine_differences,
     reference_baseline,
     stored_mark,
+    tested_blocks,
     tested_evidence,
 )
 from pytest_specperf.judging.baselines import (
@@ -296,16 +297,19 @@ class Reference:
 
 def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
                 run: DecodeRun, key: str, cases: int,
-                tested: Mapping[str, Any], look: int = 1) -> CaseBaseline:  # fmt: skip
+                tested: Mapping[str, Any], look: int = 1,
+                tested_run: DecodeRun | None = None) -> CaseBaseline:  # fmt: skip
     """The reference side's run of a case as the comparison's baseline, stamped with
     this run's sitting (no stamp on disk: an A/B run never writes a baseline), under the
     tested side's fingerprint ``tested``, with the device's baseline file's ``not_gated``
-    mark for the case, if it has one."""
+    mark for the case, if it has one; its rounds folded onto ``tested_run``'s blocks where
+    it measured more of them (``judging.ab.reference_baseline``)."""
     case = case_of(inputs, request, reference.server, run, key, cases, look)
     base = as_baseline(case, at=utc_now())
     mark = stored_mark(inputs.baselines if inputs.foreign is None else None, tested,
                        request.test, key, base.fingerprint)  # fmt: skip
-    return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark)
+    fold = tested_blocks(tested_run) if tested_run is not None else None
+    return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark, fold)
 
 
 def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
@@ -333,7 +337,7 @@ def undecided_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer,
     def of(a: DecodeRun, b: DecodeRun, looks: int) -> list[str]:
         key = request.keys([*earlier, b])[-1]
         base = ab_baseline(inputs, request, reference, a, key, len(earlier), server.fingerprint,
-                           looks)  # fmt: skip
+                           looks, b)  # fmt: skip
         return more_steps_would_decide(_ab_case(inputs, request, server, b, key,
                                                 len(earlier), looks), base)  # fmt: skip
 
@@ -357,7 +361,7 @@ def judge_ab(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: 
     look = max(1, len(order))
     case = _ab_case(inputs, request, server, run, key, cases, look)
     base = ab_baseline(inputs, request, reference, reference_run, key, cases,
-                       server.fingerprint, look)  # fmt: skip
+                       server.fingerprint, look, run)  # fmt: skip
     outcome = judge_case(case, base, inputs.baseline_path, missing="", record=False)
     outcome = dataclasses.replace(outcome, verdict=as_ab_verdict(outcome.verdict))
     differ = engine_differences(reference.server.fingerprint, server.fingerprint)

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pytest_specperf.judging.ab import pair_changes
+from pytest_specperf.judging.ab import pair_changes, rounds_per_look
 from pytest_specperf.judging.baselines import keeps_blocks
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
@@ -514,12 +514,14 @@ class CaseRecord:
         return r if isinstance(r, int) and r >= 1 else 1
 
     @property
-    def looks(self) -> int:
-        """The looks the case took: an A/B case's ``ab.order`` entries (one a look), else
-        its rounds (a stored comparison measures one round a look)."""
+    def rounds_per_look(self) -> int:
+        """The rounds its first tested process measured a look: an A/B case's
+        (``judging.ab.rounds_per_look`` of its sides' processes), else 1."""
         ab = self.data.get("ab")
-        order = ab.get("order") if isinstance(ab, Mapping) else None
-        return max(1, len(order)) if isinstance(order, list) else self.rounds
+        a = ab.get("reference_processes") if isinstance(ab, Mapping) else None
+        if not isinstance(a, int) or isinstance(a, bool) or a < 1:
+            return 1
+        return rounds_per_look(a, self.processes)
 
     @property
     def ab_reference(self) -> str | None:
