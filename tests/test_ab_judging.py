@@ -196,9 +196,11 @@ def test_a_running_reference_server_s_two_rounds_fold_onto_two_tested_processes(
     """``A1 B1 B2 A1``: one running server as A measures two rounds of the case's 8 blocks
     (16), each tested process one (8). Unfolded, A's 16 blocks cannot pair with B's 8 and
     the comparison fell back to the unpaired centers, whose noise carries the prompts'
-    own spread; folded (each block's geometric mean over A's two rounds) they pair."""
-    from pytest_specperf.judging.ab import fold_rounds, rounds_per_look, tested_blocks
+    own spread; folded (each block's geometric mean over A's two rounds) they pair, and
+    the scatter checks still read A's blocks as measured."""
+    from pytest_specperf.judging.ab import fold_reference, fold_rounds, tested_blocks
     from pytest_specperf.judging.samples import DecodeRun
+    from pytest_specperf.judging.verdict import disturbance
 
     prompts = (30.0, 36.0, 27.0, 33.0, 40.0, 29.0, 35.0, 31.0)  # ms: block effects of +-15%
     wobble = (1.004, 0.997, 1.002, 0.999, 1.003, 0.996, 1.001, 0.998)
@@ -217,29 +219,43 @@ def test_a_running_reference_server_s_two_rounds_fold_onto_two_tested_processes(
         at="2026-12-06T15:00:00+00:00",
     )  # fmt: skip
     b_runs = [
-        {"step": Summary.compact(32.5 * s, blocks(s, k), 32)}
-        for k, s in ((1, 1.01), (5, 1.012))
+        {"step": Summary.compact(32.5 * s, blocks(s, k), 32)} for k, s in ((1, 1.01), (5, 1.012))
     ]
+
     def process(summaries: dict[str, Summary], *siblings: DecodeRun) -> DecodeRun:
         return DecodeRun(2048, 1, "contiguous", (), (), {}, summaries, None, {}, 1.0, 8,
                          siblings=siblings)  # fmt: skip
 
     tested = process(b_runs[0], process(b_runs[1]))  # the two tested processes
-    assert tested_blocks(tested) == {"step": 8}
-    assert rounds_per_look(1, 2) == 1 and rounds_per_look(1, 1) == 2
+    assert tested_blocks(tested) == {"step": (8, 1)}
 
-    def judged(fold: dict[str, int] | None):
-        ref = reference_baseline(base, "s", FP_BUILD, fold_to=fold)
+    def judged(ref: CaseBaseline):
         a = tuple(ref.run_metrics(i) for i in range(len(ref.runs)))
         runs = Runs(a, tuple(b_runs), tuple(b_runs), ("s",), ("s", "s"), ("s B", "s B"))
         mv = judge_runs("step", runs, TOLS, alpha=ALPHA, prior=NO_PRIOR)
         assert mv is not None
-        return mv
+        return mv, a
 
-    unfolded, folded = judged(None), judged(tested_blocks(tested))
+    unfolded, _ = judged(base)
+    folded, a = judged(fold_reference(base, [2], tested_blocks(tested)))
     # unpaired: the centers' standard errors, which carry the prompts' own spread (+-15%)
     assert unfolded.verdict is Verdict.UNSTABLE and unfolded.noise > 0.04
     assert unfolded.judged_base is None  # the centers' ratio: no paired statistic
     assert folded.verdict is Verdict.SAME and folded.judged_base is not None  # paired
     assert folded.change == pytest.approx(0.011, abs=0.002)
     assert folded.noise < unfolded.noise / 20
+    # the scatter checks read A's 16 blocks as measured, not their means over the rounds
+    assert a[0]["step"].measured_blocks == pytest.approx(a1) and len(a[0]["step"].blocks) == 8
+    assert disturbance(a[0]["step"], b_runs[0]["step"]) == pytest.approx(
+        disturbance(Summary.compact(32.5, a1, 64), b_runs[0]["step"])
+    )
+    # rounds of other blocks do not fold: A measured 6 blocks a round where B measured 4
+    # (12 in all, a multiple of 4, yet blocks 0, 4 and 8 are not the same prompt)
+    six = CaseBaseline.from_run(
+        test="t.py::test_decode", key="ctx=2048 kv=contiguous bs=1", fingerprint=FP_RELEASE,
+        steps=48, metrics={"step": Summary.compact(32.5, a1[:6] + a1[8:14], 48)},
+        at="2026-12-06T15:00:00+00:00",
+    )  # fmt: skip
+    same = fold_reference(six, [2], {"step": (4, 1)})
+    assert same.runs[0].blocks == six.runs[0].blocks and not same.runs[0].measured_blocks
+    assert fold_reference(base, [2], {"step": (16, 2)}).runs == base.runs  # 1/1: as many

@@ -126,11 +126,13 @@ def test_a_running_reference_against_two_tested_processes_pairs_its_blocks(
     process one. A's rounds fold onto B's blocks, so the comparison pairs block by block
     (``judged_base``: the paired statistic's centers); unfolded, A's 16 blocks could not
     pair with B's 8 and the case was judged on the unpaired centers."""
-    pytester.makepyfile(test_case=CASE.replace("run.rounds == 2", "run.rounds == 1"))
+    one_round = CASE.replace("run.steps == 16 and run.rounds == 2", "run.steps == 8 and run.rounds == 1")
+    assert one_round != CASE
+    pytester.makepyfile(test_case=one_round)
     result = pytester.runpytest_subprocess(
         *SHORT_RUN, WIDE, f"--specperf-ab=url={side_a.base_url}", "--specperf-json=r.json",
-        *SIDE_B[:2], "--specperf-processes=2", "--specperf-steps=16,warmup=2", timeout=240,
-    )  # fmt: skip  (16 steps: 4 blocks a round, enough to pair; 8 steps give 2)
+        *SIDE_B[:2], "--specperf-processes=2", timeout=240,
+    )  # fmt: skip
     result.assert_outcomes(passed=1)
     case = _case(pytester)
     assert case["ab"]["order"] == ["A1 B1 B2 A1"] and case["ab"]["reference_processes"] == 1

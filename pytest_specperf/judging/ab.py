@@ -98,21 +98,13 @@ def describe_order(order: Sequence[Slot]) -> str:
 
 
 def reference_baseline(base: CaseBaseline, sitting: str, tested: Mapping[str, Any],
-                       not_gated: NotGated | None = None,
-                       fold_to: Mapping[str, int] | None = None) -> CaseBaseline:  # fmt: skip
+                       not_gated: NotGated | None = None) -> CaseBaseline:  # fmt: skip
     """The reference side's runs as the comparison's baseline, stamped with this run's
     ``sitting`` (both sides share it: the noise has no sitting term) and under the tested
     side's engine fingerprint ``tested``: the two sides differ on purpose (another build,
     other server arguments), which ``engine_differences`` says. ``not_gated``: the mark of
-    the device's baseline file for the case (``stored_mark``), honoured as there.
-    ``fold_to``: per form, the fewest blocks a tested process measured (``tested_blocks``):
-    a reference process that measured more rounds than that (one running server against
-    two tested processes: ``A1 B1 B2 A1``) has its rounds folded onto them
-    (``fold_rounds``), so that its blocks pair with the tested side's."""
-    runs = tuple(
-        dataclasses.replace(r, sitting=sitting, blocks=_folded(r.blocks, fold_to or {}))
-        for r in base.runs
-    )
+    the device's baseline file for the case (``stored_mark``), honoured as there."""
+    runs = tuple(dataclasses.replace(r, sitting=sitting) for r in base.runs)
     fp = MappingProxyType(dict(tested))
     return dataclasses.replace(
         base, runs=runs, not_gated=not_gated, fingerprint=fp, identity=identity_of(fp),
@@ -120,14 +112,41 @@ def reference_baseline(base: CaseBaseline, sitting: str, tested: Mapping[str, An
     )  # fmt: skip
 
 
-def tested_blocks(run: DecodeRun) -> dict[str, int]:
-    """Per form, the fewest blocks any of the tested side's processes measured."""
-    out: dict[str, int] = {}
+def tested_blocks(run: DecodeRun) -> dict[str, tuple[int, int]]:
+    """Per form, the blocks and rounds of the tested process that measured the fewest
+    blocks of it."""
+    out: dict[str, tuple[int, int]] = {}
     for p in run.processes:
         for m, s in p.summaries.items():
-            if s.blocks:
-                out[m] = min(out.get(m, len(s.blocks)), len(s.blocks))
+            if s.blocks and (m not in out or len(s.blocks) < out[m][0]):
+                out[m] = (len(s.blocks), max(1, p.rounds))
     return out
+
+
+def fold_reference(base: CaseBaseline, rounds: Sequence[int],
+                   tested: Mapping[str, tuple[int, int]]) -> CaseBaseline:  # fmt: skip
+    """The reference side's runs (``rounds``: each one's rounds, in order) with the rounds
+    of a process that measured more of them than the tested side's shortest run
+    (``tested_blocks``; one running server against two tested processes: ``A1 B1 B2 A1``)
+    folded onto that run's blocks (``fold_rounds``), so that they pair. Only whole rounds
+    of the same blocks fold: the reference process's blocks a round must be the tested
+    run's (a round adds a block where one came back short, so two processes' rounds can
+    differ), and its rounds a multiple of the tested run's. Each folded run keeps its blocks
+    as measured for the scatter checks (``RunRecord.measured_blocks``): a mean over rounds
+    scatters less than one round, which would read as the tested side disturbed."""
+    runs = []
+    for r, n in zip(base.runs, [*rounds, *[1] * (len(base.runs) - len(rounds))]):
+        folded = {}
+        for m, b in r.blocks.items():
+            blocks, their = tested.get(m, (0, 0))
+            whole = n > their > 0 and n % their == 0 and len(b) * their == blocks * n
+            if whole and len(b) > blocks:
+                folded[m] = fold_rounds(b, blocks)
+        if folded:
+            measured = {m: r.blocks[m] for m in folded}
+            r = dataclasses.replace(r, blocks={**r.blocks, **folded}, measured_blocks=measured)
+        runs.append(r)
+    return dataclasses.replace(base, runs=tuple(runs))
 
 
 def fold_rounds(blocks: Sequence[float], period: int) -> tuple[float, ...]:
@@ -142,13 +161,6 @@ def fold_rounds(blocks: Sequence[float], period: int) -> tuple[float, ...]:
         math.exp(statistics.fmean(math.log(blocks[r * period + j]) for r in range(rounds)))
         for j in range(period)
     )
-
-
-def _folded(blocks: Mapping[str, tuple[float, ...]],
-            fold_to: Mapping[str, int]) -> Mapping[str, tuple[float, ...]]:  # fmt: skip
-    if not fold_to:
-        return blocks
-    return {m: fold_rounds(b, fold_to[m]) if m in fold_to else b for m, b in blocks.items()}
 
 
 def stored_mark(file: BaselineFile | None, tested: Mapping[str, Any], test: str, key: str,

@@ -246,6 +246,10 @@ class RunRecord:
     blocks: Mapping[str, tuple[float, ...]]
     sitting: str | None = None
     host: str | None = None
+    #: per form whose ``blocks`` fold several rounds of the same blocks (an A/B reference
+    #: process: ``judging.ab.fold_reference``), its blocks as measured, which the scatter
+    #: checks read; never stored
+    measured_blocks: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def sitting_label(self) -> str:
@@ -255,7 +259,8 @@ class RunRecord:
     def summaries(self, steps: int) -> dict[str, Summary]:
         """The run as compact summaries, one per metric."""
         return {
-            m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m))
+            m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m),
+                               measured_blocks=self.measured_blocks.get(m, ()))
             for m, v in self.values.items()
         }
 

@@ -58,11 +58,15 @@ class Summary:
     #: False for a compact summary (one stored baseline run): only ``n``, the center and
     #: the block centers are known; the other fields are NaN and never trusted
     full: bool = True
+    #: where ``blocks`` fold several rounds of the same blocks (an A/B reference process,
+    #: ``judging.ab.fold_reference``): the blocks as measured, which the scatter checks read
+    measured_blocks: tuple[float, ...] = ()
 
     @classmethod
     def compact(
-        cls, value: float, blocks: Sequence[float], n: int, center: str = "median"
-    ) -> Summary:
+        cls, value: float, blocks: Sequence[float], n: int, center: str = "median",
+        measured_blocks: Sequence[float] = (),
+    ) -> Summary:  # fmt: skip
         """A summary known only by its center and block centers (a stored baseline run).
 
         Its spread figures are unknown, so with fewer than three blocks its noise is
@@ -84,6 +88,7 @@ class Summary:
             blocks=tuple(blocks),
             center=center,
             full=False,
+            measured_blocks=tuple(measured_blocks),
         )
 
     @property

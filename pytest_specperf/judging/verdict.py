@@ -547,7 +547,8 @@ def disturbance(
 def _scatters(runs: Sequence[Summary]) -> list[float]:
     out = []
     for r in runs:
-        sc = scatter(r.blocks) if len(r.blocks) >= MIN_SCATTER_BLOCKS else None
+        blocks = r.measured_blocks or r.blocks  # a folded run's as measured
+        sc = scatter(blocks) if len(blocks) >= MIN_SCATTER_BLOCKS else None
         if sc is not None:
             out.append(sc)
     return out

@@ -16,6 +16,7 @@ from typing import Any
 from pytest_specperf.judging.ab import (
     as_ab_verdict,
     engine_differences,
+    fold_reference,
     reference_baseline,
     stored_mark,
     tested_blocks,
@@ -308,8 +309,9 @@ def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
     base = as_baseline(case, at=utc_now())
     mark = stored_mark(inputs.baselines if inputs.foreign is None else None, tested,
                        request.test, key, base.fingerprint)  # fmt: skip
-    fold = tested_blocks(tested_run) if tested_run is not None else None
-    return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark, fold)
+    if tested_run is not None:  # its rounds folded onto the tested side's blocks
+        base = fold_reference(base, [p.rounds for p in run.processes], tested_blocks(tested_run))
+    return reference_baseline(base, inputs.sitting or AB_SITTING, tested, mark)
 
 
 def _ab_case(inputs: RunInputs, request: CaseRequest, server: ModelServer, run: DecodeRun,
