@@ -83,7 +83,7 @@ def main(args):
                 f"{len(stored.slower_cases)} -> {len(now.slower_cases)}"
             )
         if rows:
-            for label, i in (("as stored (4 looks)", 1), ("at the planned looks", 2)):
+            for label, i in (("as stored", 1), ("at the planned looks", 2)):
                 outs = [r[i] for r in rows]
                 print(
                     f"  {label:22s} runs with an UNSTABLE case "
