@@ -304,7 +304,7 @@ def ab_baseline(inputs: RunInputs, request: CaseRequest, reference: Reference,
     this run's sitting (no stamp on disk: an A/B run never writes a baseline), under the
     tested side's fingerprint ``tested``, with the device's baseline file's ``not_gated``
     mark for the case, if it has one; its rounds folded onto ``tested_run``'s blocks where
-    it measured more of them (``judging.ab.reference_baseline``)."""
+    it measured more of them (``judging.ab.fold_reference``)."""
     case = case_of(inputs, request, reference.server, run, key, cases, look)
     base = as_baseline(case, at=utc_now())
     mark = stored_mark(inputs.baselines if inputs.foreign is None else None, tested,
