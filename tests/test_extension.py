@@ -61,7 +61,7 @@ def test_rounds_go_on_while_undecided_and_stop_when_decided(make_run, undecided,
     monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoders = [FakeDecoder(make_run, clock), FakeDecoder(make_run, clock, 0.0)]
     undecided += [["verify"], ["verify", "draft"], []]
-    more_rounds(decoders, None, clock, _extension(60.0, undecided))
+    more_rounds(decoders, None, clock, _extension(60.0, undecided), clock.t)
     assert [d.rounds for d in decoders] == [3, 3]  # every process, whole rounds
     assert decoders[0].notes == ["round 2 (verify undecided)", "round 3 (verify, draft undecided)"]
 
@@ -71,7 +71,7 @@ def test_the_budget_stops_the_rounds(make_run, undecided, monkeypatch):
     monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoder = FakeDecoder(make_run, clock, round_s=10.0)
     undecided += [["verify"]] * 10
-    more_rounds([decoder], None, clock, _extension(29.0, undecided))
+    more_rounds([decoder], None, clock, _extension(29.0, undecided), clock.t)
     assert decoder.rounds == 2  # 10 s + 10 s; a third round would end at 30 s, past 29 s
     assert clock.t == 20.0
 
@@ -85,7 +85,7 @@ def test_the_looks_stop_at_the_false_alarm_budgets_count(make_run, undecided, mo
     monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoder = FakeDecoder(make_run, clock, round_s=1.0)
     undecided += [["verify"]] * 20
-    more_rounds([decoder], None, clock, _extension(600.0, undecided))
+    more_rounds([decoder], None, clock, _extension(600.0, undecided), clock.t)
     assert decoder.rounds == MAX_LOOKS == 4
 
 
@@ -151,10 +151,10 @@ def test_a_first_round_too_long_for_a_second_takes_one_look(make_run, undecided,
     monkeypatch.setattr("pytest_specperf.run.measure.time.monotonic", lambda: clock.t)
     decoder = FakeDecoder(make_run, clock, round_s=1.0)  # later rounds would be quick
     undecided += [["verify"]] * 5
-    assert more_rounds([decoder], None, clock, _extension(30.0, undecided)) == 1
+    assert more_rounds([decoder], None, clock, _extension(30.0, undecided), clock.t) == 1
     assert decoder.rounds == 1
     clock.t = 10.0  # 10 s of 30: three looks planned, and no more however quick
-    assert more_rounds([decoder], None, clock, _extension(30.0, undecided)) == 3
+    assert more_rounds([decoder], None, clock, _extension(30.0, undecided), clock.t) == 3
     assert decoder.rounds == 3
 
 
@@ -185,7 +185,7 @@ def test_an_ab_case_plans_its_looks_from_its_first_round(make_run, monkeypatch):
 def test_no_rounds_without_a_budget(make_run, undecided):
     decoder = FakeDecoder(make_run, FakeClock(1.0))
     undecided += [["verify"]] * 3
-    more_rounds([decoder], None, FakeClock(1.0), _extension(0.0, undecided))
+    more_rounds([decoder], None, FakeClock(1.0), _extension(0.0, undecided), 1.0)
     assert decoder.rounds == 1
 
 

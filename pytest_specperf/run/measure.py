@@ -167,18 +167,17 @@ def start_side(side: Side, case: CaseSpec, progress: Progress, *, device: Device
 
 
 def more_rounds(decoders: Sequence[Rounds], case: CaseSpec, progress: Progress,
-                extension: Extension, active: _Active | None = None,
-                first_round_s: float | None = None) -> int:  # fmt: skip
+                extension: Extension, first_round_s: float,
+                active: _Active | None = None) -> int:  # fmt: skip
     """More rounds of every process's blocks while some gated metric is UNSTABLE only for
     want of steps (``extension.undecided``), the next round fits in its time, and the
-    case has looks left (those planned from the first round's time,
-    ``significance.planned_looks``, from ``first_round_s``, the first round's own time
-    without the servers' starts; the case's time so far if not given: the false-alarm
-    budget is spent over them). The looks planned."""
+    case has looks left (those planned from ``first_round_s``, the first round's own time
+    without the servers' starts, ``significance.planned_looks``: the false-alarm budget
+    is spent over them). The looks planned."""
     if extension.max_time_s <= 0:
         return 1
-    round_s = progress.elapsed()  # the first round in every process, warm-ups included
-    looks = planned_looks(extension.max_time_s, round_s if first_round_s is None else first_round_s)
+    round_s = first_round_s  # the next round is predicted to take as long as the last
+    looks = planned_looks(extension.max_time_s, first_round_s)
     while True:
         metrics = extension.undecided(side_run(decoders, case, looks))
         if not metrics:
@@ -221,8 +220,8 @@ def measure_side(side: Side, case: CaseSpec, progress: Progress, *, device: Devi
         try:
             looks = None
             if extension is not None:
-                looks = more_rounds(decoders, case, progress, extension, active,
-                                    time.monotonic() - t0)  # fmt: skip
+                looks = more_rounds(decoders, case, progress, extension,
+                                    time.monotonic() - t0, active)  # fmt: skip
             return SideMeasurement(side_run(decoders, case, looks), note)
         finally:
             for d in decoders:
