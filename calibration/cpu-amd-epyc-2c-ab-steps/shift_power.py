@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from one_look import at_plan
+
 from pytest_specperf.judging.calibration import judge_run
 from pytest_specperf.store.report import read_report
 
@@ -40,7 +41,8 @@ def main(name, factor):
     files = sorted(glob.glob(str(HERE / name / "rep*-A_A.json")))
     runs = [[c for c, _ in at_plan(read_report(Path(f)))] for f in files]
     print(f"== {name}: {len(runs)} A/A runs at one look; verify x{factor} added to each")
-    print("phase tol  A/A fail  A/A UNSTABLE  verify detected  named right  cases caught (median of 6)")
+    print("phase tol  A/A fail  A/A UNSTABLE  verify detected  named right  "
+          "cases caught (median of 6)")
     for tol in TOLS:
         aa = [judge_run(r, None, tol, 0.25) for r in runs]
         inj = [judge_run(shifted(r, factor), "verify", tol, 0.25) for r in runs]
@@ -54,4 +56,5 @@ def main(name, factor):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "steps64", float(sys.argv[2]) if len(sys.argv) > 2 else 1.05)
+    main(sys.argv[1] if len(sys.argv) > 1 else "steps64",
+         float(sys.argv[2]) if len(sys.argv) > 2 else 1.05)
