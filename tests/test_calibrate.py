@@ -62,6 +62,24 @@ def test_run_outcome_detects_and_attributes():
     assert not _run_outcome(AA, None).slower_cases
 
 
+def test_the_judged_change_says_what_the_canary_really_moved():
+    """A verify=1.05 canary that moved the judged verify form by +4.1% and +8.8%: the
+    median over every case of every run (here +6.45%), in the verdict table beside the
+    detections, so a canary that leaks into the rest of the step shows; A/A has none."""
+    inj = Condition("verify=1.05", inject="verify=1.05", expect="verify")
+    inj.runs = [_run_outcome(INJ, "verify")]
+    assert inj.moved() == pytest.approx((0.088 + 0.041) / 2)
+    aa = Condition("A/A")
+    aa.runs = [_run_outcome(AA, None)]
+    assert aa.moved() is None
+    from pytest_specperf.cli.calibrate import _condition_row, _verdict_table
+
+    text = "\n".join(_verdict_table({"conditions": [_condition_row(aa), _condition_row(inj)]}))
+    assert "judged change" in text and "+6.5%" in text
+    (aa_row,) = [line for line in text.splitlines() if line.startswith("A/A ")]
+    assert aa_row.rstrip().endswith("-")
+
+
 def test_attribution_ignores_cases_that_do_not_gate_the_phase():
     step_only = _case("accept-test", "SLOWER", [("step", "SLOWER", 0.2, 0.01)], culprit="step")
     out = _run_outcome({"cases": [*INJ["cases"], step_only]}, "verify")

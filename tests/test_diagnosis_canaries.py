@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import re
+import xml.etree.ElementTree as ET
 
 import pytest
 from e2e import SHORT_RUN
@@ -28,9 +30,10 @@ def test_decode(specperf, context_len):
 ARGS = (*SHORT_RUN, "--specperf-json=report.json", "-rP")
 
 
-def _run(pytester, inject: str, budget: str = ""):
+def _run(pytester, inject: str, budget: str = "", extra: tuple[str, ...] = ()):
     pytester.makepyfile(test_case=CASE.format(budget=budget))
-    result = pytester.runpytest_subprocess(*ARGS, f"--specperf-inject={inject}", timeout=300)
+    result = pytester.runpytest_subprocess(*ARGS, f"--specperf-inject={inject}", *extra,
+                                           timeout=300)  # fmt: skip
     report = json.loads((pytester.path / "report.json").read_text())
     return result, report["cases"][0]
 
@@ -102,8 +105,13 @@ def test_host_stall_reads_as_a_stall_outside_the_phases(pytester):
 
 def test_incident_shape_fails_a_first_run_on_its_active_share_budget(pytester):
     """Most of the step idle inside verify, no baseline: NO_BASELINE would pass, the
-    budget fails the case with the diagnosis."""
-    result, case = _run(pytester, "verify_wait=60", budget=', min_active_share="50%"')
+    budget fails the case with the diagnosis. Measured in two server processes, every
+    output (terminal, Markdown, JUnit, JSON, picture) names one verdict and shows one step
+    time and one accepted length (the centers over the processes), and the bottleneck
+    quotes the run line's active share."""
+    result, case = _run(pytester, "verify_wait=60", budget=', min_active_share="50%"',
+                        extra=("--specperf-processes=2", "--specperf-markdown=summary.md",
+                               "--junitxml=junit.xml"))  # fmt: skip
     assert result.ret == 1
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
@@ -112,10 +120,38 @@ def test_incident_shape_fails_a_first_run_on_its_active_share_budget(pytester):
             "kv=contiguous [[]baselines/test-box.yaml[]] [[]injected: verify_wait=60[]]",
             "*bottleneck: host only*",
             "*verify: span * ms, CPU * ms*" + _waited_or_busy(case),
-            "*test_decode ctx=2048 kv=contiguous bs=1*OVER_BUDGET (NO_BASELINE) [[]injected[]]",
+            "*test_decode ctx=2048 kv=contiguous bs=1*OVER_BUDGET (NO_BASELINE) [[]injected[]]*",
         ]
     )
     assert case["verdict"] == "NO_BASELINE" and case["failed"] is True
     (budget,) = case["budgets"]
     assert budget["budget"] == "min_active_share" and budget["failed"] is True
     assert budget["value"] < 0.5
+    _every_output_agrees(pytester, result.stdout.str(), case)
+
+
+def _every_output_agrees(pytester, out: str, case) -> None:
+    name, label = "test_decode ctx=2048 kv=contiguous bs=1", "OVER_BUDGET (NO_BASELINE)"
+    assert len(case["runs"]) == 2  # two processes: a center is not the first's median
+    now = case["centers"]["now"]
+    step, accept = now["step"], now["accept_len"]
+    (row,) = [line for line in out.splitlines() if line.startswith(name) and label in line]
+    assert f"- -> {step:.2f}" in row and f" {accept:.2f} " in row, row
+    md = (pytester.path / "summary.md").read_text()
+    (md_row,) = [line for line in md.splitlines() if line.startswith(f"| {name} ")]
+    cells = [c.strip() for c in md_row.strip("|").split(" | ")]
+    assert cells[1] == f"- -> {step:.2f}" and cells[4] == f"{accept:.2f}", cells
+    assert cells[-1].startswith(label) and f"#### {name}: {label}" in md, cells
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["specperf.verdict"] == label
+    assert props["specperf.step_ms"] == f"{step:.4f}"
+    assert props["specperf.accept_len"] == f"{accept:.3f}"
+    assert props["specperf.phase.verify_ms"] == f"{now['verify']:.4f}"
+    svg = (pytester.path / "report.svg").read_text()
+    assert f">{label}</text>" in svg and f">now {step:.2f} ms</text>" in svg
+    # the bottleneck's "CPU time N% of it" is the run line's "active N%": one figure
+    cpu = re.search(r"CPU time (\d+)% of it", out)
+    active = re.search(r"active (\d+)% \(CPU time of the step\)", out)
+    assert cpu and active and cpu.group(1) == active.group(1), (cpu, active)
+    assert f"{case['bottleneck']['figures']['step_active_share']:.0%}" == f"{active.group(1)}%"

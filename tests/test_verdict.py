@@ -122,6 +122,23 @@ def test_unaccounted_is_judged_as_a_share_of_the_step():
     assert tiny.verdict is Verdict.SAME  # +150% of almost nothing is not a regression
 
 
+def test_a_share_judged_on_two_runs_shows_the_centers_every_report_shows():
+    """Unaccounted is judged on the latest baseline run and the first process (in points
+    of the step), but its line shows the same milliseconds as the phase table: the centers
+    over the baseline's runs and the processes (geometric means of their medians)."""
+    from pytest_specperf.judging.verdict import Runs, Tolerances, judge_runs
+
+    def run(unacc: float, factor: float = 1.0) -> dict[str, Summary]:
+        return {"step": s(BASE, factor), "unaccounted": s([unacc] * 16)}
+
+    runs = Runs((run(0.02), run(0.08)), (run(4.0, 1.2), run(1.0, 1.2)))
+    v = judge_runs("unaccounted", runs, Tolerances(0.08, 0.2))
+    assert v is not None and v.share_based
+    assert v.change == pytest.approx(4.0 / (21.05 * 1.2) - 0.08 / 21.05, rel=0.01)  # the two
+    assert (v.base, v.now) == (pytest.approx(0.04), pytest.approx(2.0))  # sqrt(.02 x .08), ...
+    assert "(0.040 -> 2.00 ms" in v.describe()
+
+
 def test_combine_order():
     assert combine([Verdict.SAME, Verdict.UNSTABLE, Verdict.FASTER]) is Verdict.UNSTABLE
     assert combine([Verdict.SAME, Verdict.SLOWER, Verdict.UNSTABLE]) is Verdict.SLOWER

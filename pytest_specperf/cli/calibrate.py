@@ -940,6 +940,7 @@ def _condition_row(c: Condition) -> dict[str, Any]:
         "detected": c.detected,
         "named_right": c.named_right,
         "unstable_runs": c.unstable_runs,
+        "moved": c.moved(),
         "rate": c.slower_runs / k if k else math.nan,
         "details": [r.to_json() for r in c.runs],
     }
@@ -958,10 +959,20 @@ def _verdict_table(summary: dict[str, Any]) -> list[str]:
         failed = f"{r['slower_runs']}/{r['runs']}" + (
             " false alarms" if r["expect"] is None else ""
         )
+        moved = r.get("moved")
         rows.append([r["condition"], str(r["runs"]), failed, named,
-                     f"{r['unstable_runs']}/{r['runs']}"])  # fmt: skip
-    headers = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE"]
-    return [head, *render_table(headers, rows)]
+                     f"{r['unstable_runs']}/{r['runs']}",
+                     "-" if moved is None else f"{moved:+.1%}"])  # fmt: skip
+    headers = ["condition", "runs", "failed (SLOWER)", "named right phase", "any UNSTABLE",
+               "judged change"]  # fmt: skip
+    lines = [head, *render_table(headers, rows)]
+    if any(r.get("moved") is not None for r in summary["conditions"]):
+        lines.append(
+            "judged change: the median change of the named metric's gate over every case of "
+            "every run; a factor F aims at F - 1 (verify=1.05: +5.0%), and a smaller change "
+            "means the rest of the step slowed with the phase: the detections are of that"
+        )
+    return lines
 
 
 _SWEEP_TITLES = {

@@ -6,7 +6,9 @@ step and the device's peak bandwidth), so the verdict can be recomputed from a r
 
 Derived figures:
 
-* device-busy share = sum(device phase medians) / step median. The probe times each phase
+* device-busy share = the median over steps of each step's device phase times over its
+  step time (the gated ``device_busy``'s figure; without it, the sum of the device
+  phase medians over the step median). The probe times each phase
   on the GPU with CUDA events on one stream, so phases do not overlap and the sum is the
   time the GPU had work queued.
 * unaccounted share = unaccounted median / step median (time outside every named phase).
@@ -147,6 +149,10 @@ class StepFigures:
     runq_ms: float | None = None
     #: the device's idle time between consecutive steps' forwards (SGLang on a GPU), ms
     device_gap_ms: float | None = None
+    #: the median over steps of the step's active share and of its device-busy share (the
+    #: run line's and the gated ``device_busy``'s figures); None: from the medians above
+    step_active_share: float | None = None
+    step_busy_share: float | None = None
 
     def with_telemetry(self, summary: TelemetrySummary | None) -> StepFigures:
         """Copy with the utilization medians of ``summary`` filled in (where measured)."""
@@ -464,6 +470,8 @@ def _classify(
     busy = device_busy_share(figures.device_ms, figures.step_ms)
     if busy is None:
         return _host_only(figures, unacc, out)
+    per_step = _finite(figures.step_busy_share)  # the gated device_busy's own figure
+    busy = busy if per_step is None else per_step
     d = _device_figures(figures, busy, out)
     active = out.get("step_active_share") if figures.active_source == "device" else None
     if active is not None and active < t.host_bound_busy_share:
@@ -510,7 +518,9 @@ def _activity_figures(figures: StepFigures, unacc: float, out: dict[str, float])
     step_active = _finite(figures.active_ms.get(STEP_KEY))
     if step_active is not None:
         out["active_ms.step"] = step_active
-        out["step_active_share"] = min(step_active / figures.step_ms, 1.0)
+        share = _finite(figures.step_active_share)  # per step, as the run line shows it
+        out["step_active_share"] = min(step_active / figures.step_ms if share is None else share,
+                                       1.0)  # fmt: skip
 
 
 def _top(figures: StepFigures, part: str) -> str:

@@ -11,6 +11,7 @@ center (median step, mean accept length and tokens/s, median shares).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -52,6 +53,8 @@ BUDGETS: dict[str, tuple[str, Bound, bool]] = {
 #: Keywords whose value is a share (a fraction, or a percentage such as '50%').
 SHARE_BUDGETS = tuple(k for k, (_, _, share) in BUDGETS.items() if share)
 _UNITS = {STEP: "ms", ACCEPT_LEN: "tok/step", TOKENS_PER_S: "tok/s"}
+#: Budgets on a figure the reports show as a center over the server processes.
+_CENTERED = frozenset(_UNITS)
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,12 @@ def _value(run: DecodeRun, metric: str) -> tuple[float | None, str]:
     return (summary.value if summary is not None else None), f"{metric} was not measured"
 
 
-def check_budgets(run: DecodeRun, budgets: Budgets | None) -> tuple[BudgetCheck, ...]:
-    """Every budget set, checked on ``run``."""
+def check_budgets(
+    run: DecodeRun, budgets: Budgets | None, centers: Mapping[str, float] | None = None
+) -> tuple[BudgetCheck, ...]:
+    """Every budget set, checked on ``run``; the step, accept length and tokens/s budgets
+    on ``centers`` where given (the centers over the case's server processes, the numbers
+    every report shows), the shares on ``run`` (the first process, as its run line)."""
     if budgets is None:
         return ()
     out = []
@@ -133,6 +140,8 @@ def check_budgets(run: DecodeRun, budgets: Budgets | None) -> tuple[BudgetCheck,
         if limit is None:
             continue
         value, missing = _value(run, metric)
+        if centers is not None and metric in _CENTERED and metric in centers:
+            value = centers[metric]
         out.append(BudgetCheck(name, metric, bound, float(limit), value, missing))
     return tuple(out)
 

@@ -114,6 +114,16 @@ class Condition:
     def unstable_runs(self) -> int:
         return sum(1 for r in self.runs if r.unstable_cases)
 
+    def moved(self) -> float | None:
+        """The median change the runs judged on the metric a detection must name, over
+        every case of every run: what the canary really moved (a phase factor moves its
+        phase against the rest of the step by less where the rest slows with it). None:
+        an A/A condition, or no such gate."""
+        want = self.expect
+        changes = [m.change for r in self.runs for case in r.judged for m in case
+                   if want and m.metric == want and math.isfinite(m.change)]  # fmt: skip
+        return statistics.median(changes) if changes else None
+
 
 def _of_kind(m: MetricVerdict, kind: str) -> bool:
     """Whether ``m`` is judged with the step tolerance (``kind`` "step") or the phase one."""

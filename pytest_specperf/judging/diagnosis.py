@@ -17,6 +17,8 @@ from pytest_specperf.judging.bottleneck import (
     cpu_activity_kind,
 )
 from pytest_specperf.judging.metrics import (
+    ACTIVE_SHARE,
+    DEVICE_BUSY,
     RUNQ_SHARE,
     STEP,
     STEP_PARTS,
@@ -95,6 +97,8 @@ def figures_of(
         context_len=run.context_len,
         runq_ms=_runq_ms(s),
         device_gap_ms=_device_gap_ms(run),
+        step_active_share=s[ACTIVE_SHARE].median if source and ACTIVE_SHARE in s else None,
+        step_busy_share=s[DEVICE_BUSY].median if DEVICE_BUSY in s else None,
     ).with_telemetry(run.telemetry)
 
 

@@ -29,10 +29,10 @@ from pytest_specperf.judging.diagnosis import diagnose, time_went
 from pytest_specperf.judging.gates import invalid_reasons
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
+    CENTER_ROWS,
     DEFAULT_POINT_GATES,
     MIN_PHASE_SHARE,
     STEP,
-    TABLE_ROWS,
     TOKENS_PER_S,
     MetricKind,
     device_form,
@@ -181,22 +181,23 @@ class CaseOutcome:
 
     @functools.cached_property
     def now_centers(self) -> Mapping[str, float]:
-        """Per step part (``TABLE_ROWS``), this measurement's center over its server
-        processes: the one source of every "now" a report shows (the verdict's raw now
-        is the same center), and the value its recorded runs give a later verdict."""
+        """Per step part, accepted length and tokens/s (``CENTER_ROWS``), this
+        measurement's center over its server processes: the one source of every "now" a
+        report shows (the verdict's raw now is the same center), and the value its
+        recorded runs give a later verdict."""
         runs = [r.summaries for r in self.run.processes]
         return MappingProxyType(
-            {n: center_of_runs([r[n] for r in runs if n in r]) for n in TABLE_ROWS if n in runs[0]}
+            {n: center_of_runs([r[n] for r in runs if n in r]) for n in CENTER_ROWS if n in runs[0]}
         )
 
     @functools.cached_property
     def base_centers(self) -> Mapping[str, float] | None:
-        """Per step part, the baseline's center over its runs (what the verdict compared
-        against); None without a baseline."""
+        """Per ``CENTER_ROWS`` figure, the baseline's center over its runs (what the
+        verdict compared against); None without a baseline."""
         if self.baseline is None:
             return None
         centers = run_centers(self.baseline.runs)
-        return MappingProxyType({n: centers[n] for n in TABLE_ROWS if n in centers})
+        return MappingProxyType({n: centers[n] for n in CENTER_ROWS if n in centers})
 
 
 class RecordingRefused(Exception):
@@ -469,12 +470,13 @@ def judge_case(
         ),
         gates=case.gates,
         tolerances=case.tolerances,
-        budgets=check_budgets(run, case.budgets),
         family=case.family,
         prior=case.prior,
     )
+    # the step, accept length and tokens/s budgets read the centers every report shows
+    budgets = check_budgets(run, case.budgets, outcome.now_centers)
     went = time_went(run, outcome.base_centers, outcome.now_centers)
-    return replace(outcome, time_went=went) if went else outcome
+    return replace(outcome, budgets=budgets, time_went=went)
 
 
 def _telemetry_problems(run: DecodeRun) -> list[str]:

@@ -213,6 +213,9 @@ COMPOSITE_METRICS: Final = frozenset({STEP, TOKENS_PER_S})
 DISTURBABLE_METRICS: Final = COMPOSITE_METRICS | frozenset(PHASES)
 #: What a phase table shows, in order.
 TABLE_ROWS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
+#: The figures every report shows of a case as one center over its server processes (or
+#: the baseline's runs): the phase table's rows, the accepted length and tokens/s.
+CENTER_ROWS: Final[tuple[str, ...]] = (*TABLE_ROWS, ACCEPT_LEN, TOKENS_PER_S)
 
 
 def spec(name: str) -> MetricSpec:

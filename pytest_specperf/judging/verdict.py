@@ -79,6 +79,14 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
+def verdict_label(verdict: Verdict, *, over_budget: bool, recorded: bool = False) -> str:
+    """A case's verdict as every report names it: ``OVER_BUDGET (SAME)`` where a budget
+    failed the test whatever the comparison said, ``NO_BASELINE (recorded)`` for a
+    recording (``recorded``)."""
+    text = verdict.value + (" (recorded)" if recorded else "")
+    return f"OVER_BUDGET ({text})" if over_budget else text
+
+
 #: Order used to pick the verdict of a case from those of its metrics.
 _SEVERITY = {
     Verdict.INVALID: 5,
@@ -1264,6 +1272,11 @@ def judge_runs(
     if metric not in base or metric not in now:
         return None
     if kind is MetricKind.SHARE:
-        return judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance,
-                           alpha=alpha)  # fmt: skip
+        v = judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance,
+                        alpha=alpha)  # fmt: skip
+        # judged on the two runs; shown, like every other figure of the case, as the centers
+        # over the baseline's runs and this measurement's processes (the phase table's)
+        shown = [center_of_runs([r[metric] for r in side if metric in r])
+                 for side in (runs.base, runs.now)]  # fmt: skip
+        return replace(v, base=shown[0], now=shown[1])
     return _judge_form(metric, runs, tolerance, prior, alpha)

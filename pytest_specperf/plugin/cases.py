@@ -19,7 +19,7 @@ from pytest_specperf.judging.ab import rounds_per_look
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.judging.strict import Unjudged
-from pytest_specperf.judging.verdict import Verdict
+from pytest_specperf.judging.verdict import Verdict, verdict_label
 from pytest_specperf.plugin.session import SpecperfSession, SpecperfWarning, get_session
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.terminal import failure_message, phase_table, unstable_advice
@@ -115,19 +115,18 @@ def junit_properties(outcome: CaseOutcome, baseline_file: str,
                      problems: tuple[Unjudged, ...]) -> list[tuple[str, str]]:  # fmt: skip
     """The case's figures as test properties (``--junitxml`` writes them); a test with
     several cases repeats the group, each starting with ``specperf.case``."""
-    run = outcome.run
+    now = outcome.now_centers  # over the server processes: the summary's numbers
+    verdict = verdict_label(outcome.verdict.verdict, over_budget=bool(outcome.over_budget),
+                            recorded=outcome.recorded)  # fmt: skip
     props = [
         ("specperf.case", outcome.key),
-        ("specperf.verdict", outcome.verdict.verdict.value),
-        (f"specperf.{STEP}_ms", f"{run.summaries[STEP].median:.4f}"),
+        ("specperf.verdict", verdict),
+        (f"specperf.{STEP}_ms", f"{now[STEP]:.4f}"),
     ]
+    props += [(f"specperf.phase.{p}_ms", f"{now[p]:.4f}") for p in ALL_PHASES if p in now]
+    accept = now.get(ACCEPT_LEN, outcome.run.accept_len)
     props += [
-        (f"specperf.phase.{p}_ms", f"{run.summaries[p].median:.4f}")
-        for p in ALL_PHASES
-        if p in run.summaries
-    ]
-    props += [
-        (f"specperf.{ACCEPT_LEN}", f"{run.accept_len:.3f}"),
+        (f"specperf.{ACCEPT_LEN}", f"{accept:.3f}"),
         ("specperf.baseline", baseline_file),
     ]
     if outcome.reference is not None:  # A/B in this run: the reference side, as typed

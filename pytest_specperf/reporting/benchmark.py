@@ -25,6 +25,7 @@ from pytest_specperf.judging.baselines import identity_of
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP, TOKENS_PER_S
 from pytest_specperf.judging.stats import stable
+from pytest_specperf.judging.verdict import verdict_label
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.store.report import JSON_SCHEMA_VERSION, SPECPERF_KEY, CaseRecord, strict
 
@@ -99,17 +100,18 @@ def history_case(record: CaseRecord) -> dict[str, Any]:
 
 
 def extra_info(o: CaseOutcome) -> dict[str, Any]:
-    """Flat figures for people and tools (``<phase>_ms`` medians, accept length, tokens/s,
-    KV fragmentation, verdict, engine fingerprint) and the whole case under ``specperf``."""
-    run = o.run
-    out: dict[str, Any] = {f"{STEP}_ms": stable(run.summaries[STEP].median)}
-    out.update(
-        {f"{p}_ms": stable(run.summaries[p].median) for p in ALL_PHASES if p in run.summaries}
-    )
-    out[ACCEPT_LEN] = stable(run.summaries[ACCEPT_LEN].value)
-    out[TOKENS_PER_S] = stable(run.summaries[TOKENS_PER_S].value)
+    """Flat figures for people and tools (step and ``<phase>_ms``, accept length and
+    tokens/s: the centers over the case's server processes, as every report shows them;
+    KV fragmentation, the verdict as the summary names it, engine fingerprint) and the
+    whole case under ``specperf``."""
+    run, now = o.run, o.now_centers
+    out: dict[str, Any] = {f"{STEP}_ms": stable(now[STEP])}
+    out.update({f"{p}_ms": stable(now[p]) for p in ALL_PHASES if p in now})
+    out[ACCEPT_LEN] = stable(now.get(ACCEPT_LEN, run.summaries[ACCEPT_LEN].value))
+    out[TOKENS_PER_S] = stable(now.get(TOKENS_PER_S, run.summaries[TOKENS_PER_S].value))
     out["kv_fragmentation"] = run.fragmentation
-    out["verdict"] = o.verdict.verdict.value
+    out["verdict"] = verdict_label(o.verdict.verdict, over_budget=bool(o.over_budget),
+                                   recorded=o.recorded)  # fmt: skip
     out["engine"] = engine_name(o.fingerprint)
     out["fingerprint"] = dict(o.fingerprint)
     out[SPECPERF_KEY] = history_case(CaseRecord.of(o))

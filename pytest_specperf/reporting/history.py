@@ -147,10 +147,10 @@ class SavedRun:
 def _figures(c: CaseRecord) -> CaseFigures:
     return CaseFigures(
         ident=(c.test, c.key, engine_name(c.fingerprint)),
-        step_ms=c.step_median_ms,
-        phase_ms={p: v for p in ALL_PHASES if (v := c.median_ms(p)) is not None},
+        step_ms=c.step_ms,  # the center over the case's processes, as the summary shows
+        phase_ms={p: v for p in ALL_PHASES if (v := c.phase_ms(p)) is not None},
         accept_len=c.accept_len,
-        verdict=c.verdict.value,
+        verdict=c.verdict_text(),  # OVER_BUDGET (SAME); a recording says "(baseline)"
         recorded=c.recorded,
         baseline_at=c.baseline_at,
         injected=c.injected,

@@ -53,7 +53,7 @@ def _failures(cases: Sequence[CaseView]) -> list[str]:
     out: list[str] = []
     for c in cases:
         if c.failure:
-            title = f"#### {_cell(c.name)}: {c.verdict.value}"
+            title = f"#### {_cell(c.name)}: {c.record.verdict_text(recorded=True)}"
             out += ["", title, "", *_code(c.failure.split("\n"))]
     return out
 
@@ -63,7 +63,7 @@ def _diagnoses(cases: Sequence[CaseView]) -> list[str]:
     out: list[str] = []
     for c in cases:
         if c.diagnosis and not c.failure:
-            title = f"{_cell(c.name)}: {c.verdict.value}"
+            title = f"{_cell(c.name)}: {c.record.verdict_text(recorded=True)}"
             out += ["", f"<details><summary>{title}</summary>", "", *_code(list(c.diagnosis))]
             out += ["", "</details>"]
     return out

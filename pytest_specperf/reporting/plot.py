@@ -1,9 +1,11 @@
 """An SVG picture of where each case's step time goes, baseline against now.
 
 Written beside the JSON report (``report.json`` -> ``report.svg``): one pair of stacked
-bars per case (phases in a fixed colour order, ``unaccounted`` hatched grey), the
-baseline's bar above the current one, so a phase that grew stands out at a glance. Plain
-SVG, no plotting library.
+bars per case (phases in a fixed colour order, ``unaccounted`` grey), the baseline's bar
+above the current one, so a phase that grew stands out at a glance. Each bar is the
+phases' centers over the server processes (the phase table's numbers); its label is the
+step's own center, the summary's "step ms", which the phases' centers need not add up
+to exactly. Plain SVG, no plotting library.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ def render(cases: Sequence[CaseView], title: str) -> str:
         now, base = c.phases, c.base_phases
         peak = max(peak, sum(now.values()), sum(base.values()) if base else 0.0)
         rows.append((c, base, now))
+    # the labels stand at the end of the longer of the bar and the step it is labelled with
+    steps = [s for c in cases for s in (c.step_ms, c.base_step_ms) if s is not None and s == s]
+    peak = max([peak, *steps])
     scale = BAR_W / peak if peak else 1.0
     height = TOP + ROW_H * len(rows) + 40
     width = LABEL_W + BAR_W + 150
@@ -78,23 +83,23 @@ def render(cases: Sequence[CaseView], title: str) -> str:
         y = TOP + i * ROW_H
         svg.append(f'<text x="10" y="{y + 16}">{escape(c.name)}</text>')
         svg.append(
-            f'<text x="10" y="{y + 34}" fill="#555">{escape(c.verdict.value)}'
-            f"{' (recorded)' if c.recorded else ''}</text>"
+            f'<text x="10" y="{y + 34}" fill="#555">'
+            f"{escape(c.record.verdict_text(recorded=True))}</text>"
         )
+        b_step = c.base_step_ms
         if base:
             svg += _bar(LABEL_W, y + 2, base, scale)
-            svg.append(
-                f'<text x="{LABEL_W + sum(base.values()) * scale + 6:.1f}" y="{y + 16}" '
-                f'fill="#555">base {sum(base.values()):.2f} ms</text>'
-            )
+            if b_step is not None:
+                x = LABEL_W + max(sum(base.values()), b_step) * scale + 6
+                svg.append(
+                    f'<text x="{x:.1f}" y="{y + 16}" fill="#555">base {b_step:.2f} ms</text>'
+                )
         svg += _bar(LABEL_W, y + 4 + BAR_H, now, scale)
-        svg.append(
-            f'<text x="{LABEL_W + sum(now.values()) * scale + 6:.1f}" '
-            f'y="{y + 18 + BAR_H}">now {sum(now.values()):.2f} ms</text>'
-        )
+        x = LABEL_W + max(sum(now.values()), c.step_ms) * scale + 6
+        svg.append(f'<text x="{x:.1f}" y="{y + 18 + BAR_H}">now {c.step_ms:.2f} ms</text>')
     svg.append(
-        f'<text x="{LABEL_W}" y="{height - 14}" fill="#555">step time by phase (ms, '
-        "medians); upper bar: baseline, lower bar: this run</text>"
+        f'<text x="{LABEL_W}" y="{height - 14}" fill="#555">phases (ms, centers; label: the '
+        "step's center); upper bar: baseline, lower bar: this run</text>"
     )
     svg.append("</svg>")
     return "\n".join(svg) + "\n"

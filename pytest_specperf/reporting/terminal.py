@@ -87,11 +87,14 @@ def _phase_row(run: DecodeRun, name: str, b: float | None, now: float, step: flo
     return row
 
 
-def _run_line(run: DecodeRun) -> str:
-    acc = run.summaries.get(ACCEPT_LEN)
+def _run_line(run: DecodeRun, now: Mapping[str, float]) -> str:
+    """Accepted length and tokens/s as centers over the server processes (``now``, the
+    numbers the summary and the verdicts show); steps, fragmentation, activity and graphs
+    of the first process."""
+    acc = now.get(ACCEPT_LEN)
     extra = [
-        f"accept_len {acc.value:.2f} tok/step" if acc else "",
-        f"tokens/s {run.summaries[TOKENS_PER_S].value:.1f}",
+        f"accept_len {acc:.2f} tok/step" if acc is not None else "",
+        f"tokens/s {now.get(TOKENS_PER_S, run.summaries[TOKENS_PER_S].value):.1f}",
         f"steps {run.steps}",
         f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else "",
         _active_share_text(run),
@@ -136,7 +139,7 @@ def phase_table(outcome: CaseOutcome) -> list[str]:
         if n in now
     ]
     right = set(range(1, len(headers)))
-    return [*render_table(headers, rows, right=right), _run_line(run)]
+    return [*render_table(headers, rows, right=right), _run_line(run, now)]
 
 
 def _kernel_rows(stats: Sequence[tuple[str, KernelStat]]) -> list[list[str]]:
@@ -215,9 +218,7 @@ def _change_text(m: MetricVerdict) -> str:
 def _summary_row(c: CaseView) -> list[str]:
     b = c.base_step_ms
     mc = most_changed_of(c.metrics)
-    verdict = c.verdict.value + (" (recorded)" if c.recorded else "")
-    if c.over_budget:
-        verdict = f"OVER_BUDGET ({verdict})"
+    verdict = c.record.verdict_text(recorded=True)
     if c.injected:
         verdict += " [injected]"
     if c.rounds > 1:

@@ -125,7 +125,8 @@ class CaseView:
 
     @property
     def accept_len(self) -> float:
-        """The mean accepted length (as written: 6 significant digits)."""
+        """The accepted length's center over the case's server processes (the number its
+        verdict judged; ``CaseRecord.accept_len``)."""
         a = self.record.accept_len
         return math.nan if a is None else a
 

@@ -38,7 +38,7 @@ from pytest_specperf.judging.noise import PRIOR_KINDS, DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.significance import LONE, Family, share_of_run
 from pytest_specperf.judging.stats import Summary, stable
-from pytest_specperf.judging.verdict import MetricVerdict, Verdict
+from pytest_specperf.judging.verdict import MetricVerdict, Verdict, verdict_label
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 
 #: Version of the report's layout; bumped when a field changes meaning.
@@ -464,9 +464,42 @@ class CaseRecord:
         return _number_or_none(summary.get("median")) if isinstance(summary, Mapping) else None
 
     @property
+    def over_budget(self) -> bool:
+        """Whether a budget failed the case's test (or could not be checked)."""
+        found = self.data.get("budgets")
+        return isinstance(found, list) and any(
+            isinstance(b, Mapping) and b.get("failed") for b in found
+        )
+
+    def verdict_text(self, *, recorded: bool = False) -> str:
+        """The verdict as every report names it (``judging.verdict.verdict_label``);
+        ``recorded``: say so of a recording."""
+        return verdict_label(self.verdict, over_budget=self.over_budget,
+                             recorded=recorded and self.recorded)  # fmt: skip
+
+    @property
     def accept_len(self) -> float | None:
+        """The accepted length's center over the case's server processes (the number its
+        ``accept_len`` verdict judged); a report written before 2026-12-06 holds only the
+        first process's."""
+        center = (self.centers("now") or {}).get(ACCEPT_LEN)
+        if center is not None:
+            return _number_or_none(center)
         s = self.data.get(ACCEPT_LEN)
         return _number_or_none(s.get(s.get("center", "median"))) if isinstance(s, Mapping) else None
+
+    @property
+    def step_ms(self) -> float:
+        """The step's center over the case's server processes (what the summary shows and
+        the verdict compared); a report without centers: its first process's median."""
+        center = _number_or_none((self.centers("now") or {}).get(STEP))
+        return self.step_median_ms if center is None else center
+
+    def phase_ms(self, phase: str) -> float | None:
+        """``phase``'s center over the case's server processes (``median_ms`` of the first
+        process in a report without centers), None where missing."""
+        center = _number_or_none((self.centers("now") or {}).get(phase))
+        return self.median_ms(phase) if center is None else center
 
     @property
     def injected(self) -> str | None:
