@@ -107,8 +107,8 @@ def extra_info(o: CaseOutcome) -> dict[str, Any]:
     run, now = o.run, o.now_centers
     out: dict[str, Any] = {f"{STEP}_ms": stable(now[STEP])}
     out.update({f"{p}_ms": stable(now[p]) for p in ALL_PHASES if p in now})
-    out[ACCEPT_LEN] = stable(now.get(ACCEPT_LEN, run.summaries[ACCEPT_LEN].value))
-    out[TOKENS_PER_S] = stable(now.get(TOKENS_PER_S, run.summaries[TOKENS_PER_S].value))
+    out[ACCEPT_LEN] = stable(now[ACCEPT_LEN])
+    out[TOKENS_PER_S] = stable(now[TOKENS_PER_S])
     out["kv_fragmentation"] = run.fragmentation
     out["verdict"] = verdict_label(o.verdict.verdict, over_budget=bool(o.over_budget),
                                    recorded=o.recorded)  # fmt: skip

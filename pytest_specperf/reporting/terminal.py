@@ -94,7 +94,7 @@ def _run_line(run: DecodeRun, now: Mapping[str, float]) -> str:
     acc = now.get(ACCEPT_LEN)
     extra = [
         f"accept_len {acc:.2f} tok/step" if acc is not None else "",
-        f"tokens/s {now.get(TOKENS_PER_S, run.summaries[TOKENS_PER_S].value):.1f}",
+        f"tokens/s {now[TOKENS_PER_S]:.1f}",
         f"steps {run.steps}",
         f"kv fragmentation {run.fragmentation:.2f}" if run.fragmentation is not None else "",
         _active_share_text(run),
