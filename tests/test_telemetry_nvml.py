@@ -856,6 +856,15 @@ def _fake_torch(gpus: Sequence[FakeGpu], available: bool = True) -> types.Module
     return torch
 
 
+@pytest.fixture
+def gpu_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's device node present, whatever this machine has: torch and NVML are asked."""
+    from pytest_specperf.telemetry import device
+
+    monkeypatch.setattr(device, "gpu_device_nodes", lambda: ["/dev/nvidiactl"])
+
+
+@pytest.mark.usefixtures("gpu_nodes")
 def test_detect_device_matches_nvml_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     a = FakeGpu(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000000")
     b = FakeGpu(uuid="GPU-bbbbbbbb-0000-0000-0000-000000000000")
@@ -874,6 +883,7 @@ def test_detect_device_matches_nvml_by_uuid(monkeypatch: pytest.MonkeyPatch) -> 
     assert info.to_dict()["slug"] == "2x-nvidia-h200"
 
 
+@pytest.mark.usefixtures("gpu_nodes")
 def test_detect_device_without_nvml_still_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu(name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", cc=(12, 0))
     monkeypatch.setattr(loader, "import_torch", lambda: _fake_torch([gpu]))
@@ -885,6 +895,7 @@ def test_detect_device_without_nvml_still_names_the_gpu(monkeypatch: pytest.Monk
     assert any(n.startswith("NVML unavailable: pynvml not importable") for n in info.notes)
 
 
+@pytest.mark.usefixtures("gpu_nodes")
 def test_detect_device_nvml_only_honours_visible_devices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -901,6 +912,7 @@ def test_detect_device_nvml_only_honours_visible_devices(
     assert info.slug == "nvidia-h100-80gb-hbm3" and info.count == 1
 
 
+@pytest.mark.usefixtures("gpu_nodes")
 def test_detect_device_cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "import_torch", lambda: _fake_torch([], available=False))
     info = detect_device()
@@ -911,6 +923,39 @@ def test_detect_device_cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detect_device(prefer_cuda=False).kind == "cpu"
 
 
+def test_without_a_gpu_device_node_torch_is_not_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_specperf.telemetry import device
+
+    def no_import() -> None:
+        raise AssertionError("torch imported on a host without a GPU device node")
+
+    monkeypatch.setattr(device, "gpu_device_nodes", lambda: [])
+    monkeypatch.setattr(loader, "import_torch", no_import)
+    inject(monkeypatch, FakePynvml([FakeGpu()]))  # never asked either
+    info = detect_device()
+    assert info.kind == "cpu" and info.slug.startswith("cpu-")
+    assert any(n.startswith("no GPU device node (/dev/nvidia*") and n.endswith("not asked")
+               for n in info.notes)  # fmt: skip
+    # off Linux the absence of nodes proves nothing: torch is asked
+    monkeypatch.setattr(device, "gpu_device_nodes", lambda: None)
+    monkeypatch.setattr(loader, "import_torch", lambda: _fake_torch([FakeGpu()]))
+    assert detect_device().kind == "cuda"
+
+
+def test_gpu_device_nodes_are_read_from_dev(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_specperf.telemetry import device
+
+    seen = {"/dev/nvidia*": ["/dev/nvidia0", "/dev/nvidiactl"], "/dev/kfd": ["/dev/kfd"]}
+    monkeypatch.setattr(device.glob, "glob", lambda pattern: seen.get(pattern, []))
+    monkeypatch.setattr(device.sys, "platform", "linux")
+    assert device.gpu_device_nodes() == ["/dev/kfd", "/dev/nvidia0", "/dev/nvidiactl"]
+    monkeypatch.setattr(device.sys, "platform", "darwin")
+    assert device.gpu_device_nodes() is None
+
+
+@pytest.mark.usefixtures("gpu_nodes")
 def test_detect_device_override_slug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "import_torch", lambda: None)
     inject(monkeypatch, None, "absent")

@@ -17,17 +17,22 @@ A user-given slug (``--specperf-device``) is checked by :func:`validate_slug`.
 
 GPU facts come from torch (name, memory, compute capability, UUID, in CUDA's device order,
 which already honours ``CUDA_VISIBLE_DEVICES``) and from NVML (driver version, UUID); the
-NVML device is matched to the CUDA device by UUID. Both libraries are imported lazily.
+NVML device is matched to the CUDA device by UUID. Both libraries are imported lazily, and
+not at all on a Linux host without a GPU's device node (:func:`gpu_device_nodes`): there torch
+could find no GPU, and importing it only to learn so costs every pytest start about 1.5 s of
+CPU (docs/development.md, "The suite's time").
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import math
 import os
 import platform
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,9 +315,28 @@ def _query_nvml(cuda_index: int, cuda_uuid: str | None, notes: list[str]) -> _Nv
     return facts
 
 
+#: The device nodes a GPU's driver makes on Linux: NVIDIA's (``/dev/nvidiactl``,
+#: ``/dev/nvidia0``...), Jetson's (``/dev/nvhost-*``, ``/dev/nvmap``), WSL2's (``/dev/dxg``)
+#: and ROCm's (``/dev/kfd``). A container given a GPU gets its nodes too.
+GPU_NODE_PATTERNS = ("/dev/nvidia*", "/dev/nvhost*", "/dev/nvmap", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_device_nodes() -> list[str] | None:
+    """The GPU device nodes present (:data:`GPU_NODE_PATTERNS`), or ``None`` off Linux, where
+    their absence proves nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return sorted(path for pattern in GPU_NODE_PATTERNS for path in glob.glob(pattern))
+
+
 def _detect_cuda(
     cuda_index: int | None, cpu_model: str, cpu_cores: int, notes: list[str]
 ) -> DeviceInfo | None:
+    if gpu_device_nodes() == []:
+        notes.append(
+            "no GPU device node (" + ", ".join(GPU_NODE_PATTERNS) + "): torch and NVML not asked"
+        )
+        return None
     torch = loader.import_torch()
     if torch is None:
         # No torch in this process (e.g. an external engine's venv): NVML alone, device 0 of
