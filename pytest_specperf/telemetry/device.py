@@ -329,14 +329,17 @@ def gpu_device_nodes() -> list[str] | None:
     return sorted(path for pattern in GPU_NODE_PATTERNS for path in glob.glob(pattern))
 
 
+def _no_gpu_node(notes: list[str]) -> bool:
+    """True, with a note, on a Linux host without a GPU's device node."""
+    if gpu_device_nodes() != []:
+        return False
+    notes.append(f"no GPU device node ({', '.join(GPU_NODE_PATTERNS)}): torch and NVML not asked")
+    return True
+
+
 def _detect_cuda(
     cuda_index: int | None, cpu_model: str, cpu_cores: int, notes: list[str]
 ) -> DeviceInfo | None:
-    if gpu_device_nodes() == []:
-        notes.append(
-            "no GPU device node (" + ", ".join(GPU_NODE_PATTERNS) + "): torch and NVML not asked"
-        )
-        return None
     torch = loader.import_torch()
     if torch is None:
         # No torch in this process (e.g. an external engine's venv): NVML alone, device 0 of
@@ -416,7 +419,8 @@ def detect_device(
     cpu_model = cpu_model_name()
     cpu_cores = usable_cpu_cores()
     notes: list[str] = []
-    info = _detect_cuda(cuda_index, cpu_model, cpu_cores, notes) if prefer_cuda else None
+    gpu = prefer_cuda and not _no_gpu_node(notes)
+    info = _detect_cuda(cuda_index, cpu_model, cpu_cores, notes) if gpu else None
     if info is None:
         info = DeviceInfo(
             kind="cpu",
