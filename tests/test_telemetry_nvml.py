@@ -936,7 +936,8 @@ def test_without_a_gpu_device_node_torch_is_not_imported(
     inject(monkeypatch, FakePynvml([FakeGpu()]))  # never asked either
     info = detect_device()
     assert info.kind == "cpu" and info.slug.startswith("cpu-")
-    assert any(n.startswith("no GPU device node (/dev/nvidia*") and n.endswith("not asked")
+    assert any(n.startswith("no GPU device node or driver (/dev/nvidia*")
+               and n.endswith("not asked")
                for n in info.notes)  # fmt: skip
     # off Linux the absence of nodes proves nothing: torch is asked
     monkeypatch.setattr(device, "gpu_device_nodes", lambda: None)
@@ -952,6 +953,13 @@ def test_gpu_device_nodes_are_read_from_dev(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(device.sys, "platform", "linux")
     assert device.gpu_device_nodes() == ["/dev/kfd", "/dev/nvidia0", "/dev/nvidiactl"]
     monkeypatch.setattr(device.sys, "platform", "darwin")
+    assert device.gpu_device_nodes() is None
+    # the NVIDIA driver loaded, its nodes not made yet (made by CUDA's first start)
+    seen = {"/sys/module/nvidia": ["/sys/module/nvidia"]}
+    monkeypatch.setattr(device.sys, "platform", "linux")
+    assert device.gpu_device_nodes() == ["/sys/module/nvidia"]
+    # a /dev that cannot be listed proves nothing
+    monkeypatch.setattr(device.os, "access", lambda path, mode: False)
     assert device.gpu_device_nodes() is None
 
 

@@ -315,25 +315,31 @@ def _query_nvml(cuda_index: int, cuda_uuid: str | None, notes: list[str]) -> _Nv
     return facts
 
 
-#: The device nodes a GPU's driver makes on Linux: NVIDIA's (``/dev/nvidiactl``,
-#: ``/dev/nvidia0``...), Jetson's (``/dev/nvhost-*``, ``/dev/nvmap``), WSL2's (``/dev/dxg``)
-#: and ROCm's (``/dev/kfd``). A container given a GPU gets its nodes too.
-GPU_NODE_PATTERNS = ("/dev/nvidia*", "/dev/nvhost*", "/dev/nvmap", "/dev/dxg", "/dev/kfd")
+#: What a GPU's driver leaves on Linux: the device nodes of NVIDIA (``/dev/nvidiactl``,
+#: ``/dev/nvidia0``...), Jetson (``/dev/nvhost-*``, ``/dev/nvmap``), WSL2 (``/dev/dxg``) and
+#: ROCm (``/dev/kfd``), and the loaded kernel modules of NVIDIA and AMD (a bare-metal host
+#: without udev rules gets its ``/dev/nvidia*`` nodes only when CUDA first starts, from
+#: ``nvidia-modprobe``; its module is loaded before). A container given a GPU gets its nodes.
+GPU_NODE_PATTERNS = (
+    "/dev/nvidia*", "/dev/nvhost*", "/dev/nvmap", "/dev/dxg", "/dev/kfd",
+    "/proc/driver/nvidia", "/sys/module/nvidia", "/sys/module/amdgpu",
+)  # fmt: skip
 
 
 def gpu_device_nodes() -> list[str] | None:
-    """The GPU device nodes present (:data:`GPU_NODE_PATTERNS`), or ``None`` off Linux, where
-    their absence proves nothing."""
-    if not sys.platform.startswith("linux"):
+    """What of :data:`GPU_NODE_PATTERNS` is present, or ``None`` where its absence proves
+    nothing: off Linux, or where ``/dev`` cannot be listed (a sandbox)."""
+    if not sys.platform.startswith("linux") or not os.access("/dev", os.R_OK | os.X_OK):
         return None
     return sorted(path for pattern in GPU_NODE_PATTERNS for path in glob.glob(pattern))
 
 
 def _no_gpu_node(notes: list[str]) -> bool:
-    """True, with a note, on a Linux host without a GPU's device node."""
+    """True, with a note, on a Linux host without a GPU's device node or driver."""
     if gpu_device_nodes() != []:
         return False
-    notes.append(f"no GPU device node ({', '.join(GPU_NODE_PATTERNS)}): torch and NVML not asked")
+    notes.append(f"no GPU device node or driver ({', '.join(GPU_NODE_PATTERNS)}): "
+                 "torch and NVML not asked")
     return True
 
 
