@@ -24,7 +24,8 @@ def pct(v: float | None) -> str:
 
 def main() -> None:
     for d in map(Path, sys.argv[1:]):
-        files = sorted(d.glob("rep*-A_A.json"))
+        # the first A/A run of an A/B calibration (its stand-in for a baseline) is one too
+        files = sorted([*d.glob("baseline.json"), *d.glob("rep*-A_A.json")])
         cases: dict[str, list[tuple[str, dict[str, list[float]]]]] = {}
         step_ms: dict[str, list[float]] = {}
         unstable = 0
