@@ -38,10 +38,17 @@ def main() -> None:
                 for r in c["runs"]:
                     cases.setdefault(name, []).append((f.name.split("-")[0], r["blocks"]))
         print(f"{d}: {len(files)} A/A runs, {unstable} with an UNSTABLE case")
-        for fl in form_levels(cases, FORMS):
-            b, t, s = fl.sds
-            print(f"  {fl.form:11s} pooled  block {pct(b)} ({fl.block_df})  process {pct(t)} "
-                  f"({fl.between_df})  run-to-run {pct(s)} ({fl.sitting_df})")
+        groups = {
+            "all": cases,
+            "fragmented": {n: r for n, r in cases.items() if "fragmented" in n},
+            "contiguous": {n: r for n, r in cases.items() if "fragmented" not in n},
+        }
+        for group, subset in groups.items():
+            for fl in form_levels(subset, FORMS):
+                b, t, s = fl.sds
+                print(f"  {fl.form:11s} pooled, {group:10s} ({fl.cases})  block {pct(b)} "
+                      f"({fl.block_df})  process {pct(t)} ({fl.between_df})  "
+                      f"run-to-run {pct(s)} ({fl.sitting_df})")
         for form in FORMS:
             for name, runs in sorted(cases.items()):
                 have = [(s, bl[form]) for s, bl in runs if bl.get(form)]
