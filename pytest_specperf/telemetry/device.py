@@ -18,9 +18,9 @@ A user-given slug (``--specperf-device``) is checked by :func:`validate_slug`.
 GPU facts come from torch (name, memory, compute capability, UUID, in CUDA's device order,
 which already honours ``CUDA_VISIBLE_DEVICES``) and from NVML (driver version, UUID); the
 NVML device is matched to the CUDA device by UUID. Both libraries are imported lazily, and
-not at all on a Linux host without a GPU's device node (:func:`gpu_device_nodes`): there torch
-could find no GPU, and importing it only to learn so costs every pytest start about 1.5 s of
-CPU (docs/development.md, "The suite's time").
+not at all on a Linux host without a GPU's device node or driver (:func:`gpu_device_nodes`):
+there torch could find no GPU, and importing it only to learn so cost every pytest start
+about 1.5 s of CPU (docs/development.md, "The suite's time").
 """
 
 from __future__ import annotations
