@@ -11,11 +11,17 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_specperf.cli.calibrate_sittings import Runs, device_prior, prior_spread
+from pytest_specperf.cli.calibrate_sittings import (
+    Runs,
+    add_report_runs,
+    device_prior,
+    prior_spread,
+)
 from pytest_specperf.store.prior import write_prior
 
 
 def ab_cases(work_dir: Path) -> tuple[dict[str, Runs], str, int]:
+    """Each quiet A/A run's processes as a sitting of its own (``add_report_runs``)."""
     cases: dict[str, Runs] = {}
     files = sorted(work_dir.glob("rep*-A_A.json"))
     slug = ""
@@ -23,9 +29,8 @@ def ab_cases(work_dir: Path) -> tuple[dict[str, Runs], str, int]:
         data = json.loads(f.read_text())
         slug = data["device"]["slug"]
         for c in data["cases"]:
-            runs = cases.setdefault(f"{c['test']} {c['key']}", [])
-            for r in c["runs"]:
-                runs.append((f.name.split("-")[0], {m: tuple(b) for m, b in r["blocks"].items()}))
+            cases.setdefault(f"{c['test']} {c['key']}", [])
+        add_report_runs(cases, data, f.name.split("-")[0])
     return cases, slug, len(files)
 
 
@@ -39,8 +44,10 @@ def main() -> None:
     print(f"{path}: {source}")
     for kind in ("phase", "step"):
         lv = prior.of(kind)
-        print(f"  {kind}: between {100 * lv.between:.2f}% ({lv.between_df:g} df), "
-              f"sitting {100 * lv.sitting:.2f}% ({lv.sitting_df:g} df)")
+        print(
+            f"  {kind}: between {100 * lv.between:.2f}% ({lv.between_df:g} df), "
+            f"sitting {100 * lv.sitting:.2f}% ({lv.sitting_df:g} df)"
+        )
     print("  worth for one case:", json.dumps(prior_spread(cases, prior)))
 
 

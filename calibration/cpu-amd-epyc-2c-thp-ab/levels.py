@@ -13,6 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from pytest_specperf.cli.calibrate_sittings import Runs, add_report_runs
 from pytest_specperf.judging.levels import case_estimate, form_levels
 
 FORMS = ("verify/rest", "step/ref")
@@ -26,17 +27,17 @@ def main() -> None:
     for d in map(Path, sys.argv[1:]):
         # the first A/A run of an A/B calibration (its stand-in for a baseline) is one too
         files = sorted([*d.glob("baseline.json"), *d.glob("rep*-A_A.json")])
-        cases: dict[str, list[tuple[str, dict[str, list[float]]]]] = {}
+        cases: dict[str, Runs] = {}
         step_ms: dict[str, list[float]] = {}
         unstable = 0
         for f in files:
             data = json.loads(f.read_text())
             unstable += any(c["verdict"] == "UNSTABLE" for c in data["cases"])
             for c in data["cases"]:
-                name = f"{c['test'].split('::')[-1]} {c['key']}"
+                name = f"{c['test']} {c['key']}"
                 step_ms.setdefault(name, []).append(c["step_ms"]["median"])
-                for r in c["runs"]:
-                    cases.setdefault(name, []).append((f.name.split("-")[0], r["blocks"]))
+                cases.setdefault(name, [])
+            add_report_runs(cases, data, f.name.split("-")[0])  # each run a sitting
         print(f"{d}: {len(files)} A/A runs, {unstable} with an UNSTABLE case")
         groups = {
             "all": cases,
@@ -46,9 +47,11 @@ def main() -> None:
         for group, subset in groups.items():
             for fl in form_levels(subset, FORMS):
                 b, t, s = fl.sds
-                print(f"  {fl.form:11s} pooled, {group:10s} ({fl.cases})  block {pct(b)} "
-                      f"({fl.block_df})  process {pct(t)} ({fl.between_df})  "
-                      f"run-to-run {pct(s)} ({fl.sitting_df})")
+                print(
+                    f"  {fl.form:11s} pooled, {group:10s} ({fl.cases})  block {pct(b)} "
+                    f"({fl.block_df})  process {pct(t)} ({fl.between_df})  "
+                    f"run-to-run {pct(s)} ({fl.sitting_df})"
+                )
         for form in FORMS:
             for name, runs in sorted(cases.items()):
                 have = [(s, bl[form]) for s, bl in runs if bl.get(form)]
@@ -57,9 +60,12 @@ def main() -> None:
                     continue
                 tau2 = est.between_hat2 or 0.0
                 sit = est.sitting_hat2(tau2)
-                print(f"    {form:11s} {name:50s} process {pct(math.sqrt(tau2))}  "
-                      f"run-to-run {pct(None if sit is None else math.sqrt(sit))}  "
-                      f"step {statistics.median(step_ms[name]):6.1f} ms")
+                short = name.split("::")[-1]
+                print(
+                    f"    {form:11s} {short:50s} process {pct(math.sqrt(tau2))}  "
+                    f"run-to-run {pct(None if sit is None else math.sqrt(sit))}  "
+                    f"step {statistics.median(step_ms[name]):6.1f} ms"
+                )
 
 
 if __name__ == "__main__":
