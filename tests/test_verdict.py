@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Any
 
 import pytest
@@ -122,10 +123,12 @@ def test_unaccounted_is_judged_as_a_share_of_the_step():
     assert tiny.verdict is Verdict.SAME  # +150% of almost nothing is not a regression
 
 
-def test_a_share_judged_on_two_runs_shows_the_centers_every_report_shows():
-    """Unaccounted is judged on the latest baseline run and the first process (in points
-    of the step), but its line shows the same milliseconds as the phase table: the centers
-    over the baseline's runs and the processes (geometric means of their medians)."""
+def test_a_share_is_judged_on_every_run_and_its_line_adds_up():
+    """Unaccounted is judged in points of the step over every baseline run and every
+    process (per block, the mean share over each side's runs; the change the mean of the
+    differences), and its line shows the two shares judged, whose difference is the
+    change, beside the milliseconds of the phase table: the centers over the baseline's
+    runs and the processes (geometric means of their medians)."""
     from pytest_specperf.judging.verdict import Runs, Tolerances, judge_runs
 
     def run(unacc: float, factor: float = 1.0) -> dict[str, Summary]:
@@ -133,10 +136,34 @@ def test_a_share_judged_on_two_runs_shows_the_centers_every_report_shows():
 
     runs = Runs((run(0.02), run(0.08)), (run(4.0, 1.2), run(1.0, 1.2)))
     v = judge_runs("unaccounted", runs, Tolerances(0.08, 0.2))
-    assert v is not None and v.share_based
-    assert v.change == pytest.approx(4.0 / (21.05 * 1.2) - 0.08 / 21.05, rel=0.01)  # the two
+    assert v is not None and v.share_based and v.df == 7  # 8 paired blocks
+    steps = s(BASE).blocks
+    base = statistics.fmean(0.05 / b for b in steps)  # the mean of 0.02 and 0.08 a block
+    now = statistics.fmean(2.5 / (b * 1.2) for b in steps)  # of 4.0 and 1.0
+    assert (v.judged_base, v.judged_now) == (pytest.approx(base), pytest.approx(now))
+    assert v.change == pytest.approx(now - base)  # not the two runs' 0.155 of before
     assert (v.base, v.now) == (pytest.approx(0.04), pytest.approx(2.0))  # sqrt(.02 x .08), ...
-    assert "(0.040 -> 2.00 ms" in v.describe()
+    line = v.describe()
+    assert f"({base * 100:.1f}% -> {now * 100:.1f}% of step; 0.040 -> 2.00 ms" in line
+    assert f"{v.change * 100:+.1f} pp" in line
+    # one run a side is the paired comparison of the two runs, as before
+    one = judge_runs("unaccounted", Runs((run(0.08),), (run(4.0, 1.2),)), Tolerances(0.08, 0.2))
+    assert one is not None
+    assert one.change == pytest.approx(statistics.fmean(4.0 / (b * 1.2) - 0.08 / b for b in steps))
+
+
+def test_a_share_over_runs_that_do_not_pair_is_the_mean_of_their_ratios():
+    from pytest_specperf.judging.verdict import Runs, Tolerances, judge_runs
+
+    short = [0.5] * 6
+    base = {"step": s(BASE), "unaccounted": s([0.2] * 16)}
+    now = {"step": summarize(BASE[:6], BLOCKS[:6]), "unaccounted": summarize(short, BLOCKS[:6])}
+    v = judge_runs("unaccounted", Runs((base,), (now, now)), Tolerances(0.08, 0.2))
+    assert v is not None and v.df == math.inf  # 8 blocks against 3: no pairing
+    b = 0.2 / s(BASE).median
+    n = 0.5 / summarize(BASE[:6], BLOCKS[:6]).median
+    assert (v.judged_base, v.judged_now) == (pytest.approx(b), pytest.approx(n))
+    assert v.change == pytest.approx(n - b)
 
 
 def test_combine_order():

@@ -269,9 +269,13 @@ class MetricVerdict:
                 f"{self.now:.1f}%, tol {self.tolerance * 100:.0f} points)"
             )
         if self.share_based:
+            shares = ""
+            if self.judged_base is not None and self.judged_now is not None:
+                # the shares judged, whose difference is the change, then the milliseconds
+                shares = f"{self.judged_base * 100:.1f}% -> {self.judged_now * 100:.1f}% of step; "
             return (
-                f"{self.metric} {self.change * 100:+.1f} pp of step ({b} -> {n} {self.unit}, "
-                f"tol {self.tolerance * 100:.0f} pp)"
+                f"{self.metric} {self.change * 100:+.1f} pp of step ({shares}{b} -> {n} "
+                f"{self.unit}, tol {self.tolerance * 100:.0f} pp)"
             )
         spread = (
             self.exact_reason
@@ -946,36 +950,76 @@ def _block_shares(part: Summary, whole: Summary) -> list[float] | None:
     return [m / s if s else 0.0 for m, s in zip(part.blocks, whole.blocks)]
 
 
+def _share_profile(runs: Sequence[list[float]], k: int) -> list[float]:
+    """Per block, the mean share over ``runs``, each run's rounds folded onto ``k``
+    blocks first (every run's length a multiple of ``k``)."""
+    folded = [
+        [statistics.fmean(r[i * k + j] for i in range(len(r) // k)) for j in range(k)] for r in runs
+    ]
+    return [statistics.fmean(f[j] for f in folded) for j in range(k)]
+
+
+def _run_share(part: Summary, whole: Summary) -> tuple[float, float]:
+    """A run's share of the step (the ratio of its medians) and that share's standard
+    error, from the part's (the step's is small beside it)."""
+    share = part.median / whole.median if whole.median else 0.0
+    return share, part.rel_se() * share
+
+
 def judge_share(
     metric: str,
-    base: Summary,
-    now: Summary,
-    base_step: Summary,
-    now_step: Summary,
+    base: Summary | Sequence[Summary],
+    now: Summary | Sequence[Summary],
+    base_step: Summary | Sequence[Summary],
+    now_step: Summary | Sequence[Summary],
     tolerance: float,
     *,
     alpha: float = LONE_ALPHA,
 ) -> MetricVerdict:
-    """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted.
+    """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted,
+    over every run of each side (``base_step`` / ``now_step``: the same runs' steps).
 
-    The noise is that of the paired per-block shares when both runs have the same blocks
-    (``B - 1`` degrees of freedom; else the centers' standard errors, taken as known).
+    Paired when every run's blocks fold onto the same ``k`` blocks (the fewest any run
+    has; a run of several rounds folded, each block's mean): per block the mean share over
+    each side's runs, and the change is the mean of the ``k`` differences, its noise their
+    standard error on ``k - 1`` degrees of freedom. Otherwise each run's share is the
+    ratio of its medians, a side's share their mean, and its standard error is taken as
+    known. Either way the change is exactly the difference of the two shares shown
+    (``judged_base`` / ``judged_now``), and ``base`` / ``now`` are the milliseconds every
+    report shows: the centers over each side's runs (``center_of_runs``).
     """
-    b = base.median / base_step.median if base_step.median else 0.0
-    n = now.median / now_step.median if now_step.median else 0.0
-    bs, ns = _block_shares(base, base_step), _block_shares(now, now_step)
-    d = _paired_point_diffs(bs, ns) if bs is not None and ns is not None else None
-    if d is not None:  # the judged statistic is the one whose noise is computed
-        change, noise, df = _mean_and_se(d)
+    parts, steps = (_seq(base), _seq(now)), (_seq(base_step), _seq(now_step))
+    shares = [[_block_shares(p, w) for p, w in zip(parts[i], steps[i])] for i in (0, 1)]
+    lengths = [len(x) for side in shares for x in side if x is not None]
+    k = min(lengths, default=0)
+    pairable = (
+        all(x is not None for side in shares for x in side)
+        and k >= 3
+        and all(n % k == 0 for n in lengths)
+    )
+    if pairable:
+        b_prof, n_prof = (_share_profile([x for x in side if x is not None], k) for side in shares)
+        d = [n - b for b, n in zip(b_prof, n_prof)]
+        change, noise, df = _mean_and_se(d)  # the statistic whose noise is computed
+        b, n = statistics.fmean(b_prof), statistics.fmean(n_prof)
     else:
-        change, df = n - b, math.inf
-        noise = math.hypot(base.rel_se() * b, now.rel_se() * n) if b or n else 0.0
+        (b, b_se), (n, n_se) = (
+            _side_share([_run_share(p, w) for p, w in zip(parts[i], steps[i])]) for i in (0, 1)
+        )
+        change, noise, df = n - b, math.hypot(b_se, n_se), math.inf
     z = critical(alpha, df)
-    verdict, steps = _verdict(metric, change, noise, tolerance, now.n, z)
+    verdict, to_decide = _verdict(metric, change, noise, tolerance, parts[1][0].n, z)
     return MetricVerdict(
-        metric, verdict, base.median, now.median, change, noise, tolerance, "ms", steps,
-        share_based=True, critical=z, df=df, alpha=alpha,
+        metric, verdict, center_of_runs(parts[0]), center_of_runs(parts[1]), change, noise,
+        tolerance, "ms", to_decide, share_based=True, critical=z, df=df, alpha=alpha,
+        judged_base=b, judged_now=n,
     )  # fmt: skip
+
+
+def _side_share(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The mean of runs' shares and its standard error (each run's taken as known)."""
+    mean = statistics.fmean(s for s, _ in runs)
+    return mean, math.sqrt(sum(se * se for _, se in runs)) / len(runs)
 
 
 def judge_points(
@@ -1255,10 +1299,10 @@ def judge_runs(
     lacks it.
 
     ``base_util`` / ``now_util``: the telemetry utilizations (one median per run) of the
-    latest baseline run and of the first current run. Shares and utilizations are judged
-    on those two runs (in points, where the between-process noise is small against the
-    tolerance); everything else on every run (``judge_metric``), with the device's level
-    ``prior``."""
+    latest baseline run and of the first current run. Utilizations are judged on those
+    two runs, shares on every run (``judge_share``), both in points, where the
+    between-process noise is small against the tolerance; everything else on every run
+    (``judge_metric``), with the device's level ``prior``."""
     tolerance = tolerances.of(metric)
     kind = spec(metric).kind
     base, now = runs.latest, runs.primary
@@ -1272,11 +1316,10 @@ def judge_runs(
     if metric not in base or metric not in now:
         return None
     if kind is MetricKind.SHARE:
-        v = judge_share(metric, base[metric], now[metric], base[STEP], now[STEP], tolerance,
-                        alpha=alpha)  # fmt: skip
-        # judged on the two runs; shown, like every other figure of the case, as the centers
-        # over the baseline's runs and this measurement's processes (the phase table's)
-        shown = [center_of_runs([r[metric] for r in side if metric in r])
-                 for side in (runs.base, runs.now)]  # fmt: skip
-        return replace(v, base=shown[0], now=shown[1])
+        # every run of each side, as the phase table's centers are taken over them
+        b_runs, n_runs = ([r for r in side if metric in r and STEP in r]
+                          for side in (runs.base, runs.now))  # fmt: skip
+        return judge_share(metric, [r[metric] for r in b_runs], [r[metric] for r in n_runs],
+                           [r[STEP] for r in b_runs], [r[STEP] for r in n_runs], tolerance,
+                           alpha=alpha)  # fmt: skip
     return _judge_form(metric, runs, tolerance, prior, alpha)
