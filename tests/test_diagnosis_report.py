@@ -27,10 +27,13 @@ from pytest_specperf.store.report import case_json, strict
 MS = 1_000_000
 
 
-def _records(verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: int = 16):
-    host = {p: int(0.05 * MS) for p in PHASES} | {"draft": 10 * MS, "verify": int(verify_ms * MS)}
+def _records(
+    verify_ms: float, verify_cpu_ms: float, *, gpu: bool = False, n: int = 16, draft_ms: float = 10
+):
+    draft = int(draft_ms * MS)
+    host = {p: int(0.05 * MS) for p in PHASES} | {"draft": draft, "verify": int(verify_ms * MS)}
     cpu = {p: int(0.05 * MS) for p in PHASES} | {
-        "draft": 10 * MS,
+        "draft": draft,
         "verify": int(verify_cpu_ms * MS),
     }
     step = sum(host.values()) + 30_000
@@ -138,6 +141,30 @@ def test_time_went_and_the_activity_line_give_one_answer():
     went = time_went(run, base)
     assert went is not None
     assert verify_line.rsplit(": ", 1)[1] == went.rsplit(" now: ", 1)[1]
+
+
+def test_time_went_names_the_blamed_phase_when_another_took_more():
+    """Draft is blamed (judged against the rest of its step it grew 13%) while verify took
+    twice its milliseconds: the line says both, so that it does not contradict the
+    headline."""
+    from pytest_specperf.judging.judge import as_baseline
+
+    base = as_baseline(_case(_run(_records(40.0, 40.0))), at="2026-12-03T14:00:00+00:00")
+    now = _run(_records(46.0, 46.0, draft_ms=13.0))
+    outcome = judge_case(_case(now), base, Path("b.yaml"))
+    assert outcome.verdict.culprit == "draft"
+    assert outcome.time_went is not None
+    assert "verify took 6.00 ms (67%) of the growth" in outcome.time_went
+    assert outcome.time_went.endswith(
+        "; draft, the phase the verdict blames against the rest of its step, took 3.00 ms "
+        "(33%); draft now: busy on the CPU (work, not waits)"
+    )
+    head = failure_message(outcome, "b.yaml", regression=True).splitlines()[0]
+    assert head.startswith("draft / rest of step ")
+    # blamed and largest the same: one clause, as before
+    alone = judge_case(_case(_run(_records(52.0, 52.0))), base, Path("b.yaml"))
+    assert alone.verdict.culprit == "verify" and alone.time_went is not None
+    assert "blames" not in alone.time_went
 
 
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():

@@ -176,12 +176,18 @@ def time_went(
     run: DecodeRun,
     base: Mapping[str, float] | None,
     now: Mapping[str, float] | None = None,
+    culprit: str | None = None,
 ) -> str | None:
-    """One sentence: how much the step grew, which phase took the growth, and whether that
-    phase worked or waited (from its CPU time, by the rule of the activity lines).
+    """One sentence: how much the step grew, which phase took the most of the growth, and
+    whether that phase worked or waited (from its CPU time, by the rule of the activity
+    lines).
 
     ``base`` and ``now``: per step part, the centers every report of the case shows
-    (``CaseOutcome.base_centers`` / ``now_centers``); ``now`` defaults to the run's own."""
+    (``CaseOutcome.base_centers`` / ``now_centers``); ``now`` defaults to the run's own.
+    ``culprit``: the phase the verdict blames (``CaseVerdict.culprit``). A phase is judged
+    against the rest of its step, so it can be blamed while another phase took more
+    milliseconds (a slower machine grows the largest phase most); the sentence then says
+    what the blamed phase took too, so that the headline and this line do not disagree."""
     if base is None or STEP not in base:
         return None
     if now is None:
@@ -197,11 +203,20 @@ def time_went(
         return None
     share = min(d / grew, 1.0)
     if top == UNACCOUNTED:
-        return (
+        text = (
             f"where the time went: the step grew {grew:.2f} ms; {d:.2f} ms ({share:.0%} of the "
             f"growth) is unaccounted, outside every named phase: {_unaccounted_cause(run)}"
         )
+    else:
+        text = (
+            f"where the time went: the step grew {grew:.2f} ms; {top} took {d:.2f} ms "
+            f"({share:.0%}) of the growth" + _why(run, top)
+        )
+    if culprit is None or culprit == top or culprit not in deltas:
+        return text
+    dc = deltas[culprit]
+    took = f"took {dc:.2f} ms ({max(dc, 0.0) / grew:.0%})" if dc > 0 else f"changed {dc:+.2f} ms"
     return (
-        f"where the time went: the step grew {grew:.2f} ms; {top} took {d:.2f} ms "
-        f"({share:.0%}) of the growth" + _why(run, top)
+        f"{text}; {culprit}, the phase the verdict blames against the rest of its step, "
+        f"{took}" + _why(run, culprit)
     )

@@ -475,7 +475,7 @@ def judge_case(
     )
     # the step, accept length and tokens/s budgets read the centers every report shows
     budgets = check_budgets(run, case.budgets, outcome.now_centers)
-    went = time_went(run, outcome.base_centers, outcome.now_centers)
+    went = time_went(run, outcome.base_centers, outcome.now_centers, outcome.verdict.culprit)
     return replace(outcome, budgets=budgets, time_went=went)
 
 
