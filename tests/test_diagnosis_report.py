@@ -167,6 +167,32 @@ def test_time_went_names_the_blamed_phase_when_another_took_more():
     assert "blames" not in alone.time_went
 
 
+def test_a_gpu_headline_s_raw_device_ms_are_the_phase_table_s():
+    """On a GPU a phase is judged on its device time and the headline's raw milliseconds
+    are the device time's centers over the baseline's runs: the phase table shows those
+    same centers (before, the first process's device median, now only)."""
+    import dataclasses
+
+    from pytest_specperf.judging.judge import as_baseline
+    from pytest_specperf.reporting.terminal import phase_table
+
+    runs = [_run(_records(verify_ms=v, verify_cpu_ms=0.5, gpu=True)) for v in (10.0, 12.0, 15.0)]
+    stored = [as_baseline(_case(r), at="2026-12-03T14:00:00+00:00") for r in runs]
+    base = dataclasses.replace(stored[0], runs=tuple(b.runs[0] for b in stored))
+    now = _run(_records(verify_ms=20.0, verify_cpu_ms=0.5, gpu=True))
+    outcome = judge_case(_case(now), base, Path("b.yaml"))
+    (verify,) = [m for m in outcome.verdict.metrics if m.metric == "verify"]
+    assert verify.basis is not None and "device" in verify.basis
+    center = (10.0 * 12.0 * 15.0) ** (1 / 3)  # not the latest run's 15
+    assert verify.base == pytest.approx(center, rel=1e-3)
+    assert f"raw verify {verify.base:.2f} -> {verify.now:.2f} ms" in verify.describe()
+    table = phase_table(outcome)
+    head = table[0].split("  ")
+    assert [h.strip() for h in head if h.strip()][5:7] == ["base dev ms", "now dev ms"]
+    row = next(line for line in table if line.startswith("verify ")).split()
+    assert row[5:7] == [f"{verify.base:.3f}", f"{verify.now:.3f}"]
+
+
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
     run = _run(_records(verify_ms=12.0, verify_cpu_ms=0.5, gpu=True))
     assert run.active_source == "device" and run.kernels is not None

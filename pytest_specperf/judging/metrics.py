@@ -214,8 +214,14 @@ DISTURBABLE_METRICS: Final = COMPOSITE_METRICS | frozenset(PHASES)
 #: What a phase table shows, in order.
 TABLE_ROWS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
 #: The figures every report shows of a case as one center over its server processes (or
-#: the baseline's runs): the phase table's rows, the accepted length and tokens/s.
-CENTER_ROWS: Final[tuple[str, ...]] = (*TABLE_ROWS, ACCEPT_LEN, TOKENS_PER_S)
+#: the baseline's runs): the phase table's rows, their device times on a GPU (what a
+#: phase verdict's raw milliseconds are there), the accepted length and tokens/s.
+CENTER_ROWS: Final[tuple[str, ...]] = (
+    *TABLE_ROWS,
+    *(f"{_DEVICE_PREFIX}{n}" for n in TABLE_ROWS),  # device_form, defined below
+    ACCEPT_LEN,
+    TOKENS_PER_S,
+)
 
 
 def spec(name: str) -> MetricSpec:

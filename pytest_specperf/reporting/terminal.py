@@ -27,7 +27,6 @@ from pytest_specperf.judging.metrics import (
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
 from pytest_specperf.judging.significance import critical
-from pytest_specperf.judging.stats import Summary
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, reach_text
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
@@ -44,10 +43,6 @@ def _change_cell(base: float, now: float, step: float) -> str:
     if base <= 0 or (step and base < 0.01 * step and abs(now - base) > base):
         return f"{now - base:+.2f} ms"
     return _pct(now / base - 1)
-
-
-def _ms(s: Summary | None) -> str:
-    return f"{s.median:.3f}" if s is not None else "-"
 
 
 def _activity_cells(run: DecodeRun, name: str, now: float) -> list[str]:
@@ -72,7 +67,15 @@ def _activity_headers(run: DecodeRun) -> list[str]:
     return []
 
 
-def _phase_row(run: DecodeRun, name: str, b: float | None, now: float, step: float) -> list[str]:
+def _center_cell(centers: Mapping[str, float] | None, name: str) -> str:
+    v = centers.get(name) if centers is not None else None
+    return f"{v:.3f}" if v is not None else "-"
+
+
+def _phase_row(
+    outcome: CaseOutcome, name: str, b: float | None, now: float, step: float
+) -> list[str]:
+    run = outcome.run
     row = [
         name,
         f"{b:.3f}" if b is not None else "-",
@@ -81,7 +84,9 @@ def _phase_row(run: DecodeRun, name: str, b: float | None, now: float, step: flo
         f"{now / step * 100:.1f}%" if step else "-",
     ]
     if run.has_device_times:
-        row.append(_ms(run.summaries.get(device_form(name))))
+        # the centers a phase verdict's raw device milliseconds are on a GPU
+        row += [_center_cell(outcome.base_centers, device_form(name)),
+                _center_cell(outcome.now_centers, device_form(name))]  # fmt: skip
     if run.active_source is not None:
         row += _activity_cells(run, name, run.summaries[name].median)
     return row
@@ -124,17 +129,18 @@ def _active_share_text(run: DecodeRun) -> str:
 
 def phase_table(outcome: CaseOutcome) -> list[str]:
     """Per-phase centers now (over the server processes) and at baseline (over its runs),
-    the same numbers the verdict compared, with change and share of the step, and where
-    measured the device time, the active time and the idle time inside each phase (of
-    the first process)."""
+    the same numbers the verdict compared, with change and share of the step; on a GPU
+    the device time's centers likewise (the raw milliseconds of a phase verdict there);
+    where measured, the active time and the idle time inside each phase (of the first
+    process)."""
     run, base, now = outcome.run, outcome.base_centers, outcome.now_centers
     step = now[STEP]
     headers = ["phase", "base ms", "now ms", "change", "share"]
     if run.has_device_times:
-        headers.append("device ms")
+        headers += ["base dev ms", "now dev ms"]
     headers += _activity_headers(run)
     rows = [
-        _phase_row(run, n, base.get(n) if base else None, now[n], step)
+        _phase_row(outcome, n, base.get(n) if base else None, now[n], step)
         for n in TABLE_ROWS
         if n in now
     ]
