@@ -330,3 +330,110 @@ def test_a_sibling_without_steps_is_refused_not_judged_as_a_copy(tmp_path, make_
     path.write_text(json.dumps(data))
     with pytest.raises(ReportError, match="server process 2 has no samples of its own"):
         run_from_case(path, read_report(path).cases[0])
+
+
+def _budgeted(case, **limits):
+    from pytest_specperf.judging.budgets import Budgets
+
+    return dataclasses.replace(case, budgets=Budgets(**limits))
+
+
+def test_a_breached_budget_fails_compare_as_it_failed_the_test(tmp_path, make_run, reference_fp):
+    """B's test set a step budget its run breached: the pytest run failed the case
+    (OVER_BUDGET (SAME)), and compare, which judges the same budgets on the rebuilt run,
+    says so in the table and in a line per budget, and exits 1 though the verdict is SAME."""
+    run = make_run(steps=32)
+    step = run.summaries[STEP].median
+    a = _write(tmp_path / "a.json", _case(run, reference_fp))
+    now = _budgeted(_case(run, reference_fp), max_step_ms=step / 2, min_accept_len=1.0)
+    b = _write(tmp_path / "b.json", now)
+    gate = judge_case(now, as_baseline(_case(run, reference_fp), at=utc_now()), a)
+    assert gate.verdict.verdict is Verdict.SAME and gate.failed  # the pytest run's verdict
+    [got] = compare.compare_runs(read_report(a), read_report(b))
+    assert [c.describe() for c in got.budgets] == [c.describe() for c in gate.budgets]
+    assert got.failed and got.verdict.verdict is Verdict.SAME
+    out = io.StringIO()
+    assert compare.run(_args(a, b), out) == 1
+    text = out.getvalue()
+    assert "OVER_BUDGET (SAME)" in text
+    over, within = (c.describe() for c in gate.budgets)
+    assert over.startswith("over budget: step") and within.startswith("within budget:")
+    assert f"BUDGET {TEST} {KEY}: {over}" in text.splitlines()
+    assert f"BUDGET {TEST} {KEY}: {within}" in text.splitlines()  # every budget judged
+
+
+def test_a_report_without_saved_budgets_compares_as_before(tmp_path, make_run, reference_fp,
+                                                            capsys):
+    """A report written before budgets were saved has none to judge: the same lines and exit
+    status as a run that set none. A saved budget that cannot be read is refused, naming the
+    file, the case and the budget: dropping it would pass a case its test failed."""
+    from pytest_specperf.store.report import saved_budgets
+
+    run = make_run(steps=32)
+    a = _write(tmp_path / "a.json", _case(run, reference_fp))
+    b = _write(tmp_path / "b.json", _budgeted(_case(run, reference_fp), max_step_ms=1.0))
+    assert compare.run(_args(a, b), io.StringIO()) == 1
+    data = json.loads(b.read_text())
+    del data["cases"][0]["budgets"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    assert saved_budgets(read_report(old).cases[0]) is None
+    out, plain = io.StringIO(), io.StringIO()
+    assert compare.run(_args(a, old), out) == 0
+    assert compare.run(_args(a, a), plain) == 0
+    assert "BUDGET" not in out.getvalue()
+    assert out.getvalue().splitlines()[2:] == plain.getvalue().splitlines()[2:]  # less A, B
+    data["cases"][0]["budgets"] = [{"budget": "max_step_ms", "limit": "fast"}]
+    old.write_text(json.dumps(data))
+    assert compare.run(_args(a, old), io.StringIO()) == 2
+    assert (f"old.json: {TEST} {KEY}: budgets[0]: max_step_ms's limit 'fast' is not a "
+            "positive number") in capsys.readouterr().err
+
+
+def test_compare_s_unstable_advice_is_to_measure_again_and_compare(tmp_path, make_run,
+                                                                  reference_fp):
+    """Two saved runs are two sittings: B on a 15% slower machine is UNSTABLE under the
+    provisional prior. The advice is compare's (measure again, compare again), not the
+    recording's (update or re-record the baseline)."""
+    a = _write(tmp_path / "a.json", _case(make_run(steps=12), reference_fp))
+    b = _write(tmp_path / "b.json", _case(make_run(steps=12, scale=1.15, seed=2), reference_fp))
+    out = io.StringIO()
+    assert compare.run(_args(a, b), out) == 0
+    [line] = [x for x in out.getvalue().splitlines() if x.startswith("UNSTABLE")]
+    assert "(runs A and B are two sittings; docs/statistics.md)" in line, line
+    assert ("specperf calibrate, then measure B again with it beside the baselines (pytest "
+            "... --specperf-json FILE, or --benchmark-save) and compare again") in line
+    assert "record" not in line and "baseline run" not in line
+
+
+def _unstable(**fields):
+    from pytest_specperf.judging.verdict import MetricVerdict
+
+    m = MetricVerdict(STEP, Verdict.UNSTABLE, 50.0, 52.0, 0.04, 0.1, 0.25, "ms",
+                      within=0.01, floor=0.05, base_runs=3, critical=2.9)
+    return dataclasses.replace(m, **fields)
+
+
+@pytest.mark.parametrize(("fields", "remedy"), [
+    ({"steps_to_decide": 120}, "measure A and B again with --specperf-steps 120 (or the "
+     "marker's steps=)"),
+    ({"processes_to_decide": 3}, "about 3 processes would decide: measure B again with "
+     "--specperf-processes 3"),
+    ({"processes_to_decide": 5}, "about 5 processes would decide: measure A and B again with "
+     "--specperf-processes 5"),
+    ({}, "no practical number of processes would: measure A and B again on a quiet machine"),
+    ({"scatter_ratio": 4.4}, "run B's blocks scatter 4.4x more than the other's: the machine "
+     "was busy or disturbed while B ran; measure B again on a quiet machine"),
+    ({"scatter_ratio": 1 / 4.4}, "while A ran; measure A again on a quiet machine"),
+])
+def test_unstable_advice_in_compare_names_compare_s_remedy(fields, remedy):
+    """Every kind of UNSTABLE: compare's advice (``compared``) says which saved run to
+    measure again with which pytest option; the run's own advice stays the recording's."""
+    from pytest_specperf.reporting.terminal import unstable_advice
+
+    m = _unstable(**fields)
+    text = unstable_advice(m, compared=True)
+    assert remedy in text and text.endswith(
+        "(pytest ... --specperf-json FILE, or --benchmark-save) and compare again"), text
+    assert "record" not in text and "baseline" not in text
+    assert "compare again" not in unstable_advice(m)

@@ -6,9 +6,12 @@ name (``0003``, ``0003_nightly``; ``--storage``). Each case of B is rebuilt from
 steps (``store.rebuild``), run A's case becomes its baseline exactly as
 ``--specperf-update-baselines`` would have stored it (``judging.judge.as_baseline``), and
 ``judging.judge.judge_case`` decides, with the gates and tolerances B was judged with
-(or those given here). A case of B that A lacks is NO_BASELINE; a different engine
-fingerprint is INVALID. Prints the summary table; exits 1 when a case is SLOWER, 2 when a
-run cannot be read.
+(or those given here). B's budgets (the absolute limits its tests set, saved with each
+case's checks) are checked again on the rebuilt run by the same code
+(``judging.budgets.check_budgets``): a breach fails the case as it failed its test,
+``OVER_BUDGET (SAME)`` in the table and a ``BUDGET`` line per budget judged. A case of B
+that A lacks is NO_BASELINE; a different engine fingerprint is INVALID. Prints the summary
+table; exits 1 when a case is SLOWER or over a budget, 2 when a run cannot be read.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Any, TextIO
 
 from pytest_specperf import plain_text
 from pytest_specperf.cli.options import add_replaced_options, add_tolerance_option
+from pytest_specperf.judging.budgets import Budgets
 from pytest_specperf.judging.judge import Case, CaseOutcome, as_baseline, judge_case
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR
-from pytest_specperf.judging.verdict import Tolerances, Verdict
+from pytest_specperf.judging.verdict import Tolerances
 from pytest_specperf.reporting.terminal import case_notes, machine_note, summary_table
 from pytest_specperf.reporting.view import CaseView
 from pytest_specperf.server.protocol import is_speculative
@@ -37,6 +41,7 @@ from pytest_specperf.store.report import (
     prior_of,
     read_report,
     run_family,
+    saved_budgets,
     saved_family,
 )
 
@@ -75,7 +80,18 @@ def _tolerances(report: Report, case: CaseRecord, given: ToleranceSpec | None) -
     return (given or ToleranceSpec()).over(own)
 
 
-def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
+def _budgets(report: Report, c: CaseRecord) -> Budgets | None:
+    """The budgets ``c``'s test set (``saved_budgets``); ``ReportError`` naming the file
+    and the case for an unusable one."""
+    try:
+        return saved_budgets(c)
+    except ValueError as e:
+        raise ReportError(report.path, f"{c.test} {c.key}: {e}") from None
+
+
+def _case(
+    report: Report, c: CaseRecord, tolerances: Tolerances, budgets: Budgets | None = None
+) -> Case:
     gates = c.data.get("gates")
     return Case(
         nodeid=str(c.data.get("nodeid") or c.test),
@@ -88,16 +104,17 @@ def _case(report: Report, c: CaseRecord, tolerances: Tolerances) -> Case:
         speculative=is_speculative(c.fingerprint),
         family=run_family(c, report.tests),
         prior=prior_of(c.data) or PROVISIONAL_PRIOR,
+        budgets=budgets,
     )
 
 
 def compare_runs(a: Report, b: Report, given: ToleranceSpec | None = None) -> list[CaseOutcome]:
-    """Every case of ``b`` judged against the same case of ``a`` (``ReportError`` when a
-    case cannot be rebuilt)."""
+    """Every case of ``b`` judged against the same case of ``a``, and checked against its
+    budgets (``ReportError`` when a case cannot be rebuilt)."""
     in_a = {(c.test, c.key): c for c in a.cases}
     outcomes = []
     for c in b.cases:
-        case = _case(b, c, _tolerances(b, c, given))
+        case = _case(b, c, _tolerances(b, c, given), _budgets(b, c))
         base_case = in_a.get((c.test, c.key))
         base = None
         if base_case is not None:
@@ -120,11 +137,18 @@ def compare_lines(a: Report, b: Report, outcomes: Sequence[CaseOutcome]) -> list
     lines += summary_table(cases) if cases else ["run B has no cases"]
     machine = machine_note(cases)  # two runs from two machines: the raw times do not compare
     lines += [machine] if machine else []
-    lines += case_notes(cases)
+    lines += case_notes(cases, compared=True)
+    lines += budget_lines(outcomes)
     in_b = {(c.test, c.key) for c in b.cases}
     lines += [f"only in A: {c.test} {c.key}" for c in a.cases if (c.test, c.key) not in in_b]
     lines += [line for r in (a, b) for line in _first_process_notes(r)]
     return lines + _fallback_notes(b)
+
+
+def budget_lines(outcomes: Sequence[CaseOutcome]) -> list[str]:
+    """``BUDGET case: over budget: ...`` (or ``within budget``, or ``cannot be checked``):
+    every budget of B's cases, as checked here."""
+    return [f"BUDGET {o.test} {o.key}: {b.describe()}" for o in outcomes for b in o.budgets]
 
 
 def _fallback_notes(b: Report) -> list[str]:
@@ -169,7 +193,8 @@ def _first_process_notes(r: Report) -> list[str]:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``specperf compare``; 1 when a case of B is SLOWER, 2 when a run cannot be used."""
+    """``specperf compare``; 1 when a case of B fails (SLOWER, or over a budget), 2 when a
+    run cannot be used."""
     out = out or sys.stdout
     try:
         given: ToleranceSpec | None = args.tolerance  # parsed by --tolerance's type=
@@ -181,7 +206,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     for line in compare_lines(a, b, outcomes):
         print(line, file=out)
-    return 1 if any(o.verdict.verdict is Verdict.SLOWER for o in outcomes) else 0
+    return 1 if any(o.failed for o in outcomes) else 0
 
 
 def add_parser(sub: Any) -> None:

@@ -270,39 +270,20 @@ def summary_table(cases: Sequence[CaseView]) -> list[str]:
     return render_table(list(SUMMARY_HEADERS), summary_rows(cases), right={1, 2, 4})
 
 
-def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
-                    ab: bool = False, per_look: int = 1) -> str:  # fmt: skip
+def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None, ab: bool = False,
+                    per_look: int = 1, compared: bool = False) -> str:  # fmt: skip
     """Why a metric could not be decided, and what would decide it: nothing but a quiet
     machine (disturbed), more processes (the noise between server processes), or more
     steps (the automatic extension's budget, ``max_time_s``, was spent or is off).
     ``ab``: an A/B case (its baseline is the reference side of this run, never recorded);
     ``per_look``: the rounds its first tested process measured a look
-    (``judging.ab.rounds_per_look``: 2 with one process a side)."""
+    (``judging.ab.rounds_per_look``: 2 with one process a side); ``compared``: judged by
+    ``specperf compare`` from two saved runs (A the baseline, B the run): the remedy is
+    to measure again with the options that decide it and compare again, not to record."""
     unit = "pp" if m.in_points else "%"
     text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
-        reach = ""
-        if m.block_scatter is not None:  # beyond_disturbance: what it would have taken
-            reach = (
-                f", and a disturbance can move a center by {reach_text(m.block_scatter)} at most"
-            )
-        if ab:  # both sides measured in this sitting: nothing was recorded
-            busy = "A" if m.scatter_ratio < 1 else "B"
-            return text + (
-                f", but side {busy}'s blocks scatter "
-                f"{max(m.scatter_ratio, 1 / m.scatter_ratio):.1f}x more than the other's"
-                f"{reach}: the machine was busy while {busy} ran; rerun on a quiet machine"
-            )
-        if m.scatter_ratio < 1:
-            return text + (
-                f", but the baseline's blocks scatter {1 / m.scatter_ratio:.1f}x more than "
-                f"this run's{reach}: the baseline was recorded on a busy machine; re-record "
-                "it on a quiet one"
-            )
-        return text + (
-            f", but this run's blocks scatter {m.scatter_ratio:.1f}x more than the "
-            f"baseline's{reach}: the machine was busy or disturbed; rerun it on a quiet machine"
-        )
+        return text + _disturbed_advice(m, m.scatter_ratio, ab=ab, compared=compared)
     band = m.band
     # a relative change's noise is of its log: the band as a change in the worse direction
     # (a rise of a time, a drop of a higher-is-better quantity), beside the tolerance
@@ -313,11 +294,57 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None,
         f"{m.noise * 100:.1f}{unit} = {band * 100:.1f}{unit}{as_change} > tol "
         f"{m.tolerance * 100:.0f}{unit})"
     )
+    if m.steps_to_decide and compared:  # B's blocks pair with A's: both take the steps
+        steps = f"with --specperf-steps {m.steps_to_decide} (or the marker's steps=)"
+        decide = f"; about {m.steps_to_decide} steps would decide: "
+        return text + decide + measure_again("A and B", steps)
     if m.steps_to_decide:
         return text + _steps_advice(m, max_time_s, per_look)
     if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
-        return text + (_ab_processes_advice(m) if ab else _processes_advice(m))
+        return text + (_ab_processes_advice(m) if ab else _processes_advice(m, compared))
     return text
+
+
+def _disturbed_advice(m: MetricVerdict, ratio: float, *, ab: bool, compared: bool) -> str:
+    """A disturbed metric: which side's blocks scattered (``ratio``: this run's scatter
+    over the baseline's), and that a quiet machine decides it (``unstable_advice``)."""
+    reach = ""
+    if m.block_scatter is not None:  # beyond_disturbance: what it would have taken
+        reach = f", and a disturbance can move a center by {reach_text(m.block_scatter)} at most"
+    if ab:  # both sides measured in this sitting: nothing was recorded
+        busy = "A" if ratio < 1 else "B"
+        return (
+            f", but side {busy}'s blocks scatter "
+            f"{max(ratio, 1 / ratio):.1f}x more than the other's"
+            f"{reach}: the machine was busy while {busy} ran; rerun on a quiet machine"
+        )
+    if compared:
+        busy = "A" if ratio < 1 else "B"
+        return (
+            f", but run {busy}'s blocks scatter "
+            f"{max(ratio, 1 / ratio):.1f}x more than the other's"
+            f"{reach}: the machine was busy or disturbed while {busy} ran; "
+            + measure_again(busy, "on a quiet machine")
+        )
+    if ratio < 1:
+        return (
+            f", but the baseline's blocks scatter {1 / ratio:.1f}x more than "
+            f"this run's{reach}: the baseline was recorded on a busy machine; re-record "
+            "it on a quiet one"
+        )
+    return (
+        f", but this run's blocks scatter {ratio:.1f}x more than the "
+        f"baseline's{reach}: the machine was busy or disturbed; rerun it on a quiet machine"
+    )
+
+
+def measure_again(runs: str, how: str) -> str:
+    """``specperf compare``'s remedy: measure the saved ``runs`` (``A``, ``B``, ``A and B``)
+    again ``how``, save them as before, and compare again."""
+    return (
+        f"measure {runs} again {how} (pytest ... --specperf-json FILE, or --benchmark-save) "
+        "and compare again"
+    )
 
 
 #: A critical value this many times the normal one at the same level says the verdict's
@@ -367,30 +394,44 @@ def _ab_processes_advice(m: MetricVerdict) -> str:
     return text + "; no practical number of processes would: run on a quieter machine"
 
 
-def _processes_advice(m: MetricVerdict) -> str:
-    runs = f"{m.base_runs} baseline run(s)"
+def _processes_advice(m: MetricVerdict, compared: bool = False) -> str:
+    """More server processes, or else what lowers the sitting or process noise;
+    ``compared``: ``specperf compare``'s remedies (``unstable_advice``)."""
+    runs = f"{m.base_runs} {'run(s) of A' if compared else 'baseline run(s)'}"
     if m.history_runs:
         runs += f" and {m.history_runs} history run(s)"
     between = f"+-{m.between * 100:.1f}%" if m.between is not None else "unknown"
     text = (
         f"; more steps cannot decide it: the noise between server processes is {between} "
-        f"per run ({runs}), and the baseline's own blocks add theirs"
+        f"per run ({runs}), and {'A' if compared else 'the baseline'}'s own blocks add theirs"
     )
     sd = m.sitting if m.sitting is not None and m.sitting_coef else 0.0
     sitting = sd > 0
     if sitting:
-        text += (
-            f"; the offset between sittings is +-{sd * 100:.1f}% ({m.sittings} "
-            "sitting(s) in the baseline; docs/statistics.md)"
-        )
+        where = ("runs A and B are two sittings" if compared
+                 else f"{m.sittings} sitting(s) in the baseline")  # fmt: skip
+        text += f"; the offset between sittings is +-{sd * 100:.1f}% ({where}; docs/statistics.md)"
     p = m.processes_to_decide
+    if p is None and sitting and compared:
+        return text + (
+            "; no number of processes would: B is judged under the device prior it saved; "
+            "measure a calibrated one with specperf calibrate, then "
+            + measure_again("B", "with it beside the baselines")
+        )
     if p is None and sitting:
         return text + (
             "; no number of processes would: update the baseline in more sittings (on other "
             "days), or measure a calibrated prior with specperf calibrate"
         )
+    if p is None and compared:
+        return text + "; no practical number of processes would: " + measure_again(
+            "A and B", "on a quiet machine")  # fmt: skip
     if p is None:
         return text + "; no practical number of processes would: re-record on a quiet machine"
+    if compared:  # A is the baseline: it needs the processes too when it has fewer
+        runs = "B" if p <= m.base_runs else "A and B"
+        return text + f"; about {p} processes would decide: " + measure_again(
+            runs, f"with --specperf-processes {p}")  # fmt: skip
     run = f"run with --specperf-processes {p}"
     if p <= m.base_runs:
         return text + f"; about {p} processes would decide: {run}"
@@ -464,9 +505,12 @@ class RunSummary:
 NOT_GATED = "not gated: "
 
 
-def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> list[str]:
+def case_notes(
+    cases: Sequence[CaseView], max_time_s: float | None = None, *, compared: bool = False
+) -> list[str]:
     """``INVALID ...``, ``NOT GATED ...`` and ``UNSTABLE ...`` lines: why a case (or some
-    of its gates) could not be compared."""
+    of its gates) could not be compared; ``compared``: by ``specperf compare``, whose
+    remedies are its own (``unstable_advice``)."""
     lines = []
     for c in cases:
         if c.verdict is Verdict.INVALID:
@@ -476,7 +520,7 @@ def case_notes(cases: Sequence[CaseView], max_time_s: float | None = None) -> li
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
                 advice = unstable_advice(m, max_time_s=max_time_s, ab=c.ab_reference is not None,
-                                         per_look=c.rounds_per_look)  # fmt: skip
+                                         per_look=c.rounds_per_look, compared=compared)  # fmt: skip
                 lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 

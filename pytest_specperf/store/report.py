@@ -23,6 +23,7 @@ from typing import Any
 
 from pytest_specperf.judging.ab import pair_changes, rounds_per_look
 from pytest_specperf.judging.baselines import keeps_blocks
+from pytest_specperf.judging.budgets import BUDGETS, SHARE_BUDGETS, Budgets, budget_expectation
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
@@ -296,6 +297,32 @@ def prior_of(c: Mapping[str, Any]) -> DevicePrior | None:
         return DevicePrior(levels[0], levels[1], str(raw["source"]), bool(raw["provisional"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def saved_budgets(c: CaseRecord) -> Budgets | None:
+    """The budgets the case's test set, from its saved checks (``budgets``: one per
+    budget set, each with its ``limit``); None for a report without them (one written
+    before budgets existed). ``ValueError`` naming the check for an unusable one: a
+    budget dropped unread would pass a case its run failed."""
+    found = c.data.get("budgets")
+    if found is None:
+        return None
+    if not isinstance(found, list):
+        raise ValueError("budgets: expected a list")
+    limits: dict[str, float] = {}
+    for i, b in enumerate(found):
+        name = b.get("budget") if isinstance(b, Mapping) else None
+        if not isinstance(name, str):
+            raise ValueError(f"budgets[{i}]: expected an object with a budget and its limit")
+        if name not in BUDGETS:
+            raise ValueError(f"budgets[{i}]: unknown budget {name!r}; known: {', '.join(BUDGETS)}")
+        limit = _number_or_none(b.get("limit"))
+        top = 1.0 if name in SHARE_BUDGETS else math.inf
+        if limit is None or not math.isfinite(limit) or not 0 < limit <= top:
+            raise ValueError(f"budgets[{i}]: {name}'s limit {b.get('limit')!r} is not "
+                             f"{budget_expectation(name)}")  # fmt: skip
+        limits[name] = limit
+    return Budgets(**limits)
 
 
 def _judged_with(o: CaseOutcome) -> dict[str, Any]:
