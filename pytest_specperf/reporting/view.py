@@ -59,11 +59,6 @@ def _diagnosis(
     return lines
 
 
-def _budgets(record: CaseRecord) -> list[Mapping[str, Any]]:
-    found = record.data.get("budgets")
-    return [b for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
-
-
 @dataclass(frozen=True)
 class CaseView:
     """A judged case as the end-of-run reports see it: its record (``CaseRecord``, the
@@ -83,7 +78,7 @@ class CaseView:
     @property
     def over_budget(self) -> tuple[str, ...]:
         """The budgets the run breached (or could not check), described."""
-        return tuple(str(b.get("describe")) for b in _budgets(self.record) if b.get("failed"))
+        return tuple(str(b.get("describe")) for b in self.record.budget_checks if b.get("failed"))
 
     @property
     def diagnosis(self) -> tuple[str, ...]:
@@ -95,7 +90,7 @@ class CaseView:
         if isinstance(b, Mapping):
             bottleneck = (str(b.get("describe")), [str(x) for x in b.get("lines") or ()])
         went = data.get("time_went")
-        budgets = [str(x.get("describe")) for x in _budgets(self.record)]
+        budgets = [str(x.get("describe")) for x in self.record.budget_checks]
         return tuple(_diagnosis(budgets, went if isinstance(went, str) else None, bottleneck))
 
     @property

@@ -491,12 +491,16 @@ class CaseRecord:
         return _number_or_none(summary.get("median")) if isinstance(summary, Mapping) else None
 
     @property
+    def budget_checks(self) -> list[Mapping[str, Any]]:
+        """The case's saved budget checks (``budget``, ``limit``, ``failed``, ``describe``),
+        those that are objects; empty for a report without them."""
+        found = self.data.get("budgets")
+        return [b for b in found if isinstance(b, Mapping)] if isinstance(found, list) else []
+
+    @property
     def over_budget(self) -> bool:
         """Whether a budget failed the case's test (or could not be checked)."""
-        found = self.data.get("budgets")
-        return isinstance(found, list) and any(
-            isinstance(b, Mapping) and b.get("failed") for b in found
-        )
+        return any(b.get("failed") for b in self.budget_checks)
 
     def verdict_text(self, *, recorded: bool = False) -> str:
         """The verdict as every report names it (``judging.verdict.verdict_label``);
