@@ -8,6 +8,8 @@ reads what a nightly job would have saved.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import html
 import io
 import json
 import math
@@ -297,3 +299,111 @@ def test_injected_runs_are_labelled_in_the_table(store, tmp_path):
     rows = history_rows(h, s, 2)
     assert rows[-1][-1].endswith("[injected: verify=1.1]")
     assert "injected" not in rows[0][-1]
+
+
+TEST_ID, CASE_KEY = "perf_tests/t.py::test_d", "ctx=8192 kv=contiguous bs=1"
+
+
+def _nights(folder: Path, make_run, fp, *, processes: int, old: int, new: int,
+            values: bool = True, slower_from: int | None = None) -> Path:  # fmt: skip
+    """``old`` nightly reports as written before the centers were saved (a case's figures
+    of its first server process; each process's values in ``runs``, or, without
+    ``values``, the other processes' lost), then ``new`` reports with the centers. Each
+    night measures the case in ``processes`` server processes: the first one 12% faster
+    than the others (a process's own level: between-process noise, not a change);
+    ``slower_from``: every process 10% slower from that night on (a change)."""
+    from pytest_specperf.judging.judge import Case, judge_case
+    from pytest_specperf.judging.verdict import Tolerances
+    from pytest_specperf.store.report import report_payload, write_report
+
+    folder.mkdir()
+    for night in range(old + new):
+        slow = 1.1 if slower_from is not None and night >= slower_from else 1.0
+        scales = [slow * (1.0 if i == 0 else 1.12) for i in range(processes)]
+        runs = [dataclasses.replace(make_run(seed=night + i, scale=x), server_pid=100 + i)
+                for i, x in enumerate(scales)]  # fmt: skip
+        case = Case(nodeid=TEST_ID, test=TEST_ID, key=CASE_KEY, fingerprint=fp,
+                    run=dataclasses.replace(runs[0], siblings=tuple(runs[1:])),
+                    tolerances=Tolerances(phase=0.07, step=0.25))  # fmt: skip
+        payload = report_payload({"datetime": f"2026-11-{night + 1:02d}T02:00:00+00:00"},
+                                 [judge_case(case, None, Path("b.yaml"))])  # fmt: skip
+        if night < old:
+            c = payload["cases"][0]
+            del c["centers"], c["siblings"]
+            if not values:
+                for r in c["runs"][1:]:
+                    del r["values"]
+        write_report(folder / f"night{night:02d}.json", payload)
+    return folder
+
+
+
+def test_older_reports_of_several_processes_read_as_centers(tmp_path, make_run, reference_fp):
+    """Reports from before the centers were saved hold each process's values (``runs``):
+    their points are the same center as the newer reports' (the geometric mean of the
+    processes' medians), so the history has no step where the format changed."""
+    from pytest_specperf.store.report import read_report
+
+    store = _nights(tmp_path / "n", make_run, reference_fp, processes=3, old=6, new=6)
+    [s] = load_history(store).series
+    newest = read_report(store / "night11.json").cases[0]
+    assert s.points[-1].step_ms == newest.data["centers"]["now"]["step"]
+    old = read_report(store / "night00.json").cases[0]
+    medians = [r["values"]["step"] for r in old.data["runs"]]
+    assert s.points[0].step_ms == pytest.approx(math.prod(medians) ** (1 / 3), rel=1e-9)
+    assert s.points[0].step_ms > 1.05 * old.step_median_ms  # not the first process's
+    for metric in ("step", "verify", "accept_len"):
+        xs = s.values(metric)
+        assert max(xs) / min(xs) < 1.04, (metric, xs)  # one level over all 12 nights
+    assert not any(p.first_process for p in s.points)
+    assert change_points(s) == []
+    out = io.StringIO()
+    assert cli.run(_args(store, tmp_path / "o"), out) == 0
+    assert "*" not in out.getvalue() and "first server process" not in out.getvalue()
+
+
+def test_first_process_figures_are_marked_and_not_a_change(tmp_path, make_run, reference_fp):
+    """Where an older report kept the first process's figures alone, they are marked (the
+    table, its note, the picture's page), and the change of kind is no change point,
+    while a real change among the centers still is."""
+    store = _nights(tmp_path / "n", make_run, reference_fp, processes=3, old=6, new=10,
+                    values=False, slower_from=11)  # fmt: skip
+    h = load_history(store)
+    [s] = h.series
+    first = [bool(p.first_process) for p in s.points]
+    assert first == [True] * 6 + [False] * 10
+    assert {"step", "verify", "accept_len"} <= s.points[0].first_process
+    steps = s.values("step")
+    assert steps[6] > 1.05 * steps[5]  # the kind changed: the first process is faster
+    assert [(cp.metric, cp.index) for cp in change_points(s) if cp.metric == "step"] == [
+        ("step", 11)]  # fmt: skip
+    out = io.StringIO()
+    assert cli.run(_args(store, tmp_path / "o", last=16), out) == 0
+    text = out.getvalue()
+    rows = [line for line in text.splitlines() if line.startswith("2026-11-")]
+    assert [("*" in r) for r in rows] == first
+    assert f"{steps[0]:.2f}*" in rows[0]
+    note = ("* the first server process's figure, not the center over the case's processes: "
+            "the report(s) of 2026-11-01 02:00, 2026-11-02 02:00, 2026-11-03 02:00, "
+            "2026-11-04 02:00, 2026-11-05 02:00 and 1 more saved no center of it nor every "
+            "process's value (change points are searched within figures of one kind)")  # fmt: skip
+    assert note in text
+    page = tmp_path / "p"
+    assert cli.run(_args(store, page, no_plots=False), io.StringIO()) == 0
+    assert html.escape(note) in (page / "index.html").read_text()
+
+
+def test_a_one_process_history_reads_the_figures_as_saved(tmp_path, make_run, reference_fp):
+    """One server process: its figures are the center, in either format; nothing is marked
+    and nothing computed from the rounded per-process values."""
+    from pytest_specperf.store.report import read_report
+
+    store = _nights(tmp_path / "n", make_run, reference_fp, processes=1, old=3, new=3)
+    [s] = load_history(store).series
+    for p, f in zip(s.points, sorted(store.glob("*.json")), strict=True):
+        c = read_report(f).cases[0]
+        assert p.step_ms == c.step_median_ms and p.phase_ms["verify"] == c.median_ms("verify")
+        assert p.first_process == frozenset()
+    out = io.StringIO()
+    assert cli.run(_args(store, tmp_path / "o"), out) == 0
+    assert "*" not in out.getvalue() and "first server process" not in out.getvalue()

@@ -9,7 +9,10 @@ inflate it); the unaccounted time as its share of the step. The penalty per chan
 is ``PENALTY * ln(n)`` (a BIC-like penalty, made stricter). The search sees the series
 through a 3-run median filter and each new segment needs at least ``min_size`` runs, so a
 single bad night is not a change; a change smaller than ``min_change`` (relative), or
-``min_points`` for the unaccounted share (points of the step), is not reported.
+``min_points`` for the unaccounted share (points of the step), is not reported. Where a
+figure is its first server process's on some nights and the center over the processes on
+others (``Point.first_process``), each stretch of one kind is searched on its own: the
+change of kind is no change point.
 """
 
 from __future__ import annotations
@@ -142,24 +145,37 @@ def _scaled(s: Series, metric: str) -> tuple[list[float], list[float], bool] | N
     return raw, [math.log(x) for x in raw], False
 
 
+def _kinds(s: Series, metric: str) -> list[bool]:
+    """Per point, whether ``metric`` as searched is a first-process figure (the
+    unaccounted share: either of its parts)."""
+    kinds = s.first_process(metric)
+    if metric == UNACCOUNTED:
+        kinds = [a or b for a, b in zip(kinds, s.first_process(STEP))]
+    return kinds
+
+
 def series_change_points(s: Series, metric: str, d: Detection = Detection(), *,
                          upto: int | None = None) -> list[ChangePoint]:  # fmt: skip
-    """The change points of one figure of ``s`` (its first ``upto`` runs only, if given)."""
+    """The change points of one figure of ``s`` (its first ``upto`` runs only, if given),
+    within each stretch of points of one kind of figure (``_kinds``)."""
     scaled = _scaled(s, metric)
     if scaled is None:
         return []
     raw, xs, share = scaled
     raw, xs = raw[:upto], xs[:upto]
     floor = SHARE_NOISE_FLOOR if share else NOISE_FLOOR
-    starts = segment_starts(xs, min_size=d.min_size, penalty=d.penalty, floor=floor)
-    bounds = [0, *starts, len(xs)]
     out = []
-    for k, start in enumerate(starts):
-        before = statistics.median(raw[bounds[k]:start])
-        after = statistics.median(raw[start:bounds[k + 2]])
-        cp = ChangePoint(metric, start, before, after, in_points=share)
-        if abs(cp.change) >= (d.min_points if share else d.min_change):
-            out.append(cp)
+    for _, group in itertools.groupby(enumerate(_kinds(s, metric)[:upto]), key=lambda t: t[1]):
+        at = [i for i, _ in group]
+        lo, hi = at[0], at[-1] + 1
+        starts = segment_starts(xs[lo:hi], min_size=d.min_size, penalty=d.penalty, floor=floor)
+        bounds = [0, *starts, hi - lo]
+        for k, start in enumerate(starts):
+            before = statistics.median(raw[lo + bounds[k] : lo + start])
+            after = statistics.median(raw[lo + start : lo + bounds[k + 2]])
+            cp = ChangePoint(metric, lo + start, before, after, in_points=share)
+            if abs(cp.change) >= (d.min_points if share else d.min_change):
+                out.append(cp)
     return out
 
 

@@ -7,6 +7,13 @@ folder of JSON reports (``--specperf-json``), read through the one reader
 another tool's, an unknown schema version) is named with the reason and skipped; the rest
 is read. Runs are ordered by date; each case (test, case key, engine) becomes a
 ``Series`` of ``Point`` s, one per run that measured it.
+
+Every figure of a point is the case's center over its server processes, as the run's
+summary showed it (``CaseRecord.center``: a report written before the centers were saved
+gets them from each process's saved value). A case of several processes whose report
+holds its first process's figure alone keeps that figure, named in
+``Point.first_process``: the table marks its row and says why under it, the picture rings
+it, and change points are searched only within figures of one kind.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_specperf.install import install_hint
-from pytest_specperf.judging.metrics import STEP
+from pytest_specperf.judging.metrics import ACCEPT_LEN, STEP
 from pytest_specperf.probe.phases import ALL_PHASES, UNACCOUNTED
 from pytest_specperf.reporting.benchmark import engine_name
 from pytest_specperf.reporting.table import render_table
@@ -74,6 +81,9 @@ class Point:
     recorded: bool = False
     #: the canary the run carried (``verify=1.1``): labelled in the table
     injected: str | None = None
+    #: the figures (``step``, phases, ``accept_len``) that are the first server process's,
+    #: not the center over the case's processes (a report that saved no center of them)
+    first_process: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,10 @@ class Series:
         if metric in ALL_PHASES:
             return [p.phase_ms.get(metric, float("nan")) for p in self.points]
         return [p.accept_len if p.accept_len is not None else float("nan") for p in self.points]
+
+    def first_process(self, metric: str) -> list[bool]:
+        """Per point, whether its ``metric`` is a first-process figure (``values``' kinds)."""
+        return [metric in p.first_process for p in self.points]
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,7 @@ class CaseFigures:
     recorded: bool
     baseline_at: str | None
     injected: str | None = None
+    first_process: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -145,15 +160,19 @@ class SavedRun:
 
 
 def _figures(c: CaseRecord) -> CaseFigures:
+    phases = {p: v for p in ALL_PHASES if (v := c.phase_ms(p)) is not None}
+    accept = c.accept_len
+    shown = (STEP, *phases, *([ACCEPT_LEN] if accept is not None else []))
     return CaseFigures(
         ident=(c.test, c.key, engine_name(c.fingerprint)),
         step_ms=c.step_ms,  # the center over the case's processes, as the summary shows
-        phase_ms={p: v for p in ALL_PHASES if (v := c.phase_ms(p)) is not None},
-        accept_len=c.accept_len,
+        phase_ms=phases,
+        accept_len=accept,
         verdict=c.verdict_text(),  # OVER_BUDGET (SAME); a recording says "(baseline)"
         recorded=c.recorded,
         baseline_at=c.baseline_at,
         injected=c.injected,
+        first_process=frozenset(m for m in shown if c.first_process_only(m)),
     )
 
 
@@ -205,6 +224,7 @@ def _point(run: int, c: CaseFigures, previous: Point | None) -> Point:
         baseline_at=at,
         recorded=c.recorded,
         injected=c.injected,
+        first_process=c.first_process,
     )
 
 
@@ -265,8 +285,13 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _cell(p: Point, metric: str, x: float | None) -> str:
+    return _ms(x) + ("*" if x is not None and metric in p.first_process else "")
+
+
 def history_rows(h: History, s: Series, last: int) -> list[list[str]]:
-    """The last ``last`` runs of ``s``: date, commit, step, phases, accept, verdict."""
+    """The last ``last`` runs of ``s``: date, commit, step, phases, accept, verdict; a
+    first-process figure (``Point.first_process``) marked ``*`` (``first_process_note``)."""
     rows = []
     for p in s.points[-last:]:
         run = h.runs[p.run]
@@ -275,12 +300,31 @@ def history_rows(h: History, s: Series, last: int) -> list[list[str]]:
         rows.append([
             run.date,
             run.short_commit,
-            _ms(p.step_ms),
-            *(_ms(p.phase_ms.get(ph)) for ph in TABLE_PHASES),
-            "-" if p.accept_len is None else f"{p.accept_len:.2f}",
+            _cell(p, STEP, p.step_ms),
+            *(_cell(p, ph, p.phase_ms.get(ph)) for ph in TABLE_PHASES),
+            _cell(p, ACCEPT_LEN, p.accept_len),
             verdict,
         ])  # fmt: skip
     return rows
+
+
+#: Nights a note names before it counts the rest.
+_NOTE_NIGHTS = 5
+
+
+def first_process_note(h: History, s: Series) -> str | None:
+    """What a ``*`` means, and on which nights of ``s`` it stands; None when every figure
+    is a center over the case's server processes."""
+    nights = [h.runs[p.run].date for p in s.points if p.first_process]
+    if not nights:
+        return None
+    named = ", ".join(nights[:_NOTE_NIGHTS])
+    more = f" and {len(nights) - _NOTE_NIGHTS} more" if len(nights) > _NOTE_NIGHTS else ""
+    return (
+        "* the first server process's figure, not the center over the case's processes: "
+        f"the report(s) of {named}{more} saved no center of it nor every process's value "
+        "(change points are searched within figures of one kind)"
+    )
 
 
 HISTORY_HEADERS = ("date (UTC)", "commit", "step ms", *(f"{p} ms" for p in TABLE_PHASES),
@@ -288,5 +332,7 @@ HISTORY_HEADERS = ("date (UTC)", "commit", "step ms", *(f"{p} ms" for p in TABLE
 
 
 def history_table(h: History, s: Series, last: int) -> list[str]:
-    """``s``'s last runs as a table (``reporting.table``)."""
-    return render_table(HISTORY_HEADERS, history_rows(h, s, last), right={2, 3, 4, 5, 6})
+    """``s``'s last runs as a table (``reporting.table``), ``first_process_note`` below."""
+    note = first_process_note(h, s)
+    table = render_table(HISTORY_HEADERS, history_rows(h, s, last), right={2, 3, 4, 5, 6})
+    return [*table, *([note] if note else [])]

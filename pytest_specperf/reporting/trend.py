@@ -3,9 +3,10 @@
 Per case: the step and each phase over the runs (ms, logarithmic axis, so that a 0.02 ms
 phase and a 40 ms step are both readable), the accept length below; a grey dashed line
 where the baseline was updated, a red marker and label where a change point was found
-(``reporting.changepoints``). matplotlib is imported here only (the ``history`` extra),
-with its Agg backend: no display is needed. The HTML page embeds every picture, so it is
-one file to keep as a CI artifact.
+(``reporting.changepoints``), a ring on a figure that is its first server process's, not
+the center over the case's processes (``Point.first_process``). matplotlib is imported
+here only (the ``history`` extra), with its Agg backend: no display is needed. The HTML
+page embeds every picture, so it is one file to keep as a CI artifact.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from pytest_specperf.reporting.history import (
     History,
     MissingExtra,
     Series,
+    first_process_note,
     history_rows,
 )
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
 
 #: Factor of the largest time that the axis reaches: a decade above, for the legend.
@@ -87,7 +90,8 @@ def _draw_times(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
     for metric in (STEP, *ALL_PHASES):
         ys = [y if y > 0 else float("nan") for y in s.values(metric)]
         if any(y > 0 for y in ys):
-            ax.plot(xs, ys, lw=2.0 if metric == STEP else 1.0, label=metric)
+            [line] = ax.plot(xs, ys, lw=2.0 if metric == STEP else 1.0, label=metric)
+            _ring_first_process(ax, s, metric, ys, line)
             top = max(top, *(y for y in ys if y > 0))
     ax.set_yscale("log")
     ax.yaxis.set_minor_locator(NullLocator())  # labelled minor ticks cost more than the lines
@@ -98,6 +102,14 @@ def _draw_times(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
     ax.set_ylabel("ms (median of the run)")
     _mark_changes(ax, s, [c for c in changes if c.metric != ACCEPT_LEN])
     ax.legend(fontsize=7, ncol=5, loc="upper left")
+
+
+def _ring_first_process(ax: Axes, s: Series, metric: str, ys: Sequence[float],
+                        line: Line2D) -> None:  # fmt: skip
+    """A ring on each point whose ``metric`` is its first server process's figure."""
+    at = [i for i, first in enumerate(s.first_process(metric)) if first]
+    if at:
+        ax.plot(at, [ys[i] for i in at], "o", mfc="none", color=line.get_color(), markersize=6)
 
 
 def _mark_changes(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
@@ -116,7 +128,9 @@ def _mark_changes(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
 
 
 def _draw_accept(ax: Axes, s: Series, changes: Sequence[ChangePoint]) -> None:
-    ax.plot(range(len(s.points)), s.values(ACCEPT_LEN), lw=1, color="tab:green")
+    ys = s.values(ACCEPT_LEN)
+    [line] = ax.plot(range(len(s.points)), ys, lw=1, color="tab:green")
+    _ring_first_process(ax, s, ACCEPT_LEN, ys, line)
     ax.set_ylabel("accept len", fontsize=8)
     for cp in changes:
         if cp.metric == ACCEPT_LEN:
@@ -139,7 +153,8 @@ def draw_case(h: History, s: Series, changes: Sequence[ChangePoint]) -> Figure:
     _draw_accept(bottom, s, changes)
     _mark_baselines((top, bottom), s)
     _date_ticks(bottom, h, s)
-    top.set_title(f"{s.name}  ({s.engine}; dashed: baseline updated, red: change point)",
+    rings = "; ring: first process only" if first_process_note(h, s) else ""
+    top.set_title(f"{s.name}  ({s.engine}; dashed: baseline updated, red: change point{rings})",
                   fontsize=9)  # fmt: skip
     fig.subplots_adjust(**_MARGINS)  # fixed: tight_layout would double the drawing time
     return fig
@@ -181,7 +196,8 @@ def _html_table(h: History, s: Series, last: int) -> str:
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
         for row in history_rows(h, s, last)
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    note = first_process_note(h, s)
+    return f"<table><tr>{head}</tr>{body}</table>" + (f"<p>{html.escape(note)}</p>" if note else "")
 
 
 def _html_case(h: History, pic: Picture, changes: Sequence[ChangePoint], last: int) -> str:

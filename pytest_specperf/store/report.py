@@ -38,7 +38,7 @@ from pytest_specperf.judging.metrics import (
 from pytest_specperf.judging.noise import PRIOR_KINDS, DevicePrior, LevelPrior
 from pytest_specperf.judging.samples import DecodeRun
 from pytest_specperf.judging.significance import LONE, Family, share_of_run
-from pytest_specperf.judging.stats import Summary, stable
+from pytest_specperf.judging.stats import Summary, center_of_centers, stable
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, verdict_label
 from pytest_specperf.probe.phases import ALL_PHASES, PHASES, UNACCOUNTED
 
@@ -508,28 +508,54 @@ class CaseRecord:
         return verdict_label(self.verdict, over_budget=self.over_budget,
                              recorded=recorded and self.recorded)  # fmt: skip
 
+    def center(self, name: str) -> float | None:
+        """``name``'s center over the case's server processes (a ``CENTER_ROWS`` figure):
+        the report's ``centers.now``; in a report that did not save it (the step and phases
+        before 2026-12-03, the accepted length and tokens/s before 2026-12-06), computed as
+        the judge computes it (``CaseOutcome.now_centers``) from each process's saved value
+        (``runs``, there since a case could have several); None where neither holds it (a
+        case of one process: its figures are the center)."""
+        center = _number_or_none((self.centers("now") or {}).get(name))
+        runs = self.data.get("runs")
+        if center is not None or self.processes < 2 or not isinstance(runs, list):
+            return center
+        saved = [r.get("values") for r in runs if isinstance(r, Mapping)]
+        values = [v for v in saved if isinstance(v, Mapping)]
+        if len(values) < len(runs) or name not in values[0]:
+            return None
+        found = [_number_or_none(v[name]) for v in values if name in v]
+        centers = [x for x in found if x is not None]
+        return center_of_centers(centers) if len(centers) == len(found) else None
+
+    def first_process_only(self, name: str) -> bool:
+        """Whether the figure of ``name`` read from the case is its first server process's
+        alone although it measured several (a report that saved no center of it, nor every
+        process's value)."""
+        return self.processes > 1 and self.center(name) is None
+
     @property
     def accept_len(self) -> float | None:
         """The accepted length's center over the case's server processes (the number its
-        ``accept_len`` verdict judged); a report written before 2026-12-06 holds only the
-        first process's."""
-        center = (self.centers("now") or {}).get(ACCEPT_LEN)
+        ``accept_len`` verdict judged; ``center``); where no center can be had, the first
+        process's."""
+        center = self.center(ACCEPT_LEN)
         if center is not None:
-            return _number_or_none(center)
+            return center
         s = self.data.get(ACCEPT_LEN)
         return _number_or_none(s.get(s.get("center", "median"))) if isinstance(s, Mapping) else None
 
     @property
     def step_ms(self) -> float:
         """The step's center over the case's server processes (what the summary shows and
-        the verdict compared); a report without centers: its first process's median."""
-        center = _number_or_none((self.centers("now") or {}).get(STEP))
+        the verdict compared; ``center``); where no center can be had, the first
+        process's median."""
+        center = self.center(STEP)
         return self.step_median_ms if center is None else center
 
     def phase_ms(self, phase: str) -> float | None:
-        """``phase``'s center over the case's server processes (``median_ms`` of the first
-        process in a report without centers), None where missing."""
-        center = _number_or_none((self.centers("now") or {}).get(phase))
+        """``phase``'s center over the case's server processes (``center``; ``median_ms``
+        of the first process where no center can be had), None where missing."""
+        center = self.center(phase)
         return self.median_ms(phase) if center is None else center
 
     @property
