@@ -117,7 +117,7 @@ def test_cli_exits_1_on_slower_and_prints_the_summary_table(tmp_path, make_run, 
     out = io.StringIO()
     assert compare.run(_args(a, b), out) == 1
     text = out.getvalue()
-    assert "step ms (base -> now)" in text and "verify +" in text
+    assert "step ms (base -> now)" in text and "verify/rest +" in text  # the change judged
     assert "test_d ctx=8192 kv=contiguous bs=1" in text and "SLOWER" in text
     assert compare.run(_args(a, a), io.StringIO()) == 0  # a run against itself: SAME
 

@@ -193,6 +193,30 @@ def test_a_gpu_headline_s_raw_device_ms_are_the_phase_table_s():
     assert row[5:7] == [f"{verify.base:.3f}", f"{verify.now:.3f}"]
 
 
+def test_first_process_figures_say_so_beside_the_centers_of_several_processes():
+    """With two server processes the bottleneck's figures are the first process's: its
+    line says so, in the run and in the reports read back; the progress line's ms/step is
+    the summary's center over the processes."""
+    import dataclasses
+
+    from pytest_specperf.plugin.fixtures import _done_text
+    from pytest_specperf.reporting.view import CaseView
+
+    first, second = (_run(_records(verify_ms=v, verify_cpu_ms=v)) for v in (20.0, 40.0))
+    one = judge_case(_case(first), None, Path("b.yaml"))
+    assert any(line.startswith("bottleneck: host only") for line in diagnosis_lines(one))
+    assert _done_text(first).endswith("ms/step") and "processes" not in _done_text(first)
+    run = dataclasses.replace(first, siblings=(second,))
+    outcome = judge_case(_case(run), None, Path("b.yaml"))
+    lines = diagnosis_lines(outcome)
+    assert any(line.startswith("bottleneck (server process 1 of 2): host only") for line in lines)
+    view = CaseView.of(outcome, baseline_file="b.yaml")
+    assert view.diagnosis == tuple(lines)  # the reports read back say the same
+    step = outcome.now_centers["step"]
+    assert step > first.step_ms.median * 1.2  # the center is not the first process's
+    assert _done_text(run) == f"16 steps, {step:.2f} ms/step, center of 2 processes"
+
+
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():
     run = _run(_records(verify_ms=12.0, verify_cpu_ms=0.5, gpu=True))
     assert run.active_source == "device" and run.kernels is not None

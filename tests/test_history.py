@@ -76,6 +76,22 @@ def test_store_is_read_in_date_order_with_each_case_a_series(store):
     assert s.points[VERIFY_AT].verdict == "SLOWER"
 
 
+def test_a_recording_is_named_as_its_summary_named_it(store):
+    """The night that recorded the baselines reads ``(recorded)``, as that night's summary
+    said (``verdict_label``); a night judged against newer baselines recorded elsewhere,
+    ``(baseline updated)``."""
+    from pytest_specperf.reporting.history import history_rows
+
+    h = load_history(store)
+    s = _series(h, "test_decode ctx=8192 kv=contiguous bs=1")
+    rows = history_rows(h, s, len(s.points))
+    first, update = rows[0][-1], rows[BASELINE_AT][-1]
+    assert s.points[0].recorded and first.endswith(" (recorded)"), first
+    mark = " (recorded)" if s.points[BASELINE_AT].recorded else " (baseline updated)"
+    assert update.endswith(mark), update
+    assert not any("(baseline)" in r[-1] for r in rows)
+
+
 def test_the_table_shows_the_last_runs(store):
     h = load_history(store)
     out = io.StringIO()

@@ -137,6 +137,7 @@ def test_a_share_is_judged_on_every_run_and_its_line_adds_up():
     runs = Runs((run(0.02), run(0.08)), (run(4.0, 1.2), run(1.0, 1.2)))
     v = judge_runs("unaccounted", runs, Tolerances(0.08, 0.2))
     assert v is not None and v.share_based and v.df == 7  # 8 paired blocks
+    assert (v.base_runs, v.now_runs) == (2, 2)  # what the report says it was judged over
     steps = s(BASE).blocks
     base = statistics.fmean(0.05 / b for b in steps)  # the mean of 0.02 and 0.08 a block
     now = statistics.fmean(2.5 / (b * 1.2) for b in steps)  # of 4.0 and 1.0
@@ -586,6 +587,23 @@ def test_an_ab_band_widened_by_few_degrees_of_freedom_says_so_and_what_adds_them
     many = dataclasses.replace(few, critical=3.40, df=200.0)
     assert "degrees of freedom" not in unstable_advice(many, ab=True)
     assert "degrees of freedom" not in unstable_advice(few)  # stored mode: the sitting's advice
+
+
+def test_unstable_advice_names_the_quantity_judged_and_marks_a_log_band():
+    """The advice's change is the judged form's (a phase against the rest of its step),
+    not the raw phase's the table shows, so it says which; its band is of the log."""
+    from pytest_specperf.reporting.terminal import _change_text, unstable_advice
+
+    m = dataclasses.replace(_unstable_ab(between=0.02, floor=0.02, noise=0.02, critical=3.4,
+                                         df=40.0), basis="against the rest of the step")  # fmt: skip
+    text = unstable_advice(m)
+    assert text.startswith(f"verify / rest of step changed {m.change * 100:+.1f}% within"), text
+    assert f"= {m.band * 100:.1f}% (log), a change of +" in text
+    assert _change_text(m) == f"verify/rest {m.change * 100:+.1f}%"  # the summary's column
+    raw = dataclasses.replace(m, basis=None)
+    assert unstable_advice(raw).startswith("verify changed ") and _change_text(raw).startswith(
+        "verify +"
+    )
 
 
 def test_an_ab_case_no_process_count_decides_points_at_the_files_mark_when_processes_split():

@@ -215,7 +215,8 @@ class MetricVerdict:
     processes_to_decide: int | None = None
     #: the judged centers: the geometric means of the judged form's blocks (``verify/rest``:
     #: 3.20 -> 3.55; their ratio is ``change``) when the blocks pair; with ``basis`` set,
-    #: ``base`` and ``now`` are the raw metric's (ms)
+    #: ``base`` and ``now`` are the raw metric's (ms); a share (``share_based``): the two
+    #: mean shares of the step, whose difference is ``change``
     judged_base: float | None = None
     judged_now: float | None = None
     #: the multiple of the noise a change must exceed (Student's t at ``alpha`` on ``df``
@@ -1012,7 +1013,7 @@ def judge_share(
     return MetricVerdict(
         metric, verdict, center_of_runs(parts[0]), center_of_runs(parts[1]), change, noise,
         tolerance, "ms", to_decide, share_based=True, critical=z, df=df, alpha=alpha,
-        judged_base=b, judged_now=n,
+        judged_base=b, judged_now=n, base_runs=len(parts[0]), now_runs=len(parts[1]),
     )  # fmt: skip
 
 

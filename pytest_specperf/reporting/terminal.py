@@ -23,6 +23,7 @@ from pytest_specperf.judging.metrics import (
     TOKENS_PER_S,
     active_form,
     device_form,
+    rest_form,
     spec,
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
@@ -217,8 +218,11 @@ def failure_message(outcome: CaseOutcome, baseline_display: str, *, regression: 
 
 
 def _change_text(m: MetricVerdict) -> str:
+    """``verify/rest +26.5%``: the change judged, named by the form it was judged on (a
+    phase against the rest of its step; its raw change is the phase table's)."""
     change = f"{m.change * 100:+.1f}pp" if m.share_based else _pct(m.change)
-    return f"{m.metric} {change}"
+    name = rest_form(m.metric) if m.basis is not None and m.metric in ALL_PHASES else m.metric
+    return f"{name} {change}"
 
 
 def _summary_row(c: CaseView) -> list[str]:
@@ -281,14 +285,15 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None, ab: bo
     ``specperf compare`` from two saved runs (A the baseline, B the run): the remedy is
     to measure again with the options that decide it and compare again, not to record."""
     unit = "pp" if m.in_points else "%"
-    text = f"{m.metric} changed {m.change * 100:+.1f}{unit}"
+    # the quantity judged (``verify / rest of step``): its change, not the raw one's
+    text = f"{m.judged_label} changed {m.change * 100:+.1f}{unit}"
     if m.disturbed and m.scatter_ratio is not None:
         return text + _disturbed_advice(m, m.scatter_ratio, ab=ab, compared=compared)
     band = m.band
     # a relative change's noise is of its log: the band as a change in the worse direction
     # (a rise of a time, a drop of a higher-is-better quantity), beside the tolerance
     worse = -band if spec(m.metric).higher_is_better else band
-    as_change = "" if m.in_points else f", a change of {math.expm1(worse) * 100:+.1f}%"
+    as_change = "" if m.in_points else f" (log), a change of {math.expm1(worse) * 100:+.1f}%"
     text += (
         f" within noise +-{m.noise * 100:.1f}{unit} (t x noise = {m.critical:.2f} x "
         f"{m.noise * 100:.1f}{unit} = {band * 100:.1f}{unit}{as_change} > tol "

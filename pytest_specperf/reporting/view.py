@@ -44,17 +44,24 @@ def diagnosis_lines(outcome: CaseOutcome) -> list[str]:
         [c.describe() for c in outcome.budgets],
         outcome.time_went,
         (b.describe(), list(b.lines)) if b is not None else None,
+        len(outcome.run.processes),
     )
 
 
 def _diagnosis(
-    budgets: list[str], time_went: str | None, bottleneck: tuple[str, list[str]] | None
+    budgets: list[str],
+    time_went: str | None,
+    bottleneck: tuple[str, list[str]] | None,
+    processes: int,
 ) -> list[str]:
     lines = list(budgets)
     if time_went:
         lines.append(time_went)
     if bottleneck is not None:
-        lines.append(f"bottleneck: {bottleneck[0]}")
+        # its figures are the first server process's (activity is not pooled over
+        # processes), not the centers beside it: say so where there are several
+        which = f" (server process 1 of {processes})" if processes > 1 else ""
+        lines.append(f"bottleneck{which}: {bottleneck[0]}")
         lines += [f"  {line}" for line in bottleneck[1]]
     return lines
 
@@ -91,7 +98,8 @@ class CaseView:
             bottleneck = (str(b.get("describe")), [str(x) for x in b.get("lines") or ()])
         went = data.get("time_went")
         budgets = [str(x.get("describe")) for x in self.record.budget_checks]
-        return tuple(_diagnosis(budgets, went if isinstance(went, str) else None, bottleneck))
+        went = went if isinstance(went, str) else None
+        return tuple(_diagnosis(budgets, went, bottleneck, self.record.processes))
 
     @property
     def nodeid(self) -> str:
