@@ -198,7 +198,7 @@ def _canary_judged(pytester: pytest.Pytester, url: str, b_url: str) -> pytest.Ru
             return result
         assert m["change"] > 0.5 and result.ret != 0, m
         result.stdout.fnmatch_lines([
-            "UNSTABLE *: verify changed +*, but side * scatter *x more than the other's*",
+            "UNSTABLE *: verify / rest of step changed +*, but side * scatter *x more than the other's*",
             "ERROR: canary not detected: verify=2 was injected*",
         ])  # fmt: skip
     raise AssertionError("unreachable")

@@ -112,7 +112,7 @@ def test_faster_passes(pytester, recorded):
     _setup(pytester, _edit(recorded, _scale("verify", 2.0)))
     result = _run(pytester)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*test_decode ctx=2048*verify -*FASTER*"])
+    result.stdout.fnmatch_lines(["*test_decode ctx=2048*verify/rest -*FASTER*"])
 
 
 def test_unstable_says_what_would_decide(pytester, recorded):
@@ -131,7 +131,7 @@ def test_unstable_says_what_would_decide(pytester, recorded):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*UNSTABLE*verify changed *% within noise +-*%*more steps cannot decide it: the "
+            "*UNSTABLE*verify / rest of step changed *% within noise +-*%*more steps cannot decide it: the "
             "noise between server processes is +-*% per run (1 baseline run(s)), and the "
             "baseline's own blocks add theirs; *"
         ]

@@ -307,7 +307,7 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
     # the summary names verify as the phase that moved (the failure line names the first
     # failing gate, which may be the step it slowed)
     result.stdout.fnmatch_lines(
-        ["*test_decode ctx=2048 kv=contiguous*verify +*SLOWER [[]injected[]]*"]
+        ["*test_decode ctx=2048 kv=contiguous*verify/rest +*SLOWER [[]injected[]]*"]
     )
     assert report is not None
     (case,) = report["cases"]
