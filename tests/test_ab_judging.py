@@ -16,7 +16,6 @@ from pytest_specperf.judging.ab import (
     engine_differences,
     next_round,
     pair_changes,
-    paired_t,
     reference_baseline,
 )
 from pytest_specperf.judging.baselines import CaseBaseline, fingerprint_hash
@@ -92,18 +91,12 @@ def _medians(**values: float) -> dict[str, Summary]:
     return {k: Summary.compact(v, (), 32) for k, v in values.items()}
 
 
-def test_per_pair_ratios_and_the_paired_t_cross_check() -> None:
+def test_per_pair_ratios_cross_check() -> None:
     # two pairs: verify 10 -> 11 ms and 10 -> 11.2 ms (+10%, +12%)
     a = [_medians(verify=10.0), _medians(verify=10.0)]
     b = [_medians(verify=11.0), _medians(verify=11.2)]
-    changes = pair_changes(a, b, "verify")
-    assert changes == pytest.approx([0.10, 0.12])
-    t = paired_t(changes)
-    assert t is not None and t.pairs == 2 and t.df == 1
-    logs = [math.log(1.10), math.log(1.12)]
-    assert t.change == pytest.approx(math.sqrt(1.10 * 1.12) - 1)
-    assert t.se == pytest.approx(abs(logs[0] - logs[1]) / 2)  # sd/sqrt(2) of two values
-    assert pair_changes(a, b, "draft") == [] and paired_t([0.1]) is None
+    assert pair_changes(a, b, "verify") == pytest.approx([0.10, 0.12])
+    assert pair_changes(a, b, "draft") == []
 
 
 def test_a_same_sitting_comparison_has_no_sitting_term() -> None:

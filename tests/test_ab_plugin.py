@@ -94,7 +94,9 @@ def test_a_a_against_a_running_reference_passes_and_every_report_says_ab(
     result = _ab(pytester, url, *SIDE_B)
     result.assert_outcomes(passed=1)
     against = f"A/B in this run: B (this build) against A (url={url})"
-    result.stdout.fnmatch_lines([f"*{against}*1 server processes per side, alternating A B B A*"])
+    result.stdout.fnmatch_lines(
+        [f"*{against}*A one running server, B 1 server process(es), alternating A B B A*"]
+    )
     assert "baselines baselines/test-box.yaml" not in result.stdout.str()
     case = _case(pytester)
     assert case["ab"]["reference"] == f"url={url}"

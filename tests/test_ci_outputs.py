@@ -293,3 +293,17 @@ def test_core_requirements_leave_a_users_sglang_alone():
             if any(r.lower().startswith("sglang") for r in reqs)] == ["sglang"]  # fmt: skip
     assert any(r.startswith("pytest-xdist") for r in extras["perf"])  # dev takes perf via test
     assert "pytest-specperf[test]" in extras["dev"] and "pytest-specperf[perf,history]" in extras["test"]
+
+
+def test_the_ab_header_counts_each_side_as_run():
+    """Two server processes a side, or one running server as A (measured again in turn):
+    the header says which, as the JSON's ``reference_processes`` does."""
+    from pytest_specperf.reporting.terminal import RunSummary, head_lines
+
+    both = RunSummary("reference", "box", "b", 0.07, 0.25, False, processes=2,
+                      ab="args=--draft-steps 3")  # fmt: skip
+    assert head_lines(both)[0].endswith(", 2 server processes per side, alternating A B B A")
+    url = dataclasses.replace(both, ab="url=http://127.0.0.1:9")
+    assert head_lines(url)[0].endswith(
+        ", A one running server, B 2 server process(es), alternating A B B A"
+    )

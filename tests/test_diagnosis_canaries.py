@@ -118,7 +118,7 @@ def test_incident_shape_fails_a_first_run_on_its_active_share_budget(pytester):
         [
             "*over budget: active_share *% < min 50.0% (min_active_share) at ctx=2048 "
             "kv=contiguous [[]baselines/test-box.yaml[]] [[]injected: verify_wait=60[]]",
-            "*bottleneck: host only*",
+            "*bottleneck (server process 1 of 2): host only*",  # the first process's figures
             "*verify: span * ms, CPU * ms*" + _waited_or_busy(case),
             "*test_decode ctx=2048 kv=contiguous bs=1*OVER_BUDGET (NO_BASELINE) [[]injected[]]*",
         ]

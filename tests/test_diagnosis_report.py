@@ -125,10 +125,22 @@ def test_time_went_says_whether_the_grown_phase_worked_or_waited():
     waited = _run(_records(verify_ms=40.0, verify_cpu_ms=15.0))
     worked = _run(_records(verify_ms=40.0, verify_cpu_ms=39.5))
     assert time_went(waited, base).endswith(
-        "verify took 20.00 ms (100%) of the growth; verify now: the thread waited inside "
+        "verify took 20.00 ms (100% of the growth); verify now: the thread waited inside "
         "verify (waits, not work)"
     )
     assert time_went(worked, base).endswith("verify now: busy on the CPU (work, not waits)")
+
+
+def test_time_went_never_gives_a_part_more_than_all_of_the_growth():
+    """Verify grew 20 ms while draft shrank 5: the step grew 15 ms, and verify's part is
+    said to be more than that, not "100%"."""
+    base = {
+        k: v.value for k, v in _run(_records(verify_ms=20.0, verify_cpu_ms=20.0)).summaries.items()
+    }
+    run = _run(_records(verify_ms=40.0, verify_cpu_ms=40.0, draft_ms=5.0))
+    went = time_went(run, base)
+    assert went is not None and "the step grew 15.00 ms; verify took 20.00 ms (more than " in went
+    assert "100%" not in went
 
 
 def test_time_went_and_the_activity_line_give_one_answer():
@@ -154,10 +166,10 @@ def test_time_went_names_the_blamed_phase_when_another_took_more():
     outcome = judge_case(_case(now), base, Path("b.yaml"))
     assert outcome.verdict.culprit == "draft"
     assert outcome.time_went is not None
-    assert "verify took 6.00 ms (67%) of the growth" in outcome.time_went
+    assert "verify took 6.00 ms (67% of the growth)" in outcome.time_went
     assert outcome.time_went.endswith(
         "; draft, the phase the verdict blames against the rest of its step, took 3.00 ms "
-        "(33%); draft now: busy on the CPU (work, not waits)"
+        "(33% of the growth); draft now: busy on the CPU (work, not waits)"
     )
     head = failure_message(outcome, "b.yaml", regression=True).splitlines()[0]
     assert head.startswith("draft / rest of step ")
@@ -212,6 +224,8 @@ def test_first_process_figures_say_so_beside_the_centers_of_several_processes():
     assert any(line.startswith("bottleneck (server process 1 of 2): host only") for line in lines)
     view = CaseView.of(outcome, baseline_file="b.yaml")
     assert view.diagnosis == tuple(lines)  # the reports read back say the same
+    ab = dataclasses.replace(outcome, reference="args=--x")  # A/B: the processes are B's
+    assert any(x.startswith("bottleneck (B's server process 1 of 2): ") for x in diagnosis_lines(ab))
     step = outcome.now_centers["step"]
     assert step > first.step_ms.median * 1.2  # the center is not the first process's
     assert _done_text(run) == f"16 steps, {step:.2f} ms/step, center of 2 processes"

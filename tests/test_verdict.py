@@ -405,28 +405,34 @@ def test_a_machine_with_slower_kv_reads_is_named_in_the_summary():
     slow = judge_gate("step", base, _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), tol)
     same = judge_gate("step", base, _decode_metrics(40.4, 6.9, [3, 4, 2, 3]), tol)
     assert slow is not None and same is not None and slow.verdict is Verdict.SAME
-    case = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), record=_rec({}))
+    case = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), ab_reference=None, record=_rec({}))
     note = machine_note([case] * 3)  # type: ignore[list-item]
     assert note is not None
     assert note.startswith("machine: KV reads took 2.80x as long as in the baselines (median of 3")
     assert "under its own name (--specperf-device NAME or --specperf-baselines DIR)" in note
     assert machine_note([case], recording=True) is None  # type: ignore[list-item]
-    assert machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(same,), record=_rec({}))]) is None  # type: ignore[list-item]
+    assert machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(same,), ab_reference=None, record=_rec({}))]) is None  # type: ignore[list-item]
     # a throttled GPU's INVALID case reads slowly too: not another machine
-    invalid = SimpleNamespace(verdict=Verdict.INVALID, metrics=(slow,), record=_rec({}))
+    invalid = SimpleNamespace(verdict=Verdict.INVALID, metrics=(slow,), ab_reference=None, record=_rec({}))
     assert machine_note([invalid]) is None  # type: ignore[list-item]
     # a verdict read back from JSON without a finite change is left out, not printed as nan
-    broken = SimpleNamespace(verdict=Verdict.SAME, metrics=(dataclasses.replace(slow, change=math.nan),), record=_rec({}))
+    broken = SimpleNamespace(verdict=Verdict.SAME, metrics=(dataclasses.replace(slow, change=math.nan),), ab_reference=None, record=_rec({}))
     assert machine_note([broken]) is None  # type: ignore[list-item]
     # faster reads: "0.36x as long", never "2.80x less time"
     fast = judge_gate("step", _decode_metrics(112.0, 6.9 * 2.8, [3, 4, 2, 3]), base, tol)
-    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(fast,), record=_rec({}))])  # type: ignore[list-item]
+    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(fast,), ab_reference=None, record=_rec({}))])  # type: ignore[list-item]
     assert note is not None and note.startswith("machine: KV reads took 0.36x as long as")
     # the server's thread waited for a CPU a fifth of the step: load, not another machine
     busy = {"bottleneck": {"figures": {"runq_share": 0.2}}}
-    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), record=_rec(busy))])  # type: ignore[list-item]
+    note = machine_note([SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), ab_reference=None, record=_rec(busy))])  # type: ignore[list-item]
     assert note is not None and "this machine was loaded (the server's thread waited for a CPU 20%" in note
     assert "another machine, or" not in note
+    # A/B: one machine, both sides in this run; the sides read the KV differently
+    ab = SimpleNamespace(verdict=Verdict.SAME, metrics=(slow,), ab_reference="args=--x",
+                         record=_rec({}))  # fmt: skip
+    note = machine_note([ab])  # type: ignore[list-item]
+    assert note is not None and note.startswith("A/B: B read the KV in 2.80x the time A took")
+    assert "another machine" not in note and "--specperf-device" not in note
 
 
 def test_the_judged_centers_shown_agree_with_the_change_judged():
@@ -632,3 +638,22 @@ def test_tolerance_for_band_inverts_band_limit():
         for tol in (0.02, 0.07, 0.25):
             assert tolerance_for_band(band_limit(tol, **kw), **kw) == pytest.approx(tol)
     assert tolerance_for_band(0.0677, relative=True) == pytest.approx(0.07, abs=1e-4)
+
+
+def test_steps_advice_says_the_extension_took_its_looks_not_its_time():
+    """An extension that measured every look it planned stopped on them: raising
+    --specperf-max-time would not add one, so the advice names the steps instead; one that
+    stopped earlier ran out of time. The rounds are the case's (an A/B verdict counts 1)."""
+    from pytest_specperf.judging.significance import Family
+    from pytest_specperf.reporting.terminal import unstable_advice
+
+    m = dataclasses.replace(judge_metric("verify", s(BASE), s(BASE, 1.01), 0.07),
+                            verdict=Verdict.UNSTABLE, steps_to_decide=128)  # fmt: skip
+    spent = unstable_advice(m, max_time_s=30, looks=Family(looks=4, look=4), rounds=4)
+    assert spent.endswith(
+        "; about 128 steps would decide: the automatic extension took all 4 of its looks "
+        "after 4 rounds; run with --specperf-steps 128 (or the marker's steps=)"
+    ), spent
+    assert "--specperf-max-time" not in spent
+    timed = unstable_advice(m, max_time_s=30, looks=Family(looks=4, look=2), rounds=2)
+    assert "stopped after 2 rounds at --specperf-max-time 30 s; raise it" in timed

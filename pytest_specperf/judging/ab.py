@@ -18,10 +18,10 @@ degrees of freedom, at the level the run's false-alarm budget leaves the gate
 (``judging.significance``: Bonferroni over tests and cases, Pocock's constant
 boundary over the extension's looks, Holm over the case's gates). docs/ab.md redoes one by hand.
 
-``pair_changes`` and ``paired_t`` give the coarser per-pair figures (the ratio of B's to A's
-median per pair of processes, Student's t on ``pairs - 1`` degrees of freedom) that the
-reports show beside the verdict as a cross-check; they are not what is gated: with two
-pairs, one degree of freedom makes any false-alarm level below a few percent undecidable.
+``pair_changes`` gives the coarser per-pair figures the JSON report keeps beside the verdict
+as a cross-check (the ratio of B's to A's raw median per pair of processes, ``ab.pairs``);
+they are not what is gated: with two pairs a paired t on them has one degree of freedom,
+which makes any false-alarm level below a few percent undecidable.
 
 Pure: no clocks, files or servers.
 """
@@ -235,29 +235,3 @@ def pair_changes(reference: Sequence[Mapping[str, Summary]],
             return []
         out.append(b.value / a.value - 1.0)
     return out
-
-
-@dataclass(frozen=True)
-class PairedT:
-    """The per-pair cross-check: mean of the pairs' log ratios, its standard error and
-    degrees of freedom (``pairs - 1``), as a relative change."""
-
-    pairs: int
-    change: float
-    se: float
-    df: int
-
-    @property
-    def t(self) -> float:
-        return math.log1p(self.change) / self.se if self.se > 0 else math.nan
-
-
-def paired_t(changes: Sequence[float]) -> PairedT | None:
-    """Student's paired t over per-pair relative changes (``pair_changes``), on the log
-    scale; None with fewer than two pairs."""
-    if len(changes) < 2 or any(not c > -1 for c in changes):
-        return None
-    logs = [math.log1p(c) for c in changes]
-    mean = statistics.fmean(logs)
-    se = statistics.stdev(logs) / math.sqrt(len(logs))
-    return PairedT(len(logs), math.expm1(mean), se, len(logs) - 1)

@@ -172,6 +172,15 @@ def _unaccounted_cause(run: DecodeRun) -> str:
     return "a host-side stall between phases"
 
 
+def _of_growth(d: float, grew: float) -> str:
+    """``55% of the growth``; ``more than the step grew: other parts took less`` where a
+    part grew more than the whole, beyond the rounding of the figures shown (never a share
+    over 100%)."""
+    if d > grew * 1.005:
+        return "more than the step grew: other parts took less"
+    return f"{d / grew:.0%} of the growth"
+
+
 def time_went(
     run: DecodeRun,
     base: Mapping[str, float] | None,
@@ -201,21 +210,18 @@ def time_went(
     top, d = max(deltas.items(), key=lambda kv: kv[1])
     if d <= 0:
         return None
-    share = min(d / grew, 1.0)
+    head = f"where the time went: the step grew {grew:.2f} ms; "
     if top == UNACCOUNTED:
         text = (
-            f"where the time went: the step grew {grew:.2f} ms; {d:.2f} ms ({share:.0%} of the "
-            f"growth) is unaccounted, outside every named phase: {_unaccounted_cause(run)}"
+            f"{head}{d:.2f} ms ({_of_growth(d, grew)}) is unaccounted, outside every named "
+            f"phase: {_unaccounted_cause(run)}"
         )
     else:
-        text = (
-            f"where the time went: the step grew {grew:.2f} ms; {top} took {d:.2f} ms "
-            f"({share:.0%}) of the growth" + _why(run, top)
-        )
+        text = f"{head}{top} took {d:.2f} ms ({_of_growth(d, grew)})" + _why(run, top)
     if culprit is None or culprit == top or culprit not in deltas:
         return text
     dc = deltas[culprit]
-    took = f"took {dc:.2f} ms ({max(dc, 0.0) / grew:.0%})" if dc > 0 else f"changed {dc:+.2f} ms"
+    took = f"took {dc:.2f} ms ({_of_growth(dc, grew)})" if dc > 0 else f"changed {dc:+.2f} ms"
     return (
         f"{text}; {culprit}, the phase the verdict blames against the rest of its step, "
         f"{took}" + _why(run, culprit)

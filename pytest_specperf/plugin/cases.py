@@ -106,8 +106,11 @@ def strict_failure(config: pytest.Config, outcome: CaseOutcome,
             ab = outcome.reference is not None
             a = len(outcome.baseline.runs) if ab and outcome.baseline is not None else 1
             per_look = rounds_per_look(a, len(outcome.run.processes)) if ab else 1
-            lines += [f"    {unstable_advice(m, max_time_s=budget, ab=ab, per_look=per_look)}"
-                      for m in undecided]  # fmt: skip
+            lines += [
+                "    " + unstable_advice(m, max_time_s=budget, ab=ab, per_look=per_look,
+                                         looks=outcome.family, rounds=outcome.run.rounds)
+                for m in undecided
+            ]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -27,11 +27,12 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.samples import DecodeRun, KernelStat
-from pytest_specperf.judging.significance import critical
+from pytest_specperf.judging.significance import Family, critical
 from pytest_specperf.judging.verdict import MetricVerdict, Verdict, reach_text
 from pytest_specperf.probe.phases import ALL_PHASES
 from pytest_specperf.reporting.table import render_table
 from pytest_specperf.reporting.view import CaseView, diagnosis_lines
+from pytest_specperf.store.report import saved_family
 
 
 def _pct(x: float) -> str:
@@ -275,7 +276,8 @@ def summary_table(cases: Sequence[CaseView]) -> list[str]:
 
 
 def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None, ab: bool = False,
-                    per_look: int = 1, compared: bool = False) -> str:  # fmt: skip
+                    per_look: int = 1, compared: bool = False,
+                    looks: Family | None = None, rounds: int | None = None) -> str:  # fmt: skip
     """Why a metric could not be decided, and what would decide it: nothing but a quiet
     machine (disturbed), more processes (the noise between server processes), or more
     steps (the automatic extension's budget, ``max_time_s``, was spent or is off).
@@ -283,7 +285,10 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None, ab: bo
     ``per_look``: the rounds its first tested process measured a look
     (``judging.ab.rounds_per_look``: 2 with one process a side); ``compared``: judged by
     ``specperf compare`` from two saved runs (A the baseline, B the run): the remedy is
-    to measure again with the options that decide it and compare again, not to record."""
+    to measure again with the options that decide it and compare again, not to record.
+    ``looks``: the case's share of the run's budget (its planned looks and the look judged),
+    and ``rounds`` the rounds it measured: the extension may have stopped on its looks, not
+    on its time (None: unknown; a verdict's own ``rounds`` is 1 in A/B)."""
     unit = "pp" if m.in_points else "%"
     # the quantity judged (``verify / rest of step``): its change, not the raw one's
     text = f"{m.judged_label} changed {m.change * 100:+.1f}{unit}"
@@ -304,7 +309,7 @@ def unstable_advice(m: MetricVerdict, *, max_time_s: float | None = None, ab: bo
         decide = f"; about {m.steps_to_decide} steps would decide: "
         return text + decide + measure_again("A and B", steps)
     if m.steps_to_decide:
-        return text + _steps_advice(m, max_time_s, per_look)
+        return text + _steps_advice(m, max_time_s, per_look, looks, rounds)
     if m.within is not None and m.floor is not None:  # paired: more steps cannot decide
         return text + (_ab_processes_advice(m) if ab else _processes_advice(m, compared))
     return text
@@ -447,11 +452,13 @@ def _processes_advice(m: MetricVerdict, compared: bool = False) -> str:
     )
 
 
-def _steps_advice(m: MetricVerdict, max_time_s: float | None, per_look: int = 1) -> str:
+def _steps_advice(m: MetricVerdict, max_time_s: float | None, per_look: int = 1,
+                  looks: Family | None = None, rounds: int | None = None) -> str:  # fmt: skip
     """More steps. ``m.steps_to_decide`` counts the first tested process's steps over its
     rounds; ``--specperf-steps`` sets a round's, and where a look measures that process
     ``per_look`` rounds (A/B with one process a side: ``A1 B1 B1 A1``), a run needs that
-    many times fewer."""
+    many times fewer. An extension that took every look it planned stopped on them, not
+    on its time: more time would not have added a look."""
     steps = m.steps_to_decide
     per_look = per_look if m.ab_sides and per_look > 1 else 1
     per_round = -(-steps // per_look) if steps else steps
@@ -467,12 +474,19 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None, per_look: int = 1)
             " and the automatic extension is off (--specperf-max-time 0): raise it, or run "
             f"with --specperf-steps {per_round}"
         )
-    rounds = f" after {m.rounds} rounds" if m.rounds > 1 else ""
+    n = m.rounds if rounds is None else rounds
+    after = f" after {n} rounds" if n > 1 else ""
+    if looks is not None and looks.looks > 1 and looks.look >= looks.looks:
+        both = " (both sides)" if m.ab_sides else ""
+        return text + (
+            f": the automatic extension took all {looks.looks} of its looks{after}; run with "
+            f"--specperf-steps {per_round}{both} (or the marker's steps=)"
+        )
     # A/B: both sides can measure the steps from the start, with no further round
     other = (f", or run with --specperf-steps {per_round} (both sides)" if m.ab_sides
              else " (or rerun on a quieter machine)")  # fmt: skip
     return text + (
-        f": the automatic extension stopped{rounds} at --specperf-max-time {max_time_s:g} s; "
+        f": the automatic extension stopped{after} at --specperf-max-time {max_time_s:g} s; "
         f"raise it{other}"
     )
 
@@ -525,7 +539,8 @@ def case_notes(
         for m in c.metrics:
             if m.verdict is Verdict.UNSTABLE:
                 advice = unstable_advice(m, max_time_s=max_time_s, ab=c.ab_reference is not None,
-                                         per_look=c.rounds_per_look, compared=compared)  # fmt: skip
+                                         per_look=c.rounds_per_look, compared=compared,
+                                         looks=saved_family(c.record), rounds=c.rounds)  # fmt: skip
                 lines.append(f"UNSTABLE {c.test} {c.key}: {advice}")
     return lines
 
@@ -538,6 +553,9 @@ def head_lines(s: RunSummary) -> list[str]:
     if s.ab is not None:
         against = f"A/B in this run: B (this build) against A ({s.ab})"
         procs = f", {s.processes} server processes per side, alternating A B B A"
+        if s.ab.startswith("url="):  # A is one running server, measured again in turn
+            procs = (f", A one running server, B {s.processes} server process(es), "
+                     "alternating A B B A")  # fmt: skip
     tolerance = f"tolerance {s.tolerance:.0%} (phases), {s.step_tolerance:.0%} (step time)"
     lines = [f"specperf: {s.backend} backend, device {s.device_slug}, {against}, {tolerance}"]
     lines[0] += workers + procs
@@ -576,6 +594,13 @@ def machine_note(cases: Sequence[CaseView], *, recording: bool = False) -> str |
     r = statistics.median(ratios)
     if not math.isfinite(r) or r <= 0 or 1 / MACHINE_RATIO <= r <= MACHINE_RATIO:
         return None
+    if any(c.ab_reference is not None for c in cases):  # one machine, both sides this run
+        return (
+            f"A/B: B read the KV in {r:.2f}x the time A took (median of {len(ratios)} "
+            "case(s)): the two sides read it differently (their builds or server "
+            "arguments), on this one machine. The step is judged against each side's own "
+            "read time; the raw step change beside it is what B costs"
+        )
     head = (
         f"machine: KV reads took {r:.2f}x as long as in the baselines (median of "
         f"{len(ratios)} case(s))"

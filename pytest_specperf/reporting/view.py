@@ -45,6 +45,7 @@ def diagnosis_lines(outcome: CaseOutcome) -> list[str]:
         outcome.time_went,
         (b.describe(), list(b.lines)) if b is not None else None,
         len(outcome.run.processes),
+        ab=outcome.reference is not None,
     )
 
 
@@ -53,6 +54,8 @@ def _diagnosis(
     time_went: str | None,
     bottleneck: tuple[str, list[str]] | None,
     processes: int,
+    *,
+    ab: bool,
 ) -> list[str]:
     lines = list(budgets)
     if time_went:
@@ -60,7 +63,8 @@ def _diagnosis(
     if bottleneck is not None:
         # its figures are the first server process's (activity is not pooled over
         # processes), not the centers beside it: say so where there are several
-        which = f" (server process 1 of {processes})" if processes > 1 else ""
+        side = "B's " if ab else ""  # A/B: the run's processes are the tested side's
+        which = f" ({side}server process 1 of {processes})" if processes > 1 else ""
         lines.append(f"bottleneck{which}: {bottleneck[0]}")
         lines += [f"  {line}" for line in bottleneck[1]]
     return lines
@@ -99,7 +103,8 @@ class CaseView:
         went = data.get("time_went")
         budgets = [str(x.get("describe")) for x in self.record.budget_checks]
         went = went if isinstance(went, str) else None
-        return tuple(_diagnosis(budgets, went, bottleneck, self.record.processes))
+        return tuple(_diagnosis(budgets, went, bottleneck, self.record.processes,
+                                ab=self.ab_reference is not None))  # fmt: skip
 
     @property
     def nodeid(self) -> str:

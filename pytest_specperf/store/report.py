@@ -187,6 +187,7 @@ def _baseline_json(o: CaseOutcome) -> dict[str, Any] | None:
         # an A/B case's baseline is its reference side's runs of this run, not a file
         "file": str(o.baseline_path) if o.reference is None else None,
         "recorded_at": o.baseline.recorded_at,
+        # the latest run's summary; the center over its runs is ``centers.base``
         "step_ms": step.to_dict() if step is not None else None,
         "runs": len(o.baseline.runs),
     }
