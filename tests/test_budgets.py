@@ -65,6 +65,11 @@ def test_budgets_checked_on_the_run(make_run):
     assert active.failed and active.value is None  # not measured: never passes
     assert "cannot be checked: the active share was not measured" in active.describe()
     assert check_budgets(run, None) == ()
+    # given the centers every report shows, the unaccounted share is the phase table's:
+    # the unaccounted center over the step's, not the first process's ratio
+    centers = {"step": 50.0, "unaccounted": 4.0}
+    (share,) = check_budgets(run, Budgets(max_unaccounted_share=0.05), centers)
+    assert share.value == pytest.approx(0.08) and share.failed
 
 
 MARKED = """

@@ -168,11 +168,16 @@ def test_time_went_names_the_blamed_phase_when_another_took_more():
     assert outcome.time_went is not None
     assert "verify took 6.00 ms (67% of the growth)" in outcome.time_went
     assert outcome.time_went.endswith(
-        "; draft, the phase the verdict blames against the rest of its step, took 3.00 ms "
+        "; draft, which the verdict blames (against the rest of its step), took 3.00 ms "
         "(33% of the growth); draft now: busy on the CPU (work, not waits)"
     )
     head = failure_message(outcome, "b.yaml", regression=True).splitlines()[0]
     assert head.startswith("draft / rest of step ")
+    # unaccounted blamed (in points of the step): not called a phase against its rest
+    figures = {k: v.value for k, v in now.summaries.items()}
+    base_figs = {**figures, "verify": 40.0, "step": figures["step"] - 7.0, "unaccounted": 0.01}
+    line = time_went(now, base_figs, culprit="unaccounted")
+    assert line is not None and "unaccounted, which the verdict blames (its share of the step)" in line
     # blamed and largest the same: one clause, as before
     alone = judge_case(_case(_run(_records(52.0, 52.0))), base, Path("b.yaml"))
     assert alone.verdict.culprit == "verify" and alone.time_went is not None
@@ -229,6 +234,11 @@ def test_first_process_figures_say_so_beside_the_centers_of_several_processes():
     step = outcome.now_centers["step"]
     assert step > first.step_ms.median * 1.2  # the center is not the first process's
     assert _done_text(run) == f"16 steps, {step:.2f} ms/step, center of 2 processes"
+    from pytest_specperf.reporting.terminal import phase_table
+
+    header = phase_table(outcome)[0]
+    assert "cpu ms (p1)" in header and "waited ms (p1)" in header  # the first process's
+    assert "(p1)" not in phase_table(one)[0]
 
 
 def test_gpu_case_has_top_kernels_in_the_failure_and_the_json():

@@ -77,18 +77,16 @@ def test_store_is_read_in_date_order_with_each_case_a_series(store):
 
 
 def test_a_recording_is_named_as_its_summary_named_it(store):
-    """The night that recorded the baselines reads ``(recorded)``, as that night's summary
-    said (``verdict_label``); a night judged against newer baselines recorded elsewhere,
-    ``(baseline updated)``."""
+    """A night that recorded the baselines reads ``(recorded)`` inside its verdict, as that
+    night's summary said it (``verdict_label``), not ``(baseline)``."""
     from pytest_specperf.reporting.history import history_rows
 
     h = load_history(store)
     s = _series(h, "test_decode ctx=8192 kv=contiguous bs=1")
     rows = history_rows(h, s, len(s.points))
     first, update = rows[0][-1], rows[BASELINE_AT][-1]
-    assert s.points[0].recorded and first.endswith(" (recorded)"), first
-    mark = " (recorded)" if s.points[BASELINE_AT].recorded else " (baseline updated)"
-    assert update.endswith(mark), update
+    assert first == "NO_BASELINE (recorded)", first  # the first night's summary's words
+    assert s.points[BASELINE_AT].recorded and update == "SLOWER (recorded)", update
     assert not any("(baseline)" in r[-1] for r in rows)
 
 

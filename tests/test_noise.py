@@ -415,21 +415,6 @@ def test_history_runs_inform_the_process_noise_only():
     assert with_wild.processes_to_decide is not None and with_wild.steps_to_decide is None
 
 
-def test_history_of_one_round_still_counts_after_tonight_measured_two():
-    """Tonight's extension measured two rounds of the same 4 blocks (8 blocks a run, both
-    sides), the history nights one: their rows fold onto the 4 blocks all share, so the
-    history still informs the process noise instead of being dropped."""
-    rows = [[0.0, 1.0, -0.6, 0.4], [0.2, 1.1, -0.5, 0.6]]
-    base = [summary_of(r + r) for r in rows]  # two rounds each
-    now = [summary_of([x + 6.0 for x in r + r]) for r in rows]
-    nights = [summary_of([u, 1.0 + u, -0.6 + u, 0.4 + u]) for u in (0.1, -0.1, 0.0, 0.05)]
-    same = ("nightly",) * 4
-    v = judge_metric("verify", base, now, 0.05, history=nights, sittings=((), (), same))
-    assert v.history_runs == 4 and v.between_runs == 6  # 2 baseline runs and 4 nights
-    alone = judge_metric("verify", base, now, 0.05)
-    assert v.change == alone.change and v.rounds == alone.rounds == 1  # pairing unchanged
-
-
 def test_several_processes_now_are_judged_together():
     """Three current runs: their geometric mean is judged, the process part shrinks."""
     rows = [[0.0, 1.0, -0.6, 0.4], [0.8, 1.8, 0.2, 1.2], [-0.8, 0.2, -1.4, -0.4]]

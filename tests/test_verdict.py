@@ -165,6 +165,29 @@ def test_a_share_over_runs_that_do_not_pair_is_the_mean_of_their_ratios():
     n = 0.5 / summarize(BASE[:6], BLOCKS[:6]).median
     assert (v.judged_base, v.judged_now) == (pytest.approx(b), pytest.approx(n))
     assert v.change == pytest.approx(n - b)
+    now_se = summarize(short, BLOCKS[:6]).rel_se() * n
+    base_se = s([0.2] * 16).rel_se() * b
+    # each run's standard error taken as known: the mean of 2 runs has sqrt(2)/2 of one's
+    assert v.noise == pytest.approx(math.hypot(base_se, math.sqrt(2) * now_se / 2))
+    # a run with no unaccounted time at all has a share of 0 and no error: no NaN
+    none = {"step": summarize(BASE[:6], BLOCKS[:6]), "unaccounted": summarize([0.0] * 6, BLOCKS[:6])}
+    z = judge_runs("unaccounted", Runs((base,), (none, now)), Tolerances(0.08, 0.2))
+    assert z is not None and math.isfinite(z.noise) and math.isfinite(z.change)
+
+
+def test_a_share_pairs_the_baseline_runs_a_relative_form_pairs():
+    """A baseline run with other blocks than the latest (another --specperf-steps) is left
+    out, as judge_metric leaves it out: its blocks are other prompts, not rounds."""
+    from pytest_specperf.judging.verdict import Runs, Tolerances, judge_runs
+
+    def run(n: int, unacc: float) -> dict[str, Summary]:
+        return {"step": summarize(BASE[:n], BLOCKS[:n]), "unaccounted": summarize([unacc] * n, BLOCKS[:n])}
+
+    v = judge_runs("unaccounted", Runs((run(16, 5.0), run(8, 0.2)), (run(8, 0.3),)),
+                   Tolerances(0.08, 0.2))  # fmt: skip
+    assert v is not None and v.base_runs == 1 and v.df == 3  # the 4 blocks of the latest
+    step = summarize(BASE[:8], BLOCKS[:8]).blocks
+    assert v.judged_base == pytest.approx(statistics.fmean(0.2 / x for x in step))
 
 
 def test_combine_order():
@@ -606,6 +629,8 @@ def test_unstable_advice_names_the_quantity_judged_and_marks_a_log_band():
     assert text.startswith(f"verify / rest of step changed {m.change * 100:+.1f}% within"), text
     assert f"= {m.band * 100:.1f}% (log), a change of +" in text
     assert _change_text(m) == f"verify/rest {m.change * 100:+.1f}%"  # the summary's column
+    gpu = dataclasses.replace(m, basis="on device time, against the rest of the step")
+    assert _change_text(gpu).startswith("verify/rest (device) ")
     raw = dataclasses.replace(m, basis=None)
     assert unstable_advice(raw).startswith("verify changed ") and _change_text(raw).startswith(
         "verify +"

@@ -131,7 +131,8 @@ def check_budgets(
 ) -> tuple[BudgetCheck, ...]:
     """Every budget set, checked on ``run``; the step, accept length and tokens/s budgets
     on ``centers`` where given (the centers over the case's server processes, the numbers
-    every report shows), the shares on ``run`` (the first process, as its run line)."""
+    every report shows), and the unaccounted share as the phase table shows it (its center
+    over the step's); the active share on ``run`` (the first process, as its run line)."""
     if budgets is None:
         return ()
     out = []
@@ -142,6 +143,10 @@ def check_budgets(
         value, missing = _value(run, metric)
         if centers is not None and metric in _CENTERED and metric in centers:
             value = centers[metric]
+        elif metric == UNACCOUNTED and centers and {UNACCOUNTED, STEP} <= centers.keys():
+            # the phase table's share: the unaccounted center over the step's
+            step = centers[STEP]
+            value = centers[UNACCOUNTED] / step if step > 0 else None
         out.append(BudgetCheck(name, metric, bound, float(limit), value, missing))
     return tuple(out)
 

@@ -222,7 +222,6 @@ def time_went(
         return text
     dc = deltas[culprit]
     took = f"took {dc:.2f} ms ({_of_growth(dc, grew)})" if dc > 0 else f"changed {dc:+.2f} ms"
-    return (
-        f"{text}; {culprit}, the phase the verdict blames against the rest of its step, "
-        f"{took}" + _why(run, culprit)
-    )
+    judged = ("its share of the step" if culprit == UNACCOUNTED
+              else "against the rest of its step")  # fmt: skip
+    return f"{text}; {culprit}, which the verdict blames ({judged}), {took}" + _why(run, culprit)

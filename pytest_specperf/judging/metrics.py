@@ -213,15 +213,6 @@ COMPOSITE_METRICS: Final = frozenset({STEP, TOKENS_PER_S})
 DISTURBABLE_METRICS: Final = COMPOSITE_METRICS | frozenset(PHASES)
 #: What a phase table shows, in order.
 TABLE_ROWS: Final[tuple[str, ...]] = (*ALL_PHASES, STEP)
-#: The figures every report shows of a case as one center over its server processes (or
-#: the baseline's runs): the phase table's rows, their device times on a GPU (what a
-#: phase verdict's raw milliseconds are there), the accepted length and tokens/s.
-CENTER_ROWS: Final[tuple[str, ...]] = (
-    *TABLE_ROWS,
-    *(f"{_DEVICE_PREFIX}{n}" for n in TABLE_ROWS),  # device_form, defined below
-    ACCEPT_LEN,
-    TOKENS_PER_S,
-)
 
 
 def spec(name: str) -> MetricSpec:
@@ -263,6 +254,17 @@ def is_rest_form(name: str) -> bool:
 def device_form(name: str) -> str:
     """Name of ``name``'s device time: ``device.verify``."""
     return f"{_DEVICE_PREFIX}{name}"
+
+
+#: The figures every report shows of a case as one center over its server processes (or
+#: the baseline's runs): the phase table's rows, their device times on a GPU (what a
+#: phase verdict's raw milliseconds are there), the accepted length and tokens/s.
+CENTER_ROWS: Final[tuple[str, ...]] = (
+    *TABLE_ROWS,
+    *map(device_form, TABLE_ROWS),
+    ACCEPT_LEN,
+    TOKENS_PER_S,
+)
 
 
 def cpu_form(name: str) -> str:

@@ -496,17 +496,11 @@ def _levels(
 ) -> _Levels:
     """The process and sitting variances from the folded rows of the baseline's and the
     history's runs (or, when fewer than two have blocks that fold, from all their
-    centers: an upper bound for the process part, the sitting part from the prior).
-
-    The rows fold onto ``period`` blocks, or, where some runs measured fewer rounds of the
-    same blocks (a history night of one round against tonight's two, after the automatic
-    extension), onto the fewest any run has (``_level_period``): a run is left out only
-    where its blocks fold onto neither."""
+    centers: an upper bound for the process part, the sitting part from the prior)."""
     runs = [*base, *history]
     labels = _sittings(base, LEGACY_SITTING) + [
         h.sitting if h.sitting is not None else f"history {i}" for i, h in enumerate(history)
     ]
-    period = _level_period([len(r.blocks) for r in runs], period)
     rows = [(log_rows(r.blocks, period), s) for r, s in zip(runs, labels)]
     folded = [(r, s) for r, s in rows if r is not None]
     hist = sum(1 for r, _ in rows[len(base) :] if r is not None)
@@ -521,19 +515,6 @@ def _levels(
     sit2, sit_df = pooled(sit_hat2, est.sittings - 1, prior.sitting, prior.sitting_df)
     return _Levels(tau2, tau_df, est.between_hat2, len(folded), hist, sit2, sit_df, sit_hat2,
                    est.sittings)  # fmt: skip
-
-
-def _level_period(lengths: Sequence[int], period: int) -> int:
-    """``period`` when every run's blocks fold onto it; else the fewest blocks any run
-    has, when every run's are a multiple of that (runs of 1 and 2 rounds of the same 5
-    blocks: 5) and it is at least ``MIN_PAIRED_BLOCKS``; else ``period`` (the runs that do
-    not fold are left out)."""
-    if period < 1 or not any(lengths) or all(n % period == 0 for n in lengths if n):
-        return period
-    least = min(n for n in lengths if n)
-    if least >= MIN_PAIRED_BLOCKS and all(n % least == 0 for n in lengths if n):
-        return least
-    return period
 
 
 def _stored_rounds(blocks: Sequence[float], period: int) -> tuple[float, ...] | None:

@@ -49,6 +49,7 @@ from pytest_specperf.judging.metrics import (
     spec,
 )
 from pytest_specperf.judging.noise import (
+    MIN_PAIRED_BLOCKS,
     NO_PRIOR,
     PROVISIONAL_PRIOR,
     DevicePrior,
@@ -929,15 +930,20 @@ def _exp_or_none(log_value: float) -> float | None:
     return math.exp(log_value) if math.isfinite(log_value) else None
 
 
+def _folded(values: Sequence[float], k: int) -> list[float] | None:
+    """A run of several rounds of ``k`` blocks folded onto them (each block's mean over the
+    rounds); None when it does not fold, or ``k`` is under ``MIN_PAIRED_BLOCKS``."""
+    if k < MIN_PAIRED_BLOCKS or not values or len(values) % k:
+        return None
+    rounds = len(values) // k
+    return [statistics.fmean(values[r * k + j] for r in range(rounds)) for j in range(k)]
+
+
 def _paired_point_diffs(base: Sequence[float], now: Sequence[float]) -> list[float] | None:
     """The paired per-block differences (a run of several rounds of the baseline's blocks
-    folded first, each block's mean), or None when they do not pair (fewer than 3)."""
-    k = len(base)
-    if k < 3 or not now or len(now) % k:
-        return None
-    rounds = len(now) // k
-    folded = [statistics.fmean(now[r * k + j] for r in range(rounds)) for j in range(k)]
-    return [n - b for b, n in zip(base, folded)]
+    folded first, ``_folded``), or None when they do not pair."""
+    folded = _folded(now, len(base))
+    return None if folded is None else [n - b for b, n in zip(base, folded)]
 
 
 def _mean_and_se(d: Sequence[float]) -> tuple[float, float, float]:
@@ -951,20 +957,11 @@ def _block_shares(part: Summary, whole: Summary) -> list[float] | None:
     return [m / s if s else 0.0 for m, s in zip(part.blocks, whole.blocks)]
 
 
-def _share_profile(runs: Sequence[list[float]], k: int) -> list[float]:
-    """Per block, the mean share over ``runs``, each run's rounds folded onto ``k``
-    blocks first (every run's length a multiple of ``k``)."""
-    folded = [
-        [statistics.fmean(r[i * k + j] for i in range(len(r) // k)) for j in range(k)] for r in runs
-    ]
-    return [statistics.fmean(f[j] for f in folded) for j in range(k)]
-
-
 def _run_share(part: Summary, whole: Summary) -> tuple[float, float]:
     """A run's share of the step (the ratio of its medians) and that share's standard
-    error, from the part's (the step's is small beside it)."""
+    error, from the part's (the step's is small beside it); a share of none has none."""
     share = part.median / whole.median if whole.median else 0.0
-    return share, part.rel_se() * share
+    return share, part.rel_se() * share if share else 0.0
 
 
 def judge_share(
@@ -980,26 +977,30 @@ def judge_share(
     """Verdict on ``metric``'s share of the step (percentage points), e.g. unaccounted,
     over every run of each side (``base_step`` / ``now_step``: the same runs' steps).
 
-    Paired when every run's blocks fold onto the same ``k`` blocks (the fewest any run
-    has; a run of several rounds folded, each block's mean): per block the mean share over
-    each side's runs, and the change is the mean of the ``k`` differences, its noise their
-    standard error on ``k - 1`` degrees of freedom. Otherwise each run's share is the
-    ratio of its medians, a side's share their mean, and its standard error is taken as
-    known. Either way the change is exactly the difference of the two shares shown
-    (``judged_base`` / ``judged_now``), and ``base`` / ``now`` are the milliseconds every
-    report shows: the centers over each side's runs (``center_of_runs``).
-    """
-    parts, steps = (_seq(base), _seq(now)), (_seq(base_step), _seq(now_step))
-    shares = [[_block_shares(p, w) for p, w in zip(parts[i], steps[i])] for i in (0, 1)]
-    lengths = [len(x) for side in shares for x in side if x is not None]
-    k = min(lengths, default=0)
-    pairable = (
-        all(x is not None for side in shares for x in side)
-        and k >= 3
-        and all(n % k == 0 for n in lengths)
-    )
-    if pairable:
-        b_prof, n_prof = (_share_profile([x for x in side if x is not None], k) for side in shares)
+    The runs are those a relative form pairs (``judge_metric``): the baseline's with as
+    many blocks as its latest (``_like_latest``), and every current run, each folded onto
+    those ``B`` blocks (a run of several rounds). Paired when every run has them: per
+    block the mean share over each side's runs, and the change is the mean of the ``B``
+    differences, its noise their standard error on ``B - 1`` degrees of freedom. Otherwise
+    each run's share is the ratio of its medians, a side's share their mean, and its
+    standard error is taken as known. Either way the change is exactly the difference of
+    the two shares shown (``judged_base`` / ``judged_now``), and ``base`` / ``now`` are the
+    milliseconds every report shows: the centers over each side's runs."""
+    all_base, all_steps = _seq(base), _seq(base_step)
+    keep = [i for i, p in enumerate(all_base) if len(p.blocks) == len(all_base[-1].blocks)]
+    parts = ([all_base[i] for i in keep], list(_seq(now)))
+    steps = ([all_steps[i] for i in keep], list(_seq(now_step)))
+    k = len(all_base[-1].blocks)
+    profiles = [
+        [_folded(x, k) if (x := _block_shares(p, w)) is not None else None
+         for p, w in zip(parts[i], steps[i])]
+        for i in (0, 1)
+    ]  # fmt: skip
+    if all(f is not None for side in profiles for f in side):
+        b_prof, n_prof = (
+            [statistics.fmean(f[j] for f in side if f is not None) for j in range(k)]
+            for side in profiles
+        )
         d = [n - b for b, n in zip(b_prof, n_prof)]
         change, noise, df = _mean_and_se(d)  # the statistic whose noise is computed
         b, n = statistics.fmean(b_prof), statistics.fmean(n_prof)

@@ -168,7 +168,7 @@ def _figures(c: CaseRecord) -> CaseFigures:
         step_ms=c.step_ms,  # the center over the case's processes, as the summary shows
         phase_ms=phases,
         accept_len=accept,
-        verdict=c.verdict_text(),  # OVER_BUDGET (SAME); a recording adds "(recorded)"
+        verdict=c.verdict_text(recorded=True),  # as its summary: NO_BASELINE (recorded)
         recorded=c.recorded,
         baseline_at=c.baseline_at,
         injected=c.injected,
@@ -295,9 +295,10 @@ def history_rows(h: History, s: Series, last: int) -> list[list[str]]:
     rows = []
     for p in s.points[-last:]:
         run = h.runs[p.run]
-        # a recording as the summary names it; a run judged against newer baselines
-        moved = " (baseline updated)" if p.baseline_update else ""
-        verdict = p.verdict + (" (recorded)" if p.recorded else moved)
+        # a run judged against newer baselines than the night before (a recording says so
+        # in its verdict, as its summary did)
+        moved = p.baseline_update and not p.recorded
+        verdict = p.verdict + (" (baseline updated)" if moved else "")
         verdict += f" [injected: {p.injected}]" if p.injected else ""
         rows.append([
             run.date,

@@ -62,10 +62,13 @@ def _activity_cells(run: DecodeRun, name: str, now: float) -> list[str]:
 
 
 def _activity_headers(run: DecodeRun) -> list[str]:
+    """The activity columns' headers; ``(p1)`` where the case ran several server processes:
+    they are the first one's (its span split into active and waited), not the centers."""
+    p1 = " (p1)" if run.siblings else ""
     if run.active_source == "cpu":
-        return ["cpu ms", "waited ms"]
+        return [f"cpu ms{p1}", f"waited ms{p1}"]
     if run.active_source == "device":
-        return ["active ms", "idle ms"]
+        return [f"active ms{p1}", f"idle ms{p1}"]
     return []
 
 
@@ -222,7 +225,9 @@ def _change_text(m: MetricVerdict) -> str:
     """``verify/rest +26.5%``: the change judged, named by the form it was judged on (a
     phase against the rest of its step; its raw change is the phase table's)."""
     change = f"{m.change * 100:+.1f}pp" if m.share_based else _pct(m.change)
-    name = rest_form(m.metric) if m.basis is not None and m.metric in ALL_PHASES else m.metric
+    name = m.metric
+    if m.basis is not None and m.metric in ALL_PHASES:  # on a GPU, its device time's form
+        name = rest_form(m.metric) + (" (device)" if "device" in m.basis else "")
     return f"{name} {change}"
 
 
@@ -321,20 +326,13 @@ def _disturbed_advice(m: MetricVerdict, ratio: float, *, ab: bool, compared: boo
     reach = ""
     if m.block_scatter is not None:  # beyond_disturbance: what it would have taken
         reach = f", and a disturbance can move a center by {reach_text(m.block_scatter)} at most"
-    if ab:  # both sides measured in this sitting: nothing was recorded
+    if ab or compared:  # A/B: both sides of this sitting; compare: two saved runs
         busy = "A" if ratio < 1 else "B"
+        remedy = "rerun on a quiet machine" if ab else measure_again(busy, "on a quiet machine")
         return (
-            f", but side {busy}'s blocks scatter "
+            f", but {'side' if ab else 'run'} {busy}'s blocks scatter "
             f"{max(ratio, 1 / ratio):.1f}x more than the other's"
-            f"{reach}: the machine was busy while {busy} ran; rerun on a quiet machine"
-        )
-    if compared:
-        busy = "A" if ratio < 1 else "B"
-        return (
-            f", but run {busy}'s blocks scatter "
-            f"{max(ratio, 1 / ratio):.1f}x more than the other's"
-            f"{reach}: the machine was busy or disturbed while {busy} ran; "
-            + measure_again(busy, "on a quiet machine")
+            f"{reach}: the machine was busy or disturbed while {busy} ran; {remedy}"
         )
     if ratio < 1:
         return (
