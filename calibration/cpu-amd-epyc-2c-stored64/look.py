@@ -36,14 +36,18 @@ def main() -> None:
                     unstable.append(f"{c['key'].split(' bs')[0]} {m['metric']}")
                 if m["verdict"] == "SLOWER":
                     failed.append(f"{c['key'].split(' bs')[0]} {m['metric']}")
-        rc = int((f.with_suffix(".rc")).read_text().split()[0]) if f.with_suffix(".rc").exists() else -1
+        rc_file = f.with_suffix(".rc")
+        rc = int(rc_file.read_text().split()[0]) if rc_file.exists() else -1
         runs[cond].append((f.stem.split("-")[0], rc, failed, unstable))
     for cond, rs in sorted(runs.items()):
         print(f"== {cond}: {len(rs)} runs")
         for rep, rc, failed, unstable in rs:
-            print(f"  {rep} exit {rc}  SLOWER: {', '.join(failed) or '-'}  UNSTABLE: {', '.join(unstable) or '-'}")
+            slower, undecided = ", ".join(failed) or "-", ", ".join(unstable) or "-"
+            print(f"  {rep} exit {rc}  SLOWER: {slower}  UNSTABLE: {undecided}")
     print("\n== verify/rest gate per case (median over the runs of each condition)")
-    print(f"{'condition':12s} {'case':28s} {'w %':>6s} {'tau_hat %':>9s} {'band %':>7s} {'change %':>9s}  changes")
+    head = ("condition", "case", "w %", "tau_hat %", "band %", "change %")
+    print(f"{head[0]:12s} {head[1]:28s} {head[2]:>6s} {head[3]:>9s} {head[4]:>7s} "
+          f"{head[5]:>9s}  changes")
     for (cond, case), v in sorted(rows.items()):
         med = {k: statistics.median(x) for k, x in v.items()}
         changes = " ".join(f"{x:+.1f}" for x in v["change"])
