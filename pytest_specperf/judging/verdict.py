@@ -847,11 +847,12 @@ def _change(base: float, now: float) -> float:
     return now / base - 1.0
 
 
-def _like_latest(runs: tuple[Summary, ...]) -> tuple[Summary, ...]:
-    """The baseline runs with as many blocks as the latest (a run that measured other
-    blocks cannot be paired with this measurement's, nor pooled with the others)."""
+def _like_latest(runs: Sequence[Summary]) -> list[int]:
+    """The indices of the baseline runs with as many blocks as the latest (a run that
+    measured other blocks cannot be paired with this measurement's, nor pooled with the
+    others)."""
     period = len(runs[-1].blocks)
-    return tuple(r for r in runs if len(r.blocks) == period)
+    return [i for i, r in enumerate(runs) if len(r.blocks) == period]
 
 
 def center_of_runs(runs: Sequence[Summary]) -> float:
@@ -889,8 +890,8 @@ def judge_metric(
     (``noise.exact_sides``: deterministic on this engine) has zero noise and no prior: its
     change is exact, judged against the tolerance alone."""
     all_base = _seq(base)
-    bs, ns = _like_latest(all_base), _seq(now)
-    keep = [i for i, r in enumerate(all_base) if len(r.blocks) == len(all_base[-1].blocks)]
+    keep = _like_latest(all_base)
+    bs, ns = tuple(all_base[i] for i in keep), _seq(now)
     base_lab = _labels(sittings[0], len(all_base))
     b, n = center_of_runs(bs), center_of_runs(ns)
     noise = relative_noise(
@@ -987,7 +988,7 @@ def judge_share(
     the two shares shown (``judged_base`` / ``judged_now``), and ``base`` / ``now`` are the
     milliseconds every report shows: the centers over each side's runs."""
     all_base, all_steps = _seq(base), _seq(base_step)
-    keep = [i for i, p in enumerate(all_base) if len(p.blocks) == len(all_base[-1].blocks)]
+    keep = _like_latest(all_base)
     parts = ([all_base[i] for i in keep], list(_seq(now)))
     steps = ([all_steps[i] for i in keep], list(_seq(now_step)))
     k = len(all_base[-1].blocks)
