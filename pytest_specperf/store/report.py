@@ -23,7 +23,7 @@ from typing import Any
 
 from pytest_specperf.judging.ab import pair_changes, rounds_per_look
 from pytest_specperf.judging.baselines import keeps_blocks
-from pytest_specperf.judging.budgets import BUDGETS, Budgets, parse_budget
+from pytest_specperf.judging.budgets import BUDGETS, SHARE_BUDGETS, Budgets, budget_expectation
 from pytest_specperf.judging.judge import CaseOutcome
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
@@ -317,11 +317,12 @@ def saved_budgets(c: CaseRecord) -> Budgets | None:
             raise ValueError(f"budgets[{i}]: expected an object with a budget and its limit")
         if name not in BUDGETS:
             raise ValueError(f"budgets[{i}]: unknown budget {name!r}; known: {', '.join(BUDGETS)}")
-        try:  # the marker's own check of a limit
-            limits[name] = parse_budget(name, b.get("limit"))
-        except ValueError as e:
-            limit = b.get("limit")
-            raise ValueError(f"budgets[{i}]: {name}'s limit {limit!r} is not {e}") from None
+        limit = _number_or_none(b.get("limit"))
+        top = 1.0 if name in SHARE_BUDGETS else math.inf
+        if limit is None or not math.isfinite(limit) or not 0 < limit <= top:
+            raise ValueError(f"budgets[{i}]: {name}'s limit {b.get('limit')!r} is not "
+                             f"{budget_expectation(name)}")  # fmt: skip
+        limits[name] = limit
     return Budgets(**limits)
 
 
