@@ -296,7 +296,9 @@ def test_host_stall_is_reported_as_unaccounted_time(pytester):
     result.stdout.fnmatch_lines([
         "*unaccounted +* pp of step (* -> * ms, tol 7 pp) at ctx=2048 kv=contiguous "
         "[[]baselines/test-box.yaml[]] [[]injected: host_stall=15[]]",
-        "where the time went: the step grew * ms; * ms (*% of the growth) is unaccounted, "
+        # "(N% of the growth)", or "(more than the step grew: ...)" where the baseline ran
+        # slower than tonight's phases (CI, 2026-12-07: base step 14.0 ms, phases now -29%)
+        "where the time went: the step grew * ms; * ms (*) is unaccounted, "
         # a busy spin: a stall by the one rule (or, on a machine too busy to tell, it says so)
         "outside every named phase: *",
         "bottleneck: host only (no device timing): step * ms, CPU time *% of it*, "
