@@ -188,7 +188,7 @@ def test_attach_errors_say_what_is_wrong_within_the_deadline(pytester, url, says
     pytester.makepyfile(test_case=CASE)
     t0 = time.monotonic()
     result = pytester.runpytest_inprocess(f"--specperf-attach={url}", "-p", "no:cacheprovider")
-    assert time.monotonic() - t0 < ATTACH_DEADLINE_S + 2
+    assert time.monotonic() - t0 < ATTACH_DEADLINE_S + 5  # the session itself: a busy box
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([f"*specperf: cannot start the reference server: cannot attach to {url}: {says}"])
     result.stdout.no_fnmatch_line("*During handling of the above exception*")

@@ -38,21 +38,23 @@ def _run(pytester, inject: str, budget: str = "", extra: tuple[str, ...] = ()):
     return result, report["cases"][0]
 
 
-def _busy(case) -> bool:
-    """Whether the run's machine was busy (the step's run-queue time most of its time off
-    the CPU): the one rule then answers "cannot tell" instead of worked or waited."""
-    from pytest_specperf.judging.bottleneck import StepFigures, machine_busy
+def _busy(case, part: str) -> bool:
+    """Whether the one rule (``bottleneck.cpu_activity_kind``) answers "cannot tell" for
+    ``part``: the machine was busy (the step's run-queue time most of its time off the
+    CPU) and the part itself spent a material share of its span off the CPU."""
+    from pytest_specperf.judging.bottleneck import StepFigures, cpu_activity_kind
 
     f = case["bottleneck"]["figures"]
     figures = StepFigures(step_ms=f["step_ms"], cpu_ms={"step": f.get("cpu_ms.step", 0.0)},
                           runq_ms=f.get("runq_ms"))  # fmt: skip
-    return machine_busy(figures) is not None
+    p = case["activity"]["phases"][part]
+    return cpu_activity_kind(figures, p["span_ms"], p["active_ms"]) == "busy"
 
 
 def _waited_or_busy(case) -> str:
     """A sleep inside verify reads as waiting inside it; on a machine so busy that the
     run-queue time could hold the sleep, the one rule says it cannot tell."""
-    if _busy(case):
+    if _busy(case, "verify"):
         return "cannot tell: the machine was busy*"
     return "the thread waited inside verify (waits, not work)"
 
@@ -85,7 +87,7 @@ def test_busy_verify_reads_as_work(pytester):
     result, case = _run(pytester, "verify=1.10")
     result.assert_outcomes(passed=1)
     # by the one rule: work, or on a busy machine "cannot tell", never "waited"
-    verdict = "cannot tell: the machine was busy" if _busy(case) else "busy on the CPU (work, not waits)"
+    verdict = "cannot tell: the machine was busy" if _busy(case, "verify") else "busy on the CPU (work, not waits)"
     result.stdout.fnmatch_lines([f"*verify: span * ms, CPU * ms (*%)*: {verdict}*"])
     assert "waited inside verify" not in result.stdout.str()
     assert case["labels"] == {"inject": "verify=1.1"}
@@ -96,7 +98,7 @@ def test_host_stall_reads_as_a_stall_outside_the_phases(pytester):
     result.assert_outcomes(passed=1)
     # a busy spin: a stall by the one rule, or "cannot tell" on a machine too busy to say
     stall = "host stall (work outside the mapped phases)"
-    verdict = "cannot tell: the machine was busy*" if _busy(case) else stall
+    verdict = "cannot tell: the machine was busy*" if _busy(case, "unaccounted") else stall
     result.stdout.fnmatch_lines([f"*unaccounted * ms outside every phase, CPU * ms (*%)*: {verdict}"])
     assert "the thread waited outside every phase" not in result.stdout.str()
     unacc = case["activity"]["phases"]["unaccounted"]

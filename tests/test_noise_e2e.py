@@ -203,10 +203,15 @@ def test_an_undecided_case_measures_more_rounds(pytester, recorded_case):
     assert case["wall_s"] <= 25 + 2 * per_round  # the budget, and at most the round in flight
     if rounds > 1:
         result.stdout.fnmatch_lines([f"*test_decode ctx=2048*, {rounds} rounds*"])
-    else:
-        assert verify["verdict"] in ("SLOWER", "FASTER") or verify["steps_to_decide"] is None
+    else:  # decided, undecidable by rounds, or a first round over half the budget: one look
+        decided = verify["verdict"] in ("SLOWER", "FASTER") or verify["steps_to_decide"] is None
+        assert decided or case["family"]["looks"] == 1
     if verify["verdict"] == "UNSTABLE" and verify["steps_to_decide"]:
-        result.stdout.fnmatch_lines(["*automatic extension stopped*--specperf-max-time 25 s*"])
+        # the budget ran out, or the extension took every look it planned (the plan is what
+        # the first round's time let into the budget: terminal._steps_advice)
+        out = result.stdout.str()
+        stopped = "automatic extension stopped" in out and "--specperf-max-time 25 s" in out
+        assert stopped or "the automatic extension took all" in out, out
 
 
 def test_no_extension_with_a_zero_budget_and_the_advice_says_so(pytester, recorded_case):
@@ -271,15 +276,17 @@ def test_all_slows_every_phase_and_fails_the_step_not_a_phase(pytester):
             break
     assert seen[-1] == "SLOWER", f"the step's verdicts, try by try: {seen}"
     result.assert_outcomes(failed=1)
+    # the step's line: the headline, or "also" under a phase that drifted past its
+    # tolerance between the two server processes (phases are listed first)
     result.stdout.fnmatch_lines(["*step / KV read time * -> * (+*%, tol 25%*; raw step * -> * ms "
-                                 "(+*%)*[[]injected: all=2[]]"])  # fmt: skip
+                                 "(+*%)*"])  # fmt: skip
+    assert any(ln.endswith("[injected: all=2]") for ln in result.stdout.lines)  # its headline
     assert case["labels"]["inject"] == "all=2"
     step, verify = _metric(case, "step"), _metric(case, "verify")
     assert step["verdict"] == "SLOWER" and step["change"] > 0.5
     # verify doubled, and so did the rest of the step: judged against it, it barely moves.
     # Its raw change carries the machine's drift (a CI run recorded the baseline while KV
-    # reads were 1.6x slower: verify raw +43%), so it is taken per KV read time, as the
-    # step is judged: the read time changed by (1 + raw) / (1 + judged) of the step.
-    ref = (1 + step["raw_change"]) / (1 + step["change"])
-    assert (1 + verify["raw_change"]) / ref - 1 > 0.5
+    # reads were 1.6x slower: verify raw +43%), as the raw step's does: verify, most of
+    # the step, grew as the step did
+    assert 0.7 < (1 + verify["raw_change"]) / (1 + step["raw_change"]) < 1.4
     assert abs(verify["change"]) < step["change"] / 2

@@ -21,23 +21,31 @@ def _busy(seconds: float) -> None:
 
 
 def test_spans_time_real_work_and_gaps_land_in_unaccounted():
+    """Judged on the median of 5 steps (the outside timer's margin on the least): a step
+    preempted at the end of a busy wait is the machine, not the probe."""
     probe = StepProbe(None)
-    t0 = time.perf_counter_ns()
-    probe.begin_step(context_len=10, batch_size=1, rids=["r"])
-    with probe.phase("draft"):
-        _busy(0.020)
-    _busy(0.010)  # between phases: unaccounted
-    with probe.phase("verify"):
-        _busy(0.030)
-    probe.end_step(accepted_tokens=3)
-    outside = time.perf_counter_ns() - t0
-    (rec,) = probe.take_completed()
-    assert rec.host_ns["draft"] == pytest.approx(20e6, rel=0.2)
-    assert rec.host_ns["verify"] == pytest.approx(30e6, rel=0.2)
-    assert rec.unaccounted_ns == pytest.approx(10e6, rel=0.3)
-    assert sum(rec.host_ns.values()) + rec.unaccounted_ns == rec.step_ns
-    assert 0 < outside - rec.step_ns < 1e6  # the step is what an outside timer sees
-    assert rec.accepted_tokens == 3 and rec.rids == ["r"]
+    outside = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        probe.begin_step(context_len=10, batch_size=1, rids=["r"])
+        with probe.phase("draft"):
+            _busy(0.020)
+        _busy(0.010)  # between phases: unaccounted
+        with probe.phase("verify"):
+            _busy(0.030)
+        probe.end_step(accepted_tokens=3)
+        outside.append(time.perf_counter_ns() - t0)
+    recs = probe.take_completed()
+    assert len(recs) == 5
+    assert statistics.median(r.host_ns["draft"] for r in recs) == pytest.approx(20e6, rel=0.2)
+    assert statistics.median(r.host_ns["verify"] for r in recs) == pytest.approx(30e6, rel=0.2)
+    assert statistics.median(r.unaccounted_ns for r in recs) == pytest.approx(10e6, rel=0.3)
+    for rec, seen in zip(recs, outside):
+        assert sum(rec.host_ns.values()) + rec.unaccounted_ns == rec.step_ns
+        assert seen > rec.step_ns  # the step is within what an outside timer sees
+        assert rec.accepted_tokens == 3 and rec.rids == ["r"]
+    # ... and all of it, but for the probe's own calls around it
+    assert min(seen - rec.step_ns for rec, seen in zip(recs, outside)) < 1e6
 
 
 def test_nested_phases_are_exclusive_and_reentry_counts_once():

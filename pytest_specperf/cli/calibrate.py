@@ -129,7 +129,8 @@ DEFAULT_SUITE = ("perf_tests", "-m", "long_context")
 DEFAULT_FACTORS = ("verify=1.05", "verify=1.10", "all=1.10")
 #: ``--inject none``: no injected condition (the quiet runs' false alarms and levels only).
 NO_INJECT = "none"
-#: Attempts at recording a quiet baseline before calibrating against a noisy one.
+#: Attempts at recording a quiet baseline before calibrating against a noisy one
+#: (``--record-attempts``).
 RECORD_ATTEMPTS = 3
 
 
@@ -195,6 +196,8 @@ class CalibrateOptions:
     ab: ABSpec | None = None
     #: every repetition reads the earlier ones' reports as ``--specperf-history``
     history: bool = False
+    #: recordings of the baseline while it comes out noisy (the last one is kept)
+    record_attempts: int = RECORD_ATTEMPTS
 
     def run_args(self) -> list[str]:
         """pytest options every run of the calibration gets: the tolerances asked for, the
@@ -223,6 +226,12 @@ class CalibrateOptions:
             )
         if args.repetitions < 1:
             raise ValueError("--repetitions must be at least 1")
+        attempts = getattr(args, "record_attempts", RECORD_ATTEMPTS)
+        if attempts < 1:
+            raise ValueError(
+                f"--record-attempts {attempts}: must be at least 1 (1 keeps the first "
+                "recording, noisy or not)"
+            )
         if not 0 <= args.host_stall_share < 5:
             raise ValueError(
                 f"--host-stall-share {args.host_stall_share:g}: must be in [0, 5) "
@@ -262,6 +271,7 @@ class CalibrateOptions:
             attach=args.attach,
             ab=ab,
             history=bool(getattr(args, "history", False)),
+            record_attempts=attempts,
         )
 
 
@@ -432,8 +442,8 @@ class Calibration:
             return int(failed), report, None
 
     def record(self) -> Report:
-        """Record the baseline; re-record (up to RECORD_ATTEMPTS) while it is noisy, since a
-        baseline taken on a disturbed machine makes every comparison UNSTABLE."""
+        """Record the baseline; re-record (up to ``--record-attempts``) while it is noisy,
+        since a baseline taken on a disturbed machine makes every comparison UNSTABLE."""
         saved = _read(self.work / "baseline.json")
         if self.opts.summarize:
             if saved is None:
@@ -445,7 +455,7 @@ class Calibration:
         if self.opts.ab is not None:
             return self._ab_first()
         report: Report | None = None
-        for attempt in range(1, RECORD_ATTEMPTS + 1):
+        for attempt in range(1, self.opts.record_attempts + 1):
             print(
                 f"recording the baseline (attempt {attempt}): pytest {' '.join(self.opts.suite)} "
                 "--specperf-update-baselines",
@@ -1289,6 +1299,15 @@ def add_parser(sub: Any) -> None:
     )
     c.add_argument(
         "--hog", action="store_true", help="add A/A repetitions with a busy process on one core"
+    )
+    c.add_argument(
+        "--record-attempts",
+        type=int,
+        default=RECORD_ATTEMPTS,
+        metavar="N",
+        help="record the baseline again while it comes out noisy (a phase's blocks "
+        f"scattering), at most N times in all, keeping the last (default {RECORD_ATTEMPTS}; "
+        "1: the first, as it comes, on a box that is always this noisy)",
     )
     add_tolerance_option(
         c.add_argument,
