@@ -653,8 +653,11 @@ hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0].spl
 print(f"{wall:.3f} {cpu:.3f} {hwm}")
 """
 #: CPU seconds a refusal may take (CPU time: the 2-core box is shared, wall time is not
-#: the code's; the wall time is reported beside it).
-REFUSE_CPU_S = 0.5
+#: the code's; the wall time is reported beside it). Refusals took 0.25-0.38 s on the
+#: first boxes and 0.56 s (the flow mapping) on a slower Zen 3 VM in CI (2026-12-07);
+#: parsing the whole file instead would take minutes: yaml.safe_load of 1 MiB of that
+#: flow mapping took 13.3 s of CPU on the same box.
+REFUSE_CPU_S = 1.0
 
 
 def _load_in_child(path: Path) -> tuple[str, float, float, float]:
@@ -711,7 +714,7 @@ def test_the_worst_file_within_the_node_limit_is_refused_in_under_a_second(tmp_p
     msg, _, _ = _refused(path)
     assert f"engines: expected a mapping, got a list of {n} item(s)" in msg
     outcome, wall, cpu, rss = _load_in_child(path)
-    assert "expected a mapping" in outcome and cpu < 2 * REFUSE_CPU_S, (wall, cpu)
+    assert "expected a mapping" in outcome and cpu < REFUSE_CPU_S, (wall, cpu)
     _row(
         f"worst file within the node limit ({baseline_io.MAX_NODES} nodes, "
         f"{path.stat().st_size / 2**20:.1f} MiB)",
