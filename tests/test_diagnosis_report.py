@@ -210,6 +210,45 @@ def test_a_gpu_headline_s_raw_device_ms_are_the_phase_table_s():
     assert row[5:7] == [f"{verify.base:.3f}", f"{verify.now:.3f}"]
 
 
+def _gpu_run(draft_dev_ms: float, verify_host_ms: float):
+    """A GPU-shaped run whose host spans are the phases' launches: the host waits for the
+    draft's kernels inside verify (its span grows), while the device times say the draft's
+    kernels took the time."""
+    records = _records(verify_ms=verify_host_ms, verify_cpu_ms=0.5, gpu=True)
+    for r in records:
+        r.device_ns = dict(r.device_ns or {}) | {"draft": int(draft_dev_ms * MS),
+                                                 "verify": 12 * MS}  # fmt: skip
+    return _run(records)
+
+
+def test_time_went_on_a_gpu_reads_the_device_times_the_verdict_judges():
+    """On a GPU a phase is judged on its device time; "where the time went" reads the same
+    times, so it names the phase whose kernels took the growth (draft, 4 ms of GPU time),
+    not the one whose host span waited for them (verify), and says whether its kernels
+    worked or idled by the activity lines' rule."""
+    import dataclasses
+
+    from pytest_specperf.judging.judge import as_baseline
+
+    runs = [_gpu_run(d, v) for d, v in ((10.0, 12.0), (10.1, 12.1), (9.9, 11.9))]
+    stored = [as_baseline(_case(r), at="2026-12-03T14:00:00+00:00") for r in runs]
+    base = dataclasses.replace(stored[0], runs=tuple(b.runs[0] for b in stored))
+    now = _gpu_run(14.0, 16.0)
+    outcome = judge_case(_case(now), base, Path("b.yaml"))
+    assert outcome.verdict.culprit == "draft"
+    went = outcome.time_went
+    assert went is not None and went.startswith("where the time went: the step grew 4.00 ms; ")
+    assert "draft took 4.00 ms of GPU time (100% of the growth)" in went
+    assert "verify" not in went  # its host span grew 4 ms too, waiting for the draft
+    # draft's sampled kernels were active 9 of its 14 ms: work, as its activity line says
+    assert went.endswith("; draft now: busy kernels (no DRAM figure to tell memory-, "
+                         "compute- and latency-bound apart)")  # fmt: skip
+    line = next(x for x in diagnosis_lines(outcome) if x.strip().startswith("draft: device"))
+    assert "busy kernels (no DRAM figure" in line
+    host = {p: v for p, v in outcome.base_centers.items() if not p.startswith("device.")}
+    assert "verify took 4.00 ms" in (time_went(now, host) or "")  # the host view blames verify
+
+
 def test_first_process_figures_say_so_beside_the_centers_of_several_processes():
     """With two server processes the bottleneck's figures are the first process's: its
     line says so, in the run and in the reports read back; the progress line's ms/step is

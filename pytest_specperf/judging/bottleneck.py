@@ -555,20 +555,31 @@ def _verify_bandwidth_share(figures: StepFigures, verify_ms: float) -> float | N
     return bw / peak if bw is not None and peak else None
 
 
+def device_activity(
+    figures: StepFigures, part: str, span: float, active: float, t: Thresholds | None = None
+) -> str:
+    """Whether a phase worked or waited on a GPU, from its kernels' active time inside its
+    device span: the one rule of the activity lines and of "where the time went".
+    ``the GPU idled inside verify (waits, not work)`` under ``idle_share`` of the span,
+    else what its kernels are bound by (``memory-bound kernels``, ...)."""
+    t = t or Thresholds()
+    if span <= 0 or active / span < t.idle_share:
+        return f"the GPU idled inside {part} (waits, not work)"
+    return _kernel_kind(figures, part, active, t)
+
+
 def _phase_line(figures: StepFigures, part: str, span: float, active: float, t: Thresholds) -> str:
     share = active / span if span > 0 else 0.0
     if figures.active_source == "cpu":
         return _cpu_phase_line(figures, part, span, active, t)
+    words = device_activity(figures, part, span, active, t)
     if share < t.idle_share:
-        return (
-            f"{part}: span {span:.1f} ms, device active {active:.1f} ms ({_pct(share)}): "
-            f"the GPU idled inside {part} (waits, not work)"
-        )
+        return f"{part}: span {span:.1f} ms, device active {active:.1f} ms ({_pct(share)}): {words}"
     dram = _finite(figures.dram_util_pct)
     roof = f", DRAM {dram:.0f}% of peak" if dram is not None else ""
     return (
         f"{part}: device active {active:.1f} ms ({_pct(share)} of its {span:.1f} ms span)"
-        f"{roof}: {_kernel_kind(figures, part, active, t)}{_top(figures, part)}"
+        f"{roof}: {words}{_top(figures, part)}"
     )
 
 

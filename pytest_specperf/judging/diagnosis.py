@@ -15,6 +15,7 @@ from pytest_specperf.judging.bottleneck import (
     classify,
     cpu_activity,
     cpu_activity_kind,
+    device_activity,
 )
 from pytest_specperf.judging.metrics import (
     ACTIVE_SHARE,
@@ -137,15 +138,31 @@ def diagnose(
 
 def _why(run: DecodeRun, phase: str) -> str:
     """``; verify now: busy on the CPU (work, not waits)``: the phase's activity verdict of
-    this run by the one rule of the activity lines (``cpu_activity``), on a CPU run that
-    measured the phase's CPU time (empty otherwise)."""
-    if run.active_source != "cpu":
-        return ""
+    this run by the one rule of the activity lines: ``cpu_activity`` on a CPU run that
+    measured the phase's CPU time, ``device_activity`` on a GPU run that sampled its
+    kernels (``; verify now: the GPU idled inside verify (waits, not work)``); empty
+    otherwise."""
     figures = figures_of(run)
-    span, active = figures.host_ms.get(phase), figures.active_ms.get(phase)
-    if span is None or active is None:
-        return ""
-    return f"; {phase} now: {cpu_activity(figures, phase, span, active)}"
+    active = figures.active_ms.get(phase)
+    if run.active_source == "cpu":
+        span = figures.host_ms.get(phase)
+        if span is None or active is None:
+            return ""
+        return f"; {phase} now: {cpu_activity(figures, phase, span, active)}"
+    if run.active_source == "device":
+        span = figures.device_ms.get(phase)
+        if span is None or active is None:
+            return ""
+        return f"; {phase} now: {device_activity(figures, phase, span, active)}"
+    return ""
+
+
+def _on_device(base: Mapping[str, float], now: Mapping[str, float]) -> bool:
+    """Whether both sides have every shared phase's device time: a GPU run, whose phases
+    the verdict judges on their device times (``metrics.judged_form``), so the sentence
+    reads those too."""
+    shared = [p for p in PHASES if p in base and p in now]
+    return bool(shared) and all(device_form(p) in base and device_form(p) in now for p in shared)
 
 
 def _unaccounted_cause(run: DecodeRun) -> str:
@@ -172,12 +189,13 @@ def _unaccounted_cause(run: DecodeRun) -> str:
     return "a host-side stall between phases"
 
 
-def _of_growth(d: float, grew: float) -> str:
+def _of_growth(d: float, grew: float, *, device: bool = False) -> str:
     """``55% of the growth``; ``more than the step grew: other parts took less`` where a
     part grew more than the whole, beyond the rounding of the figures shown (never a share
-    over 100%)."""
+    over 100%). ``device``: ``d`` is GPU time against the host step's growth, which it can
+    exceed by filling the device's idle gaps as well: only ``more than the step grew``."""
     if d > grew * 1.005:
-        return "more than the step grew: other parts took less"
+        return "more than the step grew" + ("" if device else ": other parts took less")
     return f"{d / grew:.0%} of the growth"
 
 
@@ -188,8 +206,10 @@ def time_went(
     culprit: str | None = None,
 ) -> str | None:
     """One sentence: how much the step grew, which phase took the most of the growth, and
-    whether that phase worked or waited (from its CPU time, by the rule of the activity
-    lines).
+    whether that phase worked or waited (by the rule of the activity lines: its CPU time on
+    a CPU, its sampled kernels' active time on a GPU). On a GPU a phase's milliseconds are
+    its device time (``of GPU time``), the figure its verdict judges and the phase table's
+    dev columns show; the step and the unaccounted time stay host wall time.
 
     ``base`` and ``now``: per step part, the centers every report of the case shows
     (``CaseOutcome.base_centers`` / ``now_centers``); ``now`` defaults to the run's own.
@@ -200,28 +220,38 @@ def time_went(
     if base is None or STEP not in base:
         return None
     if now is None:
-        now = {p: s.value for p, s in run.summaries.items() if p in (*ALL_PHASES, STEP)}
+        rows = (*ALL_PHASES, STEP, *map(device_form, PHASES))
+        now = {p: s.value for p, s in run.summaries.items() if p in rows}
     grew = now[STEP] - base[STEP]
     if grew <= 0:
         return None
-    deltas = {p: now[p] - base[p] for p in ALL_PHASES if p in base and p in now}
+    device = _on_device(base, now)
+
+    def part(centers: Mapping[str, float], p: str) -> float:
+        return centers[device_form(p)] if device and p != UNACCOUNTED else centers[p]
+
+    deltas = {p: part(now, p) - part(base, p) for p in ALL_PHASES if p in base and p in now}
     if not deltas:
         return None
     top, d = max(deltas.items(), key=lambda kv: kv[1])
     if d <= 0:
         return None
     head = f"where the time went: the step grew {grew:.2f} ms; "
+    of_gpu = " of GPU time" if device else ""
     if top == UNACCOUNTED:
         text = (
             f"{head}{d:.2f} ms ({_of_growth(d, grew)}) is unaccounted, outside every named "
             f"phase: {_unaccounted_cause(run)}"
         )
     else:
-        text = f"{head}{top} took {d:.2f} ms ({_of_growth(d, grew)})" + _why(run, top)
+        share = _of_growth(d, grew, device=device)
+        text = f"{head}{top} took {d:.2f} ms{of_gpu} ({share})" + _why(run, top)
     if culprit is None or culprit == top or culprit not in deltas:
         return text
     dc = deltas[culprit]
-    took = f"took {dc:.2f} ms ({_of_growth(dc, grew)})" if dc > 0 else f"changed {dc:+.2f} ms"
+    gpu = of_gpu if culprit != UNACCOUNTED else ""
+    took = (f"took {dc:.2f} ms{gpu} ({_of_growth(dc, grew, device=bool(gpu))})" if dc > 0
+            else f"changed {dc:+.2f} ms{gpu}")  # fmt: skip
     judged = ("its share of the step" if culprit == UNACCOUNTED
               else "against the rest of its step")  # fmt: skip
     return f"{text}; {culprit}, which the verdict blames ({judged}), {took}" + _why(run, culprit)
