@@ -487,7 +487,7 @@ def _classify(
 
 
 # -- active time inside the phases ---------------------------------------------------------
-def _span(figures: StepFigures, part: str, unacc: float) -> float | None:
+def _span(figures: StepFigures, part: str, unacc: float | None) -> float | None:
     """A part's span: device span on a GPU with kernel samples, else its host wall time."""
     if part == UNACCOUNTED:
         return unacc
@@ -566,6 +566,20 @@ def device_activity(
     if span <= 0 or active / span < t.idle_share:
         return f"the GPU idled inside {part} (waits, not work)"
     return _kernel_kind(figures, part, active, t)
+
+
+def phase_activity(figures: StepFigures, phase: str) -> str | None:
+    """Whether ``phase`` worked or waited in words, by the rule of its activity line
+    (:func:`cpu_activity` on a CPU, :func:`device_activity` on a GPU with kernel samples),
+    from the span the line uses (:func:`_span`); None where the run did not measure it, and
+    for ``unaccounted``, which its own line words (a stall, GPU work outside the phases)."""
+    active = _finite(figures.active_ms.get(phase))
+    span = _span(figures, phase, None) if phase != UNACCOUNTED else None
+    if figures.active_source is None or active is None or span is None:
+        return None
+    if figures.active_source == "cpu":
+        return cpu_activity(figures, phase, span, active)
+    return device_activity(figures, phase, span, active)
 
 
 def _phase_line(figures: StepFigures, part: str, span: float, active: float, t: Thresholds) -> str:

@@ -13,9 +13,8 @@ from pytest_specperf.judging.bottleneck import (
     Thresholds,
     busy_words,
     classify,
-    cpu_activity,
     cpu_activity_kind,
-    device_activity,
+    phase_activity,
 )
 from pytest_specperf.judging.metrics import (
     ACTIVE_SHARE,
@@ -138,23 +137,10 @@ def diagnose(
 
 def _why(run: DecodeRun, phase: str) -> str:
     """``; verify now: busy on the CPU (work, not waits)``: the phase's activity verdict of
-    this run by the one rule of the activity lines: ``cpu_activity`` on a CPU run that
-    measured the phase's CPU time, ``device_activity`` on a GPU run that sampled its
-    kernels (``; verify now: the GPU idled inside verify (waits, not work)``); empty
-    otherwise."""
-    figures = figures_of(run)
-    active = figures.active_ms.get(phase)
-    if run.active_source == "cpu":
-        span = figures.host_ms.get(phase)
-        if span is None or active is None:
-            return ""
-        return f"; {phase} now: {cpu_activity(figures, phase, span, active)}"
-    if run.active_source == "device":
-        span = figures.device_ms.get(phase)
-        if span is None or active is None:
-            return ""
-        return f"; {phase} now: {device_activity(figures, phase, span, active)}"
-    return ""
+    this run by the one rule of the activity lines (``bottleneck.phase_activity``: CPU time
+    on a CPU, sampled kernels on a GPU); empty where the run did not measure it."""
+    words = phase_activity(figures_of(run), phase)
+    return f"; {phase} now: {words}" if words else ""
 
 
 def _on_device(base: Mapping[str, float], now: Mapping[str, float]) -> bool:
@@ -249,8 +235,9 @@ def time_went(
     if culprit is None or culprit == top or culprit not in deltas:
         return text
     dc = deltas[culprit]
-    gpu = of_gpu if culprit != UNACCOUNTED else ""
-    took = (f"took {dc:.2f} ms{gpu} ({_of_growth(dc, grew, device=bool(gpu))})" if dc > 0
+    on_gpu = device and culprit != UNACCOUNTED
+    gpu = " of GPU time" if on_gpu else ""
+    took = (f"took {dc:.2f} ms{gpu} ({_of_growth(dc, grew, device=on_gpu)})" if dc > 0
             else f"changed {dc:+.2f} ms{gpu}")  # fmt: skip
     judged = ("its share of the step" if culprit == UNACCOUNTED
               else "against the rest of its step")  # fmt: skip
