@@ -4,6 +4,7 @@ the noise of a same-sitting comparison (no sitting term), with small named data.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -252,3 +253,85 @@ def test_a_running_reference_server_s_two_rounds_fold_onto_two_tested_processes(
     same = fold_reference(six, [2], {"step": (4, 1)})
     assert same.runs[0].blocks == six.runs[0].blocks and not same.runs[0].measured_blocks
     assert fold_reference(base, [2], {"step": (16, 2)}).runs == base.runs  # 1/1: as many
+
+
+def test_an_ab_case_that_extended_keeps_its_history_nights() -> None:
+    """An A/B case whose automatic extension measured a second round on both sides (16
+    blocks a process, 2 rounds of the same 8) is judged with the earlier nights' tested
+    processes (8 blocks, one round) still in its process noise: every run is folded onto
+    one round for the levels. Without its rounds known, the latest reference run's 16
+    blocks set the fold and every night of 8 fell away; spread nights then widen the
+    noise, calm ones narrow it, against the baseline's change alone."""
+    prompts = (0.0, 15.0, -10.0, 8.0, 20.0, -5.0, 12.0, 3.0)  # % log block effects
+    wobble = (0.3, -0.2, 0.1, -0.4, 0.2, 0.0, -0.1, 0.3)
+
+    def blocks(shift: float, k: int = 0) -> tuple[float, ...]:
+        return tuple(
+            math.exp((p + shift + wobble[(j + k) % 8]) / 100) for j, p in enumerate(prompts)
+        )
+
+    def run(shift: float, rounds: int, k: int) -> dict[str, Summary]:
+        bl = sum((blocks(shift, k + 3 * r) for r in range(rounds)), ())
+        return {"verify": Summary.compact(math.exp(shift / 100), bl, 32 * rounds,
+                                          rounds=rounds)}  # fmt: skip
+
+    a = (run(0.0, 2, 0), run(0.3, 2, 1))
+    b = (run(1.0, 2, 2), run(1.2, 2, 5))
+
+    def judged(nights: Sequence[float], rounds: int = 2):
+        def side(rs: tuple[dict[str, Summary], ...]) -> tuple[dict[str, Summary], ...]:
+            return tuple(
+                {m: dataclasses.replace(s, rounds=rounds) for m, s in r.items()} for r in rs
+            )
+
+        hist = tuple(run(u, 1, 7) for u in nights)
+        labels = tuple(f"night {i // 2}" for i in range(len(nights)))
+        runs = Runs(side(a), side(b), side(b) + hist, ("s",) * 2, ("s",) * 2,
+                    ("s B",) * 2 + labels)  # fmt: skip
+        mv = judge_runs("verify", runs, TOLS, alpha=ALPHA)
+        assert mv is not None
+        return mv
+
+    # each night one process: the nights say nothing of tau alone (one run a sitting), so
+    # two processes a night, as a nightly job with --specperf-processes 2 keeps them
+    def nights(spread: float) -> list[float]:
+        return [x for i in range(4) for x in (i * 0.1, i * 0.1 + spread * (-1) ** i)]
+
+    calm, wild = judged(nights(0.1)), judged(nights(4.0))
+    assert calm.history_runs == wild.history_runs == 2 + 8  # B's processes and 8 nights
+    assert calm.between is not None and wild.between is not None
+    assert calm.between < wild.between
+    unknown = judged(nights(4.0), rounds=1)  # the rounds not carried: the nights fall away
+    assert unknown.history_runs == 2
+    assert calm.change == wild.change == unknown.change  # the change is against A alone
+
+
+def test_a_folded_reference_run_holds_the_tested_run_s_rounds() -> None:
+    """A reference process of 4 rounds folded onto a tested run of 2 holds 2 rounds in
+    its folded blocks (and its own 4 as measured); one that did not fold keeps its 4."""
+    from pytest_specperf.judging.ab import fold_reference
+
+    bl = tuple(float(30 + j % 8) for j in range(32))
+    base = CaseBaseline.from_run(
+        test="t.py::test_decode", key="ctx=2048 kv=contiguous bs=1", fingerprint=FP_RELEASE,
+        steps=128, metrics={"step": Summary.compact(33.5, bl, 128)},
+        at="2026-12-07T09:00:00+00:00", rounds=4,
+    )  # fmt: skip
+    assert base.run_metrics(0)["step"].rounds == 4
+    folded = fold_reference(base, [4], {"step": (16, 2)})
+    assert len(folded.runs[0].blocks["step"]) == 16
+    assert folded.run_metrics(0)["step"].rounds == 2
+    assert fold_reference(base, [4], {"step": (32, 4)}).run_metrics(0)["step"].rounds == 4
+
+
+def test_tokens_per_ref_keeps_the_rounds_of_what_it_is_derived_from() -> None:
+    """``tokens/ref`` (the tokens/s gate's judged form) is derived per run: it keeps the
+    rounds its accept length and ``step/ref`` hold, so its levels fold like theirs."""
+    from pytest_specperf.judging.verdict import tokens_per_ref
+
+    acc = Summary.compact(2.0, (2.0, 1.5, 2.5, 2.0) * 2, 64, "mean", rounds=2)
+    spr = Summary.compact(9.0, (9.0, 8.5, 9.5, 9.0) * 2, 64, rounds=2)
+    derived = tokens_per_ref({"accept_len": acc, "step/ref": spr})
+    assert derived is not None and derived.rounds == 2 and len(derived.blocks) == 8
+    one = tokens_per_ref({"accept_len": acc, "step/ref": dataclasses.replace(spr, rounds=1)})
+    assert one is not None and one.rounds == 1  # rounds that disagree: not folded

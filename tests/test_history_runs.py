@@ -54,6 +54,32 @@ def test_runs_are_read_and_unusable_ones_skipped_with_the_reason(tmp_path, make_
     assert "history: 3 run(s) of 1 case(s)" in history.describe("nightly")
 
 
+def test_a_runs_rounds_are_read_back_and_a_bad_count_is_skipped(tmp_path, make_run, reference_fp):
+    """A night whose automatic extension measured 2 rounds keeps them (the levels fold its
+    blocks onto one round); a rounds count that is not a whole number >= 1 leaves the
+    run out, naming the field; a report from before runs carried rounds reads as 1."""
+    def night(name, rounds):
+        rec = run_record_json(make_run(seed=1))
+        if rounds is None:
+            del rec["rounds"]
+        else:
+            rec["rounds"] = rounds
+        data = {"schema_version": 1, "datetime": f"2026-11-0{len(name)}T00:00:00+00:00",
+                "cases": [{"test": TEST, "key": KEY, "verdict": "SAME", "step_ms": {"median": 40.0},
+                           "metrics": [], "fingerprint": reference_fp, "labels": {},
+                           "runs": [rec]}]}  # fmt: skip
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+
+    night("two", 2)
+    night("zero", 0)
+    night("older", None)
+    history = load_history(tmp_path)
+    runs = history.of(TEST, KEY)
+    assert sorted(r.metrics["step"].rounds for r in runs) == [1, 2]
+    assert "zero.json" in " | ".join(history.skipped)
+    assert "runs[0].rounds: expected a whole number of at least 1, got 0" in " | ".join(history.skipped)
+
+
 def test_a_count_metric_is_range_checked_as_a_count_not_as_tokens(tmp_path, make_run,
                                                                    reference_fp):  # fmt: skip
     """``runq.slices`` counts CPU timeslices per step (unit ``1/step``): a case averaging

@@ -250,6 +250,10 @@ class RunRecord:
     #: process: ``judging.ab.fold_reference``), its blocks as measured, which the scatter
     #: checks read; never stored
     measured_blocks: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    #: rounds of the same blocks the run measured (the automatic extension; ``blocks``
+    #: hold them one after the other, or folded onto fewer, see ``rounds_of``): an A/B
+    #: reference process's or a history report's; never stored (a recording is one round)
+    rounds: int = 1
 
     @property
     def sitting_label(self) -> str:
@@ -260,9 +264,19 @@ class RunRecord:
         """The run as compact summaries, one per metric."""
         return {
             m: Summary.compact(v, self.blocks.get(m, ()), steps, center_of(m),
-                               measured_blocks=self.measured_blocks.get(m, ()))
+                               measured_blocks=self.measured_blocks.get(m, ()),
+                               rounds=self.rounds_of(m))
             for m, v in self.values.items()
         }
+
+    def rounds_of(self, metric: str) -> int:
+        """The rounds ``metric``'s blocks hold: the run's, or fewer where they were folded
+        onto a run of fewer rounds (``measured_blocks``: 4 rounds of 8 blocks folded onto 16
+        hold 2)."""
+        measured, now = self.measured_blocks.get(metric, ()), self.blocks.get(metric, ())
+        if not measured or not now:
+            return self.rounds
+        return max(1, self.rounds * len(now) // len(measured))
 
 
 def make_run(
@@ -272,6 +286,7 @@ def make_run(
     blocks: Mapping[str, Any],
     sitting: str | None = None,
     host: str | None = None,
+    rounds: int = 1,
 ) -> RunRecord:
     return RunRecord(
         at=at,
@@ -280,6 +295,7 @@ def make_run(
         blocks=MappingProxyType({m: tuple(b) for m, b in blocks.items()}),
         sitting=sitting,
         host=host,
+        rounds=max(1, rounds),
     )
 
 
@@ -337,9 +353,10 @@ class CaseBaseline:
         pid: int | None = None,
         sitting: str | None = None,
         host: str | None = None,
+        rounds: int = 1,
     ) -> CaseBaseline:
-        """A just-measured case (one run, recorded ``at``: an ISO timestamp the caller reads
-        from its clock), numbers rounded as they are stored."""
+        """A just-measured case (one run of ``rounds`` rounds, recorded ``at``: an ISO
+        timestamp the caller reads from its clock), numbers rounded as they are stored."""
         run = make_run(
             at,
             pid,
@@ -351,6 +368,7 @@ class CaseBaseline:
             },
             sitting,
             host,
+            rounds,
         )
         fp = MappingProxyType(dict(fingerprint))
         return cls(test, key, identity_of(fp), fp, fingerprint_hash(fp), steps, (run,))

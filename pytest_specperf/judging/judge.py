@@ -526,6 +526,7 @@ def as_baseline(case: Case, *, at: str) -> CaseBaseline:
                 metrics=metrics,
                 at=at,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
+                rounds=run.rounds,
             )
         )
     return replace(

@@ -149,14 +149,22 @@ NO_PRIOR = DevicePrior(
 
 @dataclass(frozen=True)
 class RunBlocks:
-    """One run of a judged form: its center and its block centers (both > 0), and the
-    sitting it was measured in (None: unknown)."""
+    """One run of a judged form: its center and its block centers (both > 0), the
+    sitting it was measured in (None: unknown), and the rounds of the same blocks that
+    ``blocks`` hold one after the other (the automatic extension's)."""
 
     value: float
     blocks: tuple[float, ...]
     #: the center's relative standard error alone, for comparisons whose blocks do not pair
     rel_se: float = math.inf
     sitting: str | None = None
+    rounds: int = 1
+
+    @property
+    def round_blocks(self) -> int:
+        """The blocks of one round (all of them when they do not split into whole rounds)."""
+        n = len(self.blocks)
+        return n // self.rounds if self.rounds > 1 and n % self.rounds == 0 else n
 
 
 @dataclass(frozen=True)
@@ -491,17 +499,18 @@ class _Levels:
     sittings: int
 
 
-def _levels(
-    base: Sequence[RunBlocks], history: Sequence[RunBlocks], period: int, prior: LevelPrior
-) -> _Levels:
+def _levels(base: Sequence[RunBlocks], history: Sequence[RunBlocks], prior: LevelPrior) -> _Levels:
     """The process and sitting variances from the folded rows of the baseline's and the
     history's runs (or, when fewer than two have blocks that fold, from all their
-    centers: an upper bound for the process part, the sitting part from the prior)."""
+    centers: an upper bound for the process part, the sitting part from the prior).
+    The rows are folded onto one round of the latest baseline run's blocks, not onto all
+    of them: an A/B run that extended measured both sides' rounds, and the history's
+    nights of one round must still count beside them."""
     runs = [*base, *history]
     labels = _sittings(base, LEGACY_SITTING) + [
         h.sitting if h.sitting is not None else f"history {i}" for i, h in enumerate(history)
     ]
-    rows = [(log_rows(r.blocks, period), s) for r, s in zip(runs, labels)]
+    rows = [(log_rows(r.blocks, base[-1].round_blocks), s) for r, s in zip(runs, labels)]
     folded = [(r, s) for r, s in rows if r is not None]
     hist = sum(1 for r, _ in rows[len(base) :] if r is not None)
     est = level_estimate([r for r, _ in folded], [s for _, s in folded])
@@ -550,7 +559,7 @@ def exact_sides(
     applied")."""
     if not base or not now:
         return None
-    period = len(base[-1].blocks)
+    period = base[-1].round_blocks  # one round: each run's rounds must repeat it
     if period < MIN_PAIRED_BLOCKS:
         return None
     sides = []
@@ -565,7 +574,8 @@ def exact_sides(
         return None
     if len(base) + len(now) < 2:
         return None
-    # history runs of other blocks say nothing of these (the levels leave them out too)
+    # history runs of other blocks say nothing of these (the levels leave them out too;
+    # a night of one round is of these blocks when the sides measured several)
     hist = [h for h in history if log_rows(h.blocks, period) is not None]
     if any(_stored_rounds(h.blocks, period) not in (a, b) for h in hist):
         return None
@@ -612,7 +622,7 @@ def relative_noise(
         return Noise(0.0, 0.0, 0.0, 0.0, 0.0, period, rounds, k, n, hist, 0.0, k + hist, 0.0,
                      coef, None, 1, math.inf, math.inf, math.inf, change, runs,
                      centers)  # fmt: skip
-    lv = _levels(base, history, period, prior)
+    lv = _levels(base, history, prior)
     level_var = lv.tau2 * (1 / n + 1 / k) + lv.sit2 * coef
 
     def noise(within: float, now_var: float, base_var: float, rounds: int, within_df: float,

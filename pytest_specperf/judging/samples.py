@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -418,10 +418,13 @@ def build_run(
     w = window or Window()
     samples = samples_from_records(records, blocks, w.reference)
     summaries = {}
+    whole = len(set(blocks))  # every round's blocks
     for k, v in samples.items():
         s = summarize_present(v, blocks, center_of(k)) if v else None
         if s is not None:
-            summaries[k] = s
+            # a metric that missed a block in some round has no whole rounds to fold
+            whole_rounds = w.rounds > 1 and len(s.blocks) == whole
+            summaries[k] = replace(s, rounds=w.rounds) if whole_rounds else s
     device = DEVICE_STEP in summaries
     return DecodeRun(
         context_len=context_len,

@@ -61,11 +61,15 @@ class Summary:
     #: where ``blocks`` fold several rounds of the same blocks (an A/B reference process,
     #: ``judging.ab.fold_reference``): the blocks as measured, which the scatter checks read
     measured_blocks: tuple[float, ...] = ()
+    #: rounds of the same blocks ``blocks`` holds, one after the other (the automatic
+    #: extension measures the first round's blocks again): ``noise`` folds them onto the
+    #: first round's where a run's rounds must meet runs of one round (the history)
+    rounds: int = 1
 
     @classmethod
     def compact(
         cls, value: float, blocks: Sequence[float], n: int, center: str = "median",
-        measured_blocks: Sequence[float] = (),
+        measured_blocks: Sequence[float] = (), rounds: int = 1,
     ) -> Summary:  # fmt: skip
         """A summary known only by its center and block centers (a stored baseline run).
 
@@ -89,6 +93,7 @@ class Summary:
             center=center,
             full=False,
             measured_blocks=tuple(measured_blocks),
+            rounds=rounds,
         )
 
     @property

@@ -512,7 +512,7 @@ def paired_noise(base: Summary, now: Summary) -> float:
 
 
 def _blocks_of(s: Summary, sitting: str | None = None) -> RunBlocks:
-    return RunBlocks(s.value, s.blocks, s.rel_se(), sitting)
+    return RunBlocks(s.value, s.blocks, s.rel_se(), sitting, s.rounds)
 
 
 def _seq(x: Summary | Sequence[Summary]) -> tuple[Summary, ...]:
@@ -1214,7 +1214,9 @@ def tokens_per_ref(metrics: Mapping[str, Summary]) -> Summary | None:
     if any(b <= 0 for b in spr.blocks):
         return None
     blocks = [a / b for a, b in zip(acc.blocks, spr.blocks)]
-    return Summary.compact(acc.value / spr.value, blocks, min(acc.n, spr.n), "mean")
+    rounds = acc.rounds if acc.rounds == spr.rounds else 1
+    return Summary.compact(acc.value / spr.value, blocks, min(acc.n, spr.n), "mean",
+                           rounds=rounds)  # fmt: skip
 
 
 def _with_derived(runs: Runs, form: str) -> Runs:

@@ -119,11 +119,16 @@ def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
     values, blocks, steps = raw.get("values"), raw.get("blocks") or {}, raw.get("steps")
     if not isinstance(values, Mapping) or not isinstance(blocks, Mapping):
         raise Invalid(f"{where}: values and blocks must be objects")
+    rounds = raw.get("rounds")
+    rounds = 1 if rounds is None else rounds  # a report from before runs carried rounds
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise Invalid(f"{where}.rounds: expected a whole number of at least 1, got {rounds!r}")
     run = make_run(
         "history",
         None,
         {str(m): number(v, f"{where}.values.{m}") for m, v in values.items()},
         {str(m): [number(x, f"{where}.blocks.{m}") for x in _list(b)] for m, b in blocks.items()},
+        rounds=rounds,
     )
     check_run(run, lambda kind, m: f"{where}.{_FIELDS[kind]}" + (f".{m}" if m else ""))
     n = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1
