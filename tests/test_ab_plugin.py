@@ -179,6 +179,8 @@ def test_a_verify_canary_on_the_tested_side_fails_naming_verify_against_the_refe
     case = _case(pytester)
     m = _verify(case)
     assert m["verdict"] == "SLOWER" and m["change"] > 0.5
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["canary"] == {"inject": "verify=2", "caught": True, "missed": None}
     # the canary went into B only: A's verify is the unslowed one. B's verify is twice B's
     # own; A's, measured between B's on two busy cores, has been 36% above B's natural one
     # (a CI run: 8.02 -> 11.86 ms, x1.48), so the bar is the direction with room: canary in

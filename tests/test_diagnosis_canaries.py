@@ -66,6 +66,10 @@ def test_verify_wait_reads_as_waiting_inside_verify(pytester):
     assert result.ret == 1
     result.stdout.fnmatch_lines(["ERROR: canary not detected: verify_wait=40 was injected and "
                                  "no gate named verify (no case had a baseline*"])  # fmt: skip
+    # ... and the JSON report says so, for a nightly job that reads it instead of the log
+    canary = json.loads((pytester.path / "report.json").read_text())["canary"]
+    assert canary["inject"] == "verify_wait=40" and canary["caught"] is False
+    assert canary["missed"].startswith("canary not detected: verify_wait=40 was injected")
     result.stdout.fnmatch_lines(
         [
             "*bottleneck: host only (no device timing): step * ms, CPU time *% of it*",

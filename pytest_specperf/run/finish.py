@@ -208,7 +208,8 @@ def report_header(sess: RunState) -> dict[str, Any]:
     }
 
 
-def _write_json(sess: RunState, commit: Callable[[], dict[str, Any] | None]) -> bool:
+def _write_json(sess: RunState, commit: Callable[[], dict[str, Any] | None],
+                canary: dict[str, Any] | None = None) -> bool:  # fmt: skip
     path = sess.settings.json_path
     if path is None or not sess.cases:
         return True
@@ -216,6 +217,7 @@ def _write_json(sess: RunState, commit: Callable[[], dict[str, Any] | None]) -> 
         **report_header(sess),
         "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "commit_info": commit(),
+        "canary": canary,
     }
     try:
         write_report(path, payload_of_cases(header, [c.record for c in sess.cases]))
@@ -247,30 +249,32 @@ def _write_markdown(sess: RunState) -> bool:
     return ok
 
 
-def _check_canary(sess: RunState, interrupted: bool) -> bool:
-    """False (the run fails, its summary says why) when an injected slowdown was named
-    by no gate of any case, whatever the verdicts."""
+def _canary_json(sess: RunState, interrupted: bool) -> dict[str, Any] | None:
+    """The run's canary as its JSON report states it: ``{"inject": "verify=1.1",
+    "caught": false, "missed": "canary not detected: ..."}``, where ``caught`` says
+    whether every injected part was named by a SLOWER gate of some case, whatever the
+    verdicts; None without a canary (or when interrupted: nothing was judged in full)."""
     spec = sess.settings.inject
     if spec is None or interrupted or sess.settings.update_baselines:
-        return True
+        return None
     slower = [m.metric for c in sess.cases for m in c.metrics if m.verdict is Verdict.SLOWER]
     none = sum(c.verdict is Verdict.NO_BASELINE for c in sess.cases)
     missed = canary_missed(spec, slower, cases=len(sess.cases), no_baseline=none)
-    if missed is None:
-        return True
-    sess.errors.append(missed)
-    return False
+    return {"inject": str(spec), "caught": missed is None, "missed": missed}
 
 
 def end_run(
     sess: RunState, *, interrupted: bool, commit: Callable[[], dict[str, Any] | None]
 ) -> bool:
-    """Write baselines and reports; False when a write failed (the run fails, its summary
-    says why). ``commit``: the commit the JSON report names (asked only when it is
-    written)."""
+    """Write baselines and reports; False when a write failed or a canary was not caught
+    (the run fails, its summary says why; the JSON report says it too). ``commit``: the
+    commit the JSON report names (asked only when it is written)."""
     ok = _write_baselines(sess, interrupted)
-    ok = _write_json(sess, commit) and ok
-    ok = _check_canary(sess, interrupted) and ok
+    canary = _canary_json(sess, interrupted)
+    ok = _write_json(sess, commit, canary) and ok
+    if canary is not None and canary["missed"] is not None:
+        sess.errors.append(canary["missed"])
+        ok = False
     return _write_markdown(sess) and ok
 
 
