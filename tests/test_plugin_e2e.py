@@ -90,6 +90,23 @@ def test_same_passes(pytester, recorded):
     result.stdout.fnmatch_lines(["*test_decode ctx=2048 kv=contiguous bs=1*SAME*"])
 
 
+def test_baselines_of_another_cpu_under_the_same_name_are_said(pytester, recorded):
+    """The file's device record keeps the CPU's family and model (``cpu_id``); a run on a
+    CPU of another design under the same name and slug (two VM generations, one generic
+    name) is judged, and says so once, with what to do."""
+    data = yaml.safe_load(recorded)
+    assert data["device"]["cpu_id"]  # recorded: this machine's numbers
+    data["device"]["cpu_id"] = "GenuineIntel family 6 model 85 stepping 7"
+    _setup(pytester, yaml.safe_dump(data))
+    result = _run(pytester, "--specperf-tolerance=90%")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*this CPU is not the one the baselines were last recorded on*model 85 stepping 7' "
+        "then*--specperf-ab*",
+    ])  # fmt: skip
+    assert result.stdout.str().count("this CPU is not the one") == 1
+
+
 #: The forced changes below are 4x (ln 4 = 1.39 as a log): a busy CI box has put a 2x one
 #: (ln 2 = 0.69) within a whisker of its band (3 x 22% = 67%, test_same_passes).
 

@@ -10,6 +10,7 @@ from pytest_specperf.telemetry import SLUG_PATTERN, slugify, validate_slug
 from pytest_specperf.telemetry.device import (
     MAX_SLUG_LEN,
     clean_cpu_model,
+    cpu_identity,
     cpu_model_name,
     match_nvml_index,
     normalize_uuid,
@@ -123,6 +124,44 @@ def test_cpu_model_name_from_cpuinfo(tmp_path: Path) -> None:
     arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n\nHardware\t: Neoverse-V2 board\n")
     assert cpu_model_name(arm) == "Neoverse-V2 board"
     assert cpu_model_name(tmp_path / "missing")  # platform fallback, never empty
+
+
+def test_cpu_identity_tells_apart_cpus_a_vm_names_alike(tmp_path: Path) -> None:
+    """Two KVM guests that both say ``Intel(R) Xeon(R) Processor`` (one slug) on CPUs of
+    two generations: their family and model numbers differ, and the device record keeps
+    them (``DeviceInfo.cpu_id``)."""
+    from pytest_specperf.judging.baselines import cpu_changed
+
+    def guest(model: int, stepping: int) -> Path:
+        p = tmp_path / f"m{model}"
+        p.write_text(
+            f"processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: {model}\n"
+            f"model name\t: Intel(R) Xeon(R) Processor\nstepping\t: {stepping}\n\n"
+            f"processor\t: 1\nvendor_id\t: GenuineIntel\nmodel\t\t: {model}\n"
+        )
+        return p
+
+    old, new = guest(143, 8), guest(167, 1)
+    assert cpu_model_name(old) == cpu_model_name(new) == "Intel(R) Xeon(R) Processor"
+    assert cpu_identity(old) == "GenuineIntel family 6 model 143 stepping 8"
+    assert cpu_identity(new) == "GenuineIntel family 6 model 167 stepping 1"
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nCPU implementer\t: 0x41\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\n")
+    assert cpu_identity(arm) == "implementer 0x41 part 0xd4f variant 0x0"
+    assert cpu_identity(tmp_path / "missing") == ""
+
+    def device(path: Path, kind: str = "cpu") -> dict[str, str]:
+        return {"kind": kind, "slug": "cpu-intel-xeon-2c", "name": cpu_model_name(path),
+                "cpu_id": cpu_identity(path)}  # fmt: skip
+
+    note = cpu_changed(device(old), device(new))
+    assert note is not None and "model 143 stepping 8' then" in note
+    assert "model 167 stepping 1' now" in note and "--specperf-ab" in note
+    recording = cpu_changed(device(old), device(new), recording=True)
+    assert recording is not None and "this update adds its runs beside" in recording
+    assert cpu_changed(device(new), device(new)) is None
+    assert cpu_changed({"kind": "cpu", "slug": "cpu-intel-xeon-2c"}, device(new)) is None  # older file
+    assert cpu_changed(device(old, "cuda"), device(new, "cuda")) is None  # a GPU's file
 
 
 def test_usable_cpu_cores_respects_cgroup_quota(tmp_path: Path) -> None:

@@ -216,6 +216,34 @@ def device_mismatch(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str 
     return f"the file was recorded on {who(recorded)}; this run is on {who(now)}"
 
 
+def cpu_changed(recorded: Mapping[str, Any], now: Mapping[str, Any], *,
+                recording: bool = False) -> str | None:  # fmt: skip
+    """A note when a CPU baseline file of this slug was last recorded on another CPU
+    design (``cpu_id``: family and model numbers, which a virtual machine's generic name
+    hides), for a run judged against it or, ``recording``, adding runs to it; else None
+    (a GPU file, or a file from before ``cpu_id`` was recorded)."""
+    was, ours = recorded.get("cpu_id"), now.get("cpu_id")
+    if now.get("kind") != "cpu" or not isinstance(was, str) or not was or not ours:
+        return None
+    if was == ours:
+        return None
+    head = (
+        f"this CPU is not the one the baselines were last recorded on, though both are "
+        f"named {brief(now.get('name'))}: {brief(was)} then, {brief(ours)} now (cpu_id); "
+    )
+    if recording:
+        return head + (
+            "this update adds its runs beside the other CPU's, and their offset then "
+            "counts as sitting noise: record this CPU's under its own name "
+            "(--specperf-device NAME) unless the two are meant to be one device"
+        )
+    return head + (
+        "another CPU generation under one name moves every case alike, which the sitting "
+        "term may not cover: judge against A/B in one run (--specperf-ab), or record this "
+        "CPU's baselines under its own name (--specperf-device NAME)"
+    )
+
+
 def _fingerprint_changes(base: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     keys = sorted(k for k in {*base, *now} if base.get(k) != now.get(k))
     return ", ".join(f"{k} {base.get(k)!r} -> {now.get(k)!r}" for k in keys)[:300]

@@ -105,6 +105,8 @@ class SpecperfSession:
                 history_dir=s.history_dir,
                 sitting=self.sitting,
                 display=self.display_path,
+                ab=s.ab is not None,
+                recording=s.update_baselines,
             )
             self.notes += self._inputs.notes
         return self._inputs

@@ -135,7 +135,9 @@ def _merge_record(g: Gathered, data: Mapping[str, Any]) -> None:
 def _merge(sess: SpecperfSession, g: Gathered, data: Mapping[str, Any]) -> None:
     sess.cases += [CaseView.from_json(c) for c in data.get("cases") or ()]
     _merge_record(g, data)
-    sess.notes += [str(n) for n in data.get("notes") or ()]
+    for note in data.get("notes") or ():
+        if str(note) not in sess.notes:  # every worker reads the same inputs: say it once
+            sess.notes.append(str(note))
     sess.errors += [str(e) for e in data.get("errors") or ()]
     sess.telemetry_note = data.get("telemetry_note") or sess.telemetry_note
     for line in data.get("backend_notes") or ():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_specperf.judging.baselines import BaselineFile, device_mismatch
+from pytest_specperf.judging.baselines import BaselineFile, cpu_changed, device_mismatch
 from pytest_specperf.judging.judge import HistoryRun
 from pytest_specperf.judging.noise import PROVISIONAL_PRIOR, DevicePrior
 from pytest_specperf.store.baselines import BaselineError, load_baselines
@@ -70,9 +70,11 @@ def _prior(baseline_path: Path, display: Callable[[Path], str]) -> tuple[DeviceP
 
 def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: int | None,
                 history_dir: Path | None, sitting: str | None = None,
-                display: Callable[[Path], str] = str) -> RunInputs:  # fmt: skip
+                display: Callable[[Path], str] = str, ab: bool = False,
+                recording: bool = False) -> RunInputs:  # fmt: skip
     """Read the device's baseline file, its noise prior and the history once.
-    ``display``: a path as the notes name it."""
+    ``display``: a path as the notes name it; ``ab``: the run judges A/B in one run (the
+    file only marks cases not gated), ``recording``: it updates the file."""
     bandwidth = peak_bandwidth(device)
     path = baselines_dir / f"{device.slug}.yaml"
     baselines, error, prior, notes = None, None, PROVISIONAL_PRIOR, []
@@ -93,6 +95,9 @@ def load_inputs(device: DeviceInfo, *, baselines_dir: Path, baseline_max_bytes: 
         except BaselineError as e:
             error = e
     foreign = device_mismatch(baselines.device, device.to_dict()) if baselines else None
+    if baselines is not None and foreign is None and not ab:
+        moved = cpu_changed(baselines.device, device.to_dict(), recording=recording)
+        notes += [moved] if moved else []
     return RunInputs(device, path, baselines, error, history, tuple(notes), bandwidth, prior,
                      sitting, foreign)  # fmt: skip
 

@@ -86,6 +86,9 @@ class DeviceInfo:
     cpu_model: str = ""
     cpu_cores: int = 0
     notes: tuple[str, ...] = ()
+    #: the CPU's family and model numbers (``cpu_identity``): what tells apart two CPUs
+    #: that a virtual machine names alike (``Intel(R) Xeon(R) Processor``); "" unknown
+    cpu_id: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -177,6 +180,30 @@ def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
             if value and not value.isdigit():  # x86 "processor : 0" is an index
                 return value
     return platform.processor() or platform.machine() or "unknown"
+
+
+#: ``/proc/cpuinfo`` keys that identify a CPU design, in the order ``cpu_identity`` joins
+#: them: x86 (vendor, family, model, stepping), then ARM (implementer, part, variant).
+_CPU_ID_KEYS = (
+    ("vendor_id", ""), ("cpu family", "family"), ("model", "model"), ("stepping", "stepping"),
+    ("cpu implementer", "implementer"), ("cpu part", "part"), ("cpu variant", "variant"),
+)  # fmt: skip
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU design as its numbers say it: ``GenuineIntel family 6 model 143 stepping 8``
+    (x86), ``implementer 0x41 part 0xd4f variant 0x0`` (ARM); "" where ``/proc/cpuinfo``
+    has none. A virtual machine's model name can be generic (``Intel(R) Xeon(R)
+    Processor``, one slug for several CPU generations); these numbers are not."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            key, value = key.strip().lower(), value.strip()
+            if sep and value and key not in fields:
+                fields[key] = value
+    parts = [f"{label} {fields[k]}".strip() for k, label in _CPU_ID_KEYS if k in fields]
+    return " ".join(parts)[:120]
 
 
 def usable_cpu_cores(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -437,6 +464,7 @@ def detect_device(
             cpu_cores=cpu_cores,
             notes=tuple(notes),
         )
+    info = dataclasses.replace(info, cpu_id=cpu_identity())
     if override_slug is not None:
         info = dataclasses.replace(info, slug=override_slug)
     return info
