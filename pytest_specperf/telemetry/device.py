@@ -165,20 +165,26 @@ def validate_slug(slug: str) -> str:
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU model string: ``/proc/cpuinfo`` (x86 ``model name``, else ARM/other keys),
-    else ``platform.processor()``, else ``platform.machine()``, else ``"unknown"``."""
+def _cpuinfo_fields(cpuinfo: Path) -> dict[str, str]:
+    """``/proc/cpuinfo``'s first value of each key (lowercased), {} when unreadable."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
-        fields: dict[str, str] = {}
         for line in cpuinfo.read_text(errors="replace").splitlines():
             key, sep, value = line.partition(":")
             key, value = key.strip().lower(), value.strip()
             if sep and value and key not in fields:
                 fields[key] = value
-        for key in ("model name", "hardware", "cpu model", "processor"):
-            value = fields.get(key, "")
-            if value and not value.isdigit():  # x86 "processor : 0" is an index
-                return value
+    return fields
+
+
+def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU model string: ``/proc/cpuinfo`` (x86 ``model name``, else ARM/other keys),
+    else ``platform.processor()``, else ``platform.machine()``, else ``"unknown"``."""
+    fields = _cpuinfo_fields(cpuinfo)
+    for key in ("model name", "hardware", "cpu model", "processor"):
+        value = fields.get(key, "")
+        if value and not value.isdigit():  # x86 "processor : 0" is an index
+            return value
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -195,13 +201,7 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     (x86), ``implementer 0x41 part 0xd4f variant 0x0`` (ARM); "" where ``/proc/cpuinfo``
     has none. A virtual machine's model name can be generic (``Intel(R) Xeon(R)
     Processor``, one slug for several CPU generations); these numbers are not."""
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, sep, value = line.partition(":")
-            key, value = key.strip().lower(), value.strip()
-            if sep and value and key not in fields:
-                fields[key] = value
+    fields = _cpuinfo_fields(cpuinfo)
     parts = [f"{label} {fields[k]}".strip() for k, label in _CPU_ID_KEYS if k in fields]
     return " ".join(parts)[:120]
 
