@@ -204,7 +204,8 @@ def test_no_extension_when_recording_or_without_time():
         (None, 1, "about 40 steps would decide: record the baseline and run with "
          "--specperf-steps 40"),
         (0.0, 1, "about 40 steps would decide and the automatic extension is off "
-         "(--specperf-max-time 0): raise it, or run with --specperf-steps 40"),
+         "(--specperf-max-time 0): raise it, or record the baseline and run with "
+         "--specperf-steps 40"),
         (25.0, 3, "about 40 steps would decide: the automatic extension stopped after 3 "
          "rounds at --specperf-max-time 25 s; raise it (or rerun on a quieter machine)"),
     ],
@@ -216,10 +217,12 @@ def test_unit_steps_advice_names_the_extension_state(max_time, rounds, says):
 
     fake_verdict = SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=False)  # a double
     assert says in _steps_advice(fake_verdict, max_time)
+    ab = _steps_advice(SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=True),
+                       max_time)  # fmt: skip
     if max_time:  # A/B: the steps from the start are the other way (no look to pay for)
-        ab = _steps_advice(SimpleNamespace(steps_to_decide=40, rounds=rounds, ab_sides=True),
-                           max_time)  # fmt: skip
         assert ab.endswith("; raise it, or run with --specperf-steps 40 (both sides)"), ab
+    elif max_time == 0:  # A/B measures both sides anew: nothing to record
+        assert ab.endswith("raise it, or run with --specperf-steps 40"), ab
 
 
 def test_unit_ab_steps_advice_counts_a_look_s_rounds_of_one_process():

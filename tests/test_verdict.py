@@ -677,8 +677,9 @@ def test_steps_advice_says_the_extension_took_its_looks_not_its_time():
     spent = unstable_advice(m, max_time_s=30, looks=Family(looks=4, look=4), rounds=4)
     assert spent.endswith(
         "; about 128 steps would decide: the automatic extension took all 4 of its looks "
-        "after 4 rounds; run with --specperf-steps 128 (or the marker's steps=)"
-    ), spent
+        "after 4 rounds; record the baseline and run with --specperf-steps 128 (or the "
+        "marker's steps=)"
+    ), spent  # a stored baseline is judged at its own steps only (INVALID otherwise)
     assert "--specperf-max-time" not in spent
     timed = unstable_advice(m, max_time_s=30, looks=Family(looks=4, look=2), rounds=2)
     assert "stopped after 2 rounds at --specperf-max-time 30 s; raise it" in timed

@@ -282,6 +282,10 @@ class RunRecord:
     #: hold them one after the other, or folded onto fewer, see ``rounds_of``): an A/B
     #: reference process's or a history report's; never stored (a recording is one round)
     rounds: int = 1
+    #: the steps of its first round where known (an A/B reference process, a run read back
+    #: by ``specperf compare``: a later round can measure fewer); never stored (a
+    #: recording's are the case's ``steps``)
+    round_steps: int | None = None
 
     @property
     def sitting_label(self) -> str:
@@ -315,6 +319,7 @@ def make_run(
     sitting: str | None = None,
     host: str | None = None,
     rounds: int = 1,
+    round_steps: int | None = None,
 ) -> RunRecord:
     return RunRecord(
         at=at,
@@ -324,6 +329,7 @@ def make_run(
         sitting=sitting,
         host=host,
         rounds=max(1, rounds),
+        round_steps=round_steps,
     )
 
 
@@ -382,9 +388,11 @@ class CaseBaseline:
         sitting: str | None = None,
         host: str | None = None,
         rounds: int = 1,
+        round_steps: int | None = None,
     ) -> CaseBaseline:
-        """A just-measured case (one run of ``rounds`` rounds, recorded ``at``: an ISO
-        timestamp the caller reads from its clock), numbers rounded as they are stored."""
+        """A just-measured case (one run of ``rounds`` rounds, the first of ``round_steps``
+        steps where known, recorded ``at``: an ISO timestamp the caller reads from its
+        clock), numbers rounded as they are stored."""
         run = make_run(
             at,
             pid,
@@ -397,6 +405,7 @@ class CaseBaseline:
             sitting,
             host,
             rounds,
+            round_steps,
         )
         fp = MappingProxyType(dict(fingerprint))
         return cls(test, key, identity_of(fp), fp, fingerprint_hash(fp), steps, (run,))

@@ -92,6 +92,9 @@ class HistoryRun:
     #: a process of an A/B run's tested side: evidence for A/B runs only, whose server
     #: processes live side by side (a stored-baseline run's, for stored baselines only)
     ab: bool = False
+    #: the steps of one of its rounds (None: unknown): only a run of the baseline's
+    #: steps a round measured the baseline's blocks (``_history_of``)
+    round_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -383,10 +386,62 @@ def matching_history(case: Case, base: CaseBaseline) -> tuple[Mapping[str, Summa
 
 
 def _history_of(case: Case, base: CaseBaseline) -> list[HistoryRun]:
-    return [h for h in case.history if h.fingerprint_hash == base.fingerprint_hash]
+    """The case's history runs of the baseline's engine (same fingerprint hash) that
+    measured its blocks: a run of another number of steps a round measured other
+    requests (block ``j`` is the request of seed ``j``), which do not fold onto these."""
+    steps = baseline_round_steps(base)
+    return [
+        h for h in case.history
+        if h.fingerprint_hash == base.fingerprint_hash
+        and (steps is None or h.round_steps is None or h.round_steps == steps)
+    ]  # fmt: skip
 
 
-def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) -> CaseVerdict:
+def first_round_steps(run: DecodeRun) -> int | None:
+    """The steps of the first round of ``run`` (the decoder's count; a run of one round's
+    steps); None for a run of several rounds that does not say (a report from before
+    2026-12-07 read back): a later round can measure fewer steps than the first."""
+    return run.round_steps or (run.steps if run.rounds <= 1 else None)
+
+
+def baseline_round_steps(base: CaseBaseline) -> int | None:
+    """The steps a round of the baseline's runs measured: the one count its runs know
+    (an A/B reference side's processes, a run read back by ``specperf compare``), else the
+    case's ``steps`` where every run is one round (a recording); None when unknown or
+    when its runs disagree."""
+    known = {r.round_steps for r in base.runs if r.round_steps is not None}
+    if known:
+        return known.pop() if len(known) == 1 else None
+    return base.steps if all(r.rounds <= 1 for r in base.runs) else None
+
+
+def steps_mismatch(case: Case, base: CaseBaseline, *, recording: bool = False) -> str | None:
+    """Why ``case`` cannot be compared with ``base`` block by block: its rounds measured
+    another number of steps than the baseline's. Block ``j`` is a request of its own
+    prompt (seed ``j``), so a run of 64 steps measures 16 blocks of which only the first 8
+    are a 32-step baseline's: folded onto them as two rounds, blocks 9-16 would be paired
+    with other prompts' blocks, and in 48 steps the blocks would not pair at all. None
+    when the steps agree or either side's are unknown. ``recording``: an update at the new
+    steps, which replaces the baseline's runs."""
+    was, now = baseline_round_steps(base), first_round_steps(case.run)
+    if was is None or now is None or now == was:
+        return None
+    why = (
+        f"the baseline was recorded at {was} steps a round and this run measured {now}: a "
+        "block is a request with its own prompt, so the two runs' blocks are not the same "
+        "blocks and do not pair"
+    )
+    if recording:
+        return why + f" (this update records the case at {now} steps and drops the old runs)"
+    return why + (
+        f"; measure it at {was} steps (--specperf-steps, or the marker's or "
+        f"specperf.decode's steps= where the test sets them), or re-record the baseline at "
+        f"{now} steps with --specperf-update-baselines"
+    )
+
+
+def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str, *,
+             recording: bool = False) -> CaseVerdict:  # fmt: skip
     if isinstance(base, CaseProblem):  # a stored case that fails validation: never compared
         return CaseVerdict(Verdict.INVALID, reasons=(base.message,))
     if base is None:
@@ -401,6 +456,9 @@ def _verdict(case: Case, base: CaseBaseline | CaseProblem | None, missing: str) 
                 + " (re-record with --specperf-update-baselines if the change is intended)",
             ),
         )
+    other_steps = steps_mismatch(case, base, recording=recording)
+    if other_steps is not None:
+        return CaseVerdict(Verdict.INVALID, reasons=(other_steps,))
     gates = case.gates or default_gates(base.metrics, case.run, case.speculative)
     skipped: tuple[str, ...] = ()
     if base.not_gated is not None:
@@ -441,7 +499,7 @@ def judge_case(
     SLOWER. With ``record``, the outcome is marked recorded; ``recording_refusal`` must
     have been checked first.
     """
-    verdict = _verdict(case, found, missing)
+    verdict = _verdict(case, found, missing, recording=record)
     base = found if isinstance(found, CaseBaseline) else None
     run = case.run
     if verdict.verdict is not Verdict.NO_BASELINE:
@@ -527,6 +585,7 @@ def as_baseline(case: Case, *, at: str) -> CaseBaseline:
                 at=at,
                 pid=run.server_pid if run.server_pid is not None else case.server_pid,
                 rounds=run.rounds,
+                round_steps=first_round_steps(run),
             )
         )
     return replace(

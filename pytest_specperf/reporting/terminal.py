@@ -467,18 +467,20 @@ def _steps_advice(m: MetricVerdict, max_time_s: float | None, per_look: int = 1,
             f": record the baseline and run with --specperf-steps {steps} (or the marker's "
             "steps=)"
         )
+    # a stored baseline is judged at its own steps only: it is recorded at the new ones too
+    how = "run" if m.ab_sides else "record the baseline and run"
     if max_time_s <= 0:
         return text + (
-            " and the automatic extension is off (--specperf-max-time 0): raise it, or run "
-            f"with --specperf-steps {per_round}"
+            " and the automatic extension is off (--specperf-max-time 0): raise it, or "
+            f"{how} with --specperf-steps {per_round}"
         )
     n = m.rounds if rounds is None else rounds
     after = f" after {n} rounds" if n > 1 else ""
     if looks is not None and looks.looks > 1 and looks.look >= looks.looks:
         both = " (both sides)" if m.ab_sides else ""
         return text + (
-            f": the automatic extension took all {looks.looks} of its looks{after}; run with "
-            f"--specperf-steps {per_round}{both} (or the marker's steps=)"
+            f": the automatic extension took all {looks.looks} of its looks{after}; {how} "
+            f"with --specperf-steps {per_round}{both} (or the marker's steps=)"
         )
     # A/B: both sides can measure the steps from the start, with no further round
     other = (f", or run with --specperf-steps {per_round} (both sides)" if m.ab_sides

@@ -15,7 +15,9 @@ against the baseline (or A/B's reference side).
 A run is left out when it cannot be noise of the same engine: an injected canary run, a
 case judged SLOWER (a regression is not noise) or INVALID (a throttled GPU, another
 engine), a report from before this format carried runs, or a run that fails the baseline
-store's own validation. The judge keeps only runs of the baseline's engine fingerprint.
+store's own validation. The judge keeps only runs of the baseline's engine fingerprint
+and of its steps a round (``round_steps``: block ``j`` is the request of seed ``j``, so a
+run of other steps measured other blocks).
 """
 
 from __future__ import annotations
@@ -107,10 +109,28 @@ def _runs_of(case: CaseRecord, where: str, sitting: str) -> list[HistoryRun]:
     if not isinstance(fp, Mapping) or not isinstance(raw_runs, list):
         raise Invalid("no fingerprint or runs (a report older than --specperf-history)")
     h, ab = fingerprint_hash(fp), isinstance(data.get("ab"), Mapping)
-    return [
-        HistoryRun(h, where, _summaries(r, f"runs[{i}]"), sitting=sitting, ab=ab)
-        for i, r in enumerate(raw_runs)
-    ]
+    out = []
+    for i, r in enumerate(raw_runs):
+        metrics = _summaries(r, f"runs[{i}]")  # checks that the run is an object first
+        steps = _round_steps(r, f"runs[{i}]")
+        out.append(HistoryRun(h, where, metrics, sitting=sitting, ab=ab, round_steps=steps))
+    return out
+
+
+def _round_steps(raw: Mapping[str, Any], where: str) -> int | None:
+    """The steps of one round of a report's run: written since 2026-12-07; before, a run of
+    one round's steps, and None (unknown) for one of several rounds."""
+    given = raw.get("round_steps")
+    if given is not None:
+        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
+            raise Invalid(
+                f"{where}.round_steps: expected a whole number of at least 1, got {given!r}"
+            )
+        return int(given)
+    steps, rounds = raw.get("steps"), raw.get("rounds")
+    if rounds not in (None, 1) or not isinstance(steps, int) or isinstance(steps, bool):
+        return None
+    return steps if steps > 0 else None
 
 
 def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:

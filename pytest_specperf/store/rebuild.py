@@ -123,6 +123,7 @@ def _window(case: Mapping[str, Any], reference: dict[int, float], run: Any) -> W
     frag = case.get("kv_fragmentation")
     run = run if isinstance(run, Mapping) else {}
     pid, rounds = _count(run.get("server_pid")), _count(run.get("rounds"))
+    first = _count(run.get("round_steps"))  # None: a report from before it was written
     return Window(
         fragmentation=float(frag) if isinstance(frag, (int, float)) else None,
         wall_s=float(case.get("wall_s") or 0.0),
@@ -132,6 +133,7 @@ def _window(case: Mapping[str, Any], reference: dict[int, float], run: Any) -> W
         cross_check=tuple(str(x) for x in case.get("cross_check") or ()),
         server_pid=pid,
         rounds=rounds if rounds is not None and rounds > 0 else 1,
+        round_steps=first if first is not None and first > 0 else 0,
     )
 
 

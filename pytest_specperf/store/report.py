@@ -24,7 +24,7 @@ from typing import Any
 from pytest_specperf.judging.ab import pair_changes, rounds_per_look
 from pytest_specperf.judging.baselines import keeps_blocks
 from pytest_specperf.judging.budgets import BUDGETS, SHARE_BUDGETS, Budgets, budget_expectation
-from pytest_specperf.judging.judge import CaseOutcome
+from pytest_specperf.judging.judge import CaseOutcome, first_round_steps
 from pytest_specperf.judging.metrics import (
     ACCEPT_LEN,
     ACTIVE_SHARE,
@@ -213,6 +213,9 @@ def run_record_json(run: DecodeRun) -> dict[str, Any]:
     return {
         "steps": run.steps,
         "rounds": run.rounds,
+        # the first round's steps: a later round can measure fewer (a block that measured
+        # nothing is not repeated), so the total does not say them
+        "round_steps": first_round_steps(run),
         "server_pid": run.server_pid,
         "values": {m: stable(s.value) for m, s in sorted(run.summaries.items())},
         "blocks": {
