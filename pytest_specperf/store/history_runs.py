@@ -117,32 +117,39 @@ def _runs_of(case: CaseRecord, where: str, sitting: str) -> list[HistoryRun]:
     return out
 
 
+def _whole(raw: Mapping[str, Any], key: str, where: str) -> int | None:
+    """``raw[key]`` as a whole number of at least 1; None when absent; ``Invalid`` naming
+    the field otherwise."""
+    v = raw.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise Invalid(f"{where}.{key}: expected a whole number of at least 1, got {v!r}")
+    return v
+
+
+def _steps(raw: Mapping[str, Any]) -> int | None:
+    """The run's measured steps, where a usable count (read leniently, as ever)."""
+    steps = raw.get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
 def _round_steps(raw: Mapping[str, Any], where: str) -> int | None:
     """The steps of one round of a report's run: written since 2026-12-07; before, a run of
     one round's steps, and None (unknown) for one of several rounds."""
-    given = raw.get("round_steps")
+    given = _whole(raw, "round_steps", where)
     if given is not None:
-        if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-            raise Invalid(
-                f"{where}.round_steps: expected a whole number of at least 1, got {given!r}"
-            )
-        return int(given)
-    steps, rounds = raw.get("steps"), raw.get("rounds")
-    if rounds not in (None, 1) or not isinstance(steps, int) or isinstance(steps, bool):
-        return None
-    return steps if steps > 0 else None
+        return given
+    return _steps(raw) if (_whole(raw, "rounds", where) or 1) == 1 else None
 
 
 def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
     if not isinstance(raw, Mapping):
         raise Invalid(f"{where}: expected an object")
-    values, blocks, steps = raw.get("values"), raw.get("blocks") or {}, raw.get("steps")
+    values, blocks = raw.get("values"), raw.get("blocks") or {}
     if not isinstance(values, Mapping) or not isinstance(blocks, Mapping):
         raise Invalid(f"{where}: values and blocks must be objects")
-    rounds = raw.get("rounds")
-    rounds = 1 if rounds is None else rounds  # a report from before runs carried rounds
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        raise Invalid(f"{where}.rounds: expected a whole number of at least 1, got {rounds!r}")
+    rounds = _whole(raw, "rounds", where) or 1  # a report from before runs carried rounds: 1
     run = make_run(
         "history",
         None,
@@ -151,8 +158,7 @@ def _summaries(raw: Any, where: str) -> Mapping[str, Summary]:
         rounds=rounds,
     )
     check_run(run, lambda kind, m: f"{where}.{_FIELDS[kind]}" + (f".{m}" if m else ""))
-    n = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 1
-    return MappingProxyType(run.summaries(n))
+    return MappingProxyType(run.summaries(_steps(raw) or 1))
 
 
 def _list(x: Any) -> Sequence[Any]:
