@@ -134,6 +134,9 @@ def test_pairs_of_tolerances_count_failures_detections_and_unstable_runs():
 
     text = "\n".join(_pair_table(summary))
     assert "7%      8%    0/4 fail, 0/4 U  4/4" in text, text
+    # the phase grid goes by half a percent from 3% to 5%, written as a user writes it
+    assert sorted({tp for tp, _ in rows}) == [0.03, 0.035, 0.04, 0.045, 0.05, 0.06, 0.07]
+    assert "4.5%    25%   " in text, text
 
 
 def test_progress_says_how_long_is_left():

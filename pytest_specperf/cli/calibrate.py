@@ -1018,6 +1018,11 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
     ]
 
 
+def _tol(x: float) -> str:
+    """A tolerance as the user writes it: 0.045 is "4.5%", 0.04 is "4%"."""
+    return f"{x * 100:g}%"
+
+
 def _pair_table(summary: dict[str, Any]) -> list[str]:
     """Each pair of tolerances: A/A columns 'failed runs, runs with an UNSTABLE case',
     injected columns 'runs that detected it (failed naming its metric)'."""
@@ -1027,7 +1032,7 @@ def _pair_table(summary: dict[str, Any]) -> list[str]:
     conds = summary["conditions"]
     cells = []
     for row in rows:
-        line = [f"{row['tolerance']:.0%}", f"{row['step_tolerance']:.0%}"]
+        line = [_tol(row["tolerance"]), _tol(row["step_tolerance"])]
         for r in conds:
             v = row[r["condition"]]
             n = v["runs"]
