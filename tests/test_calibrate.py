@@ -78,6 +78,9 @@ def test_the_judged_change_says_what_the_canary_really_moved():
     assert "judged change" in text and "+6.5%" in text
     (aa_row,) = [line for line in text.splitlines() if line.startswith("A/A ")]
     assert aa_row.rstrip().endswith("-")
+    # a half-percent tolerance is said as given, not rounded to a whole percent
+    at = _verdict_table({"conditions": [_condition_row(aa)], "judged_at": [0.045, 0.25]})
+    assert at[0] == "verdicts at tolerance 4.5% (phases), 25% (step)", at[0]
 
 
 def test_attribution_ignores_cases_that_do_not_gate_the_phase():

@@ -857,7 +857,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         limit = band_limit(r["tolerance"], higher_is_better=ms.higher_is_better, relative=relative)
         return (
             f"{wide * 100:.1f}% {'>' if wide > limit else '<='} {limit * 100:.2f}% "
-            f"(tol {r['tolerance']:.0%})"
+            f"(tol {_tol(r['tolerance'])})"
         )
 
     cells = [
@@ -959,7 +959,7 @@ def _condition_row(c: Condition) -> dict[str, Any]:
 def _verdict_table(summary: dict[str, Any]) -> list[str]:
     at = summary.get("judged_at")
     head = "verdicts at " + (
-        f"tolerance {at[0]:.0%} (phases), {at[1]:.0%} (step)"
+        f"tolerance {_tol(at[0])} (phases), {_tol(at[1])} (step)"
         if at
         else "the tolerances the runs used (the suite's defaults)"
     )
