@@ -120,8 +120,8 @@ class ToleranceSpec:
         )
 
     def __str__(self) -> str:
-        parts = [] if self.phase is None else [_percent(self.phase)]
-        parts += [] if self.step is None else [f"step={_percent(self.step)}"]
+        parts = [] if self.phase is None else [tolerance_text(self.phase)]
+        parts += [] if self.step is None else [f"step={tolerance_text(self.step)}"]
         return ",".join(parts)
 
 
@@ -129,7 +129,9 @@ class ToleranceSpec:
 DEFAULT_TOLERANCES = Tolerances(phase=DEFAULT_TOLERANCE, step=DEFAULT_STEP_TOLERANCE)
 
 
-def _percent(x: float) -> str:
+def tolerance_text(x: float) -> str:
+    """A tolerance as the user writes it, the inverse of ``parse_tolerance``: 0.045 is
+    "4.5%", 0.07 is "7%"."""
     return f"{x * 100:.6g}%"
 
 

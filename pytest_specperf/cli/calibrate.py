@@ -111,6 +111,7 @@ from pytest_specperf.settings import (
     Attach,
     ToleranceSpec,
     parse_ab,
+    tolerance_text,
 )
 from pytest_specperf.store.baseline_schema import MAX_RUNS
 from pytest_specperf.store.prior import baseline_files, write_prior
@@ -857,7 +858,7 @@ def _unstable_table(summary: dict[str, Any]) -> list[str]:
         limit = band_limit(r["tolerance"], higher_is_better=ms.higher_is_better, relative=relative)
         return (
             f"{wide * 100:.1f}% {'>' if wide > limit else '<='} {limit * 100:.2f}% "
-            f"(tol {_tol(r['tolerance'])})"
+            f"(tol {tolerance_text(r['tolerance'])})"
         )
 
     cells = [
@@ -959,7 +960,7 @@ def _condition_row(c: Condition) -> dict[str, Any]:
 def _verdict_table(summary: dict[str, Any]) -> list[str]:
     at = summary.get("judged_at")
     head = "verdicts at " + (
-        f"tolerance {_tol(at[0])} (phases), {_tol(at[1])} (step)"
+        f"tolerance {tolerance_text(at[0])} (phases), {tolerance_text(at[1])} (step)"
         if at
         else "the tolerances the runs used (the suite's defaults)"
     )
@@ -1018,11 +1019,6 @@ def _sweep_table(summary: dict[str, Any], kind: str) -> list[str]:
     ]
 
 
-def _tol(x: float) -> str:
-    """A tolerance as the user writes it: 0.045 is "4.5%", 0.04 is "4%"."""
-    return f"{x * 100:g}%"
-
-
 def _pair_table(summary: dict[str, Any]) -> list[str]:
     """Each pair of tolerances: A/A columns 'failed runs, runs with an UNSTABLE case',
     injected columns 'runs that detected it (failed naming its metric)'."""
@@ -1032,7 +1028,7 @@ def _pair_table(summary: dict[str, Any]) -> list[str]:
     conds = summary["conditions"]
     cells = []
     for row in rows:
-        line = [_tol(row["tolerance"]), _tol(row["step_tolerance"])]
+        line = [tolerance_text(row["tolerance"]), tolerance_text(row["step_tolerance"])]
         for r in conds:
             v = row[r["condition"]]
             n = v["runs"]
