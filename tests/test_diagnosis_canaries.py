@@ -61,11 +61,14 @@ def _waited_or_busy(case) -> str:
 
 def test_verify_wait_reads_as_waiting_inside_verify(pytester):
     result, case = _run(pytester, "verify_wait=40")
-    result.assert_outcomes(passed=1)  # no baseline, no budget: the test passes, and says why
-    # ... but the run fails: a canary that no gate named (there was no baseline to judge)
+    # no baseline, no budget: the test passes, and says why; but the run fails, a canary
+    # that no gate named (there was no baseline to judge), as a failed check of its own
+    result.assert_outcomes(passed=1, failed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines(["ERROR: canary not detected: verify_wait=40 was injected and "
                                  "no gate named verify (no case had a baseline*"])  # fmt: skip
+    # (-rP: pytest's short test summary lists passes only; FAILURES holds the check)
+    result.stdout.fnmatch_lines(["*_ specperf::canary _*", "canary not detected: verify_wait=40*"])
     # ... and the JSON report says so, for a nightly job that reads it instead of the log
     canary = json.loads((pytester.path / "report.json").read_text())["canary"]
     assert canary["inject"] == "verify_wait=40" and canary["caught"] is False
@@ -89,7 +92,7 @@ def test_verify_wait_reads_as_waiting_inside_verify(pytester):
 
 def test_busy_verify_reads_as_work(pytester):
     result, case = _run(pytester, "verify=1.10")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)  # the canary: no baseline named verify
     # by the one rule: work, or on a busy machine "cannot tell", never "waited"
     verdict = "cannot tell: the machine was busy" if _busy(case, "verify") else "busy on the CPU (work, not waits)"
     result.stdout.fnmatch_lines([f"*verify: span * ms, CPU * ms (*%)*: {verdict}*"])
@@ -99,7 +102,7 @@ def test_busy_verify_reads_as_work(pytester):
 
 def test_host_stall_reads_as_a_stall_outside_the_phases(pytester):
     result, case = _run(pytester, "host_stall=20")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)  # the canary: no baseline named unaccounted
     # a busy spin: a stall by the one rule, or "cannot tell" on a machine too busy to say
     stall = "host stall (work outside the mapped phases)"
     verdict = "cannot tell: the machine was busy*" if _busy(case, "unaccounted") else stall
@@ -119,7 +122,7 @@ def test_incident_shape_fails_a_first_run_on_its_active_share_budget(pytester):
                         extra=("--specperf-processes=2", "--specperf-markdown=summary.md",
                                "--junitxml=junit.xml"))  # fmt: skip
     assert result.ret == 1
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)  # the case, on its budget; the canary, named by no gate
     result.stdout.fnmatch_lines(
         [
             "*over budget: active_share *% < min 50.0% (min_active_share) at ctx=2048 "

@@ -124,6 +124,37 @@ def test_strict_update_records_whole_measurements(pytester):
     assert set(data["engines"][ENGINE]["cases"]["test_ci.py::test_decode"]) == set(KEYS)
 
 
+def test_a_missed_canary_is_a_failed_test_of_its_own_in_the_summary_and_junit(pytester):
+    """Both tests pass (no baseline: NO_BASELINE) and the canary goes unnamed: the exit
+    status, pytest's closing line, its short summary and the JUnit file all say one check
+    failed, ``specperf::canary``, with the summary's reason; pytest's last-failed cache
+    does not keep a name no test has."""
+    pytester.makepyfile(test_ci=CASES)
+    result = _run(pytester, "--specperf-inject=verify=1.5", "--junitxml=junit.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*_ specperf::canary _*",
+        "canary not detected: verify=1.5 was injected and no gate named verify*",
+        "ERROR: canary not detected: verify=1.5 was injected*",
+        "FAILED specperf::canary - canary not detected: verify=1.5 was injected*",
+        "*1 failed, 2 passed*",
+    ])  # fmt: skip
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "0")
+    cases = {(tc.get("classname"), tc.get("name")): tc for tc in root.iter("testcase")}
+    assert set(cases) == {("test_ci", "test_decode[1024]"), ("test_ci", "test_decode[2048]"),
+                          ("specperf", "canary")}  # fmt: skip
+    failure = cases[("specperf", "canary")].find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith("canary not detected: verify=1.5 was injected")
+    assert all(tc.find("failure") is None for key, tc in cases.items() if key[0] == "test_ci")
+    lastfailed = pytester.path / ".pytest_cache" / "v" / "cache" / "lastfailed"
+    assert not lastfailed.exists() or "specperf::canary" not in lastfailed.read_text()
+
+
 @pytest.mark.parametrize(
     ("option", "make"),
     [

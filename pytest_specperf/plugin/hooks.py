@@ -19,6 +19,7 @@ from pytest_specperf.plugin.cases import judge_item
 from pytest_specperf.plugin.fixtures import HANDLE_KEY
 from pytest_specperf.plugin.markers import MARKERS, case_context_len, parse_marker
 from pytest_specperf.plugin.progress import Progress
+from pytest_specperf.plugin.run_checks import report_run_failures
 from pytest_specperf.plugin.session import SESSION_KEY, SpecperfSession, get_session
 from pytest_specperf.plugin.xdist import (
     OUTPUT_KEY,
@@ -123,9 +124,11 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     return result
 
 
+@pytest.hookimpl(tryfirst=True)  # before junitxml writes its file: a failed check is in it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Write baselines and reports (a failed write fails the run); in an xdist worker,
-    hand the results to the controller instead."""
+    """Write baselines and reports; a failed write or a missed canary fails the run, as a
+    failed test of its own (``run_checks``); in an xdist worker, hand the results to the
+    controller instead."""
     config = session.config
     if SESSION_KEY not in config.stash:
         return
@@ -137,7 +140,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if sess.gathered is not None:
         sess.cases[:] = order_cases(sess.cases, sess.gathered.order)
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-    if not end_run(sess, interrupted=interrupted, commit=lambda: _benchmark.commit_info(config)):
+    failures = end_run(sess, interrupted=interrupted, commit=lambda: _benchmark.commit_info(config))
+    if failures:
+        report_run_failures(config, failures)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

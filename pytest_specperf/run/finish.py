@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pytest_specperf.judging.baselines import CaseBaseline
 from pytest_specperf.judging.canary import canary_missed
@@ -263,19 +263,37 @@ def _canary_json(sess: RunState, interrupted: bool) -> dict[str, Any] | None:
     return {"inject": str(spec), "caught": missed is None, "missed": missed}
 
 
+class RunFailure(NamedTuple):
+    """A check of the whole run that failed after its tests: ``check`` names it
+    (``canary``, ``baselines``, ``json-report``, ``markdown``), ``why`` is what the summary's
+    ERROR line says."""
+
+    check: str
+    why: str
+
+
 def end_run(
     sess: RunState, *, interrupted: bool, commit: Callable[[], dict[str, Any] | None]
-) -> bool:
-    """Write baselines and reports; False when a write failed or a canary was not caught
-    (the run fails, its summary says why; the JSON report says it too). ``commit``: the
-    commit the JSON report names (asked only when it is written)."""
-    ok = _write_baselines(sess, interrupted)
+) -> list[RunFailure]:
+    """Write baselines and reports; the run's failures (empty when none): a write that
+    failed, a canary that was not caught. The run fails on any, its summary says why
+    (``sess.errors``), the JSON report says it too. ``commit``: the commit the JSON report
+    names (asked only when it is written)."""
+    failures: list[RunFailure] = []
+
+    def check(name: str, ok: Callable[[], bool]) -> None:
+        before = len(sess.errors)
+        if not ok():
+            failures.append(RunFailure(name, "\n".join(sess.errors[before:]) or name))
+
+    check("baselines", lambda: _write_baselines(sess, interrupted))
     canary = _canary_json(sess, interrupted)
-    ok = _write_json(sess, commit, canary) and ok
+    check("json-report", lambda: _write_json(sess, commit, canary))
     if canary is not None and canary["missed"] is not None:
         sess.errors.append(canary["missed"])
-        ok = False
-    return _write_markdown(sess) and ok
+        failures.append(RunFailure("canary", canary["missed"]))
+    check("markdown", lambda: _write_markdown(sess))
+    return failures
 
 
 def _written_lines(sess: RunState) -> tuple[str, ...]:

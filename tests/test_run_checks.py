@@ -1,0 +1,94 @@
+"""``plugin.run_checks``: a check of the whole run that failed after its tests (a baseline
+or report not written, a missed canary) is a failed test of its own, for pytest's closing
+line, its short summary, FAILURES and ``--junitxml``, and not for its ``--lf`` / ``--sw``
+caches. Unit tests: a conftest stands in for the end of the run (``run.finish.end_run``);
+the real end of a run with a missed canary is ``test_plugin_ci``."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_specperf.plugin.run_checks import run_check_reports
+from pytest_specperf.run.finish import RunFailure
+
+END_OF_RUN_STAND_IN = """
+import pytest
+from pytest_specperf.plugin.run_checks import report_run_failures
+from pytest_specperf.run.finish import RunFailure
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    report_run_failures(session.config, [
+        RunFailure("markdown", "Markdown summary not written to out/s.md: permission denied"),
+        RunFailure("canary", "canary not detected: verify=1.1 was injected and no gate named verify\\n(second line)"),
+    ])
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+"""
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    pytester.makeconftest(END_OF_RUN_STAND_IN)
+    pytester.makepyfile(test_a="def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    return pytester.runpytest_inprocess(*args)
+
+
+def test_each_failed_check_is_counted_named_and_explained(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "--junitxml=j.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*_ specperf::markdown _*",
+        "Markdown summary not written to out/s.md: permission denied",
+        "*_ specperf::canary _*",
+        "canary not detected: verify=1.1 was injected and no gate named verify",
+        "(second line)",
+        "FAILED specperf::markdown - Markdown summary not written to out/s.md*",
+        "FAILED specperf::canary - canary not detected: verify=1.1 was injected*",
+        "*2 failed, 2 passed*",
+    ])  # fmt: skip
+    assert "(second line)" not in next(ln for ln in out.splitlines() if ln.startswith("FAILED specperf::canary"))
+    # no progress letter after the tests' own (they are not collected items)
+    assert "[100%]F" not in out.replace(" ", "") and "%]\nF" not in out
+
+    root = ET.parse(pytester.path / "j.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "2", "0")
+    cases = {(tc.get("classname"), tc.get("name")): tc for tc in root.iter("testcase")}
+    assert set(cases) == {("test_a", "test_one"), ("test_a", "test_two"),
+                          ("specperf", "markdown"), ("specperf", "canary")}  # fmt: skip
+    failure = cases[("specperf", "canary")].find("failure")
+    assert failure is not None
+    assert failure.get("message", "").startswith("canary not detected: verify=1.1")
+    assert failure.text is not None and "(second line)" in failure.text
+
+
+def test_the_last_failed_and_stepwise_caches_do_not_keep_the_checks(
+    pytester: pytest.Pytester,
+) -> None:
+    _run(pytester, "--sw").assert_outcomes(passed=2, failed=2)
+    cache = pytester.path / ".pytest_cache" / "v" / "cache"
+    lastfailed = cache / "lastfailed"
+    assert not lastfailed.exists() or not any(
+        k.startswith("specperf::") for k in json.loads(lastfailed.read_text())
+    )
+    stepwise = cache / "stepwise"
+    assert not stepwise.exists() or "specperf::" not in stepwise.read_text()
+    # so --lf does not announce failures that no test of the suite has
+    result = pytester.runpytest_inprocess("--lf")
+    result.assert_outcomes(passed=2, failed=2)
+    assert "known failures not in selected tests" not in result.stdout.str()
+
+
+def test_a_check_report_is_a_failed_call_closed_by_a_passed_teardown() -> None:
+    call, teardown = run_check_reports(RunFailure("baselines", "baselines not written: full"))
+    assert (call.nodeid, call.when, call.outcome) == ("specperf::baselines", "call", "failed")
+    assert (teardown.nodeid, teardown.when, teardown.outcome) == (
+        "specperf::baselines", "teardown", "passed",
+    )  # fmt: skip
+    assert call.longreprtext == "baselines not written: full"
+    assert call.head_line == "specperf::baselines"
