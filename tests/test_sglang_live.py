@@ -303,13 +303,17 @@ def test_canary_in_an_attached_server_fails_naming_the_phase(
         "--specperf-inject=verify=4",
         k="contiguous",
     )
-    result.assert_outcomes(failed=1)
+    assert report is not None
+    # the case fails; where only the step it slowed was SLOWER (culprit "step", below), no
+    # gate named verify: the canary was missed, a failed check of its own
+    missed = report["canary"]["caught"] is False
+    result.assert_outcomes(failed=2 if missed else 1)
+    assert ("specperf::canary" in result.stdout.str()) == missed
     # the summary names verify as the phase that moved (the failure line names the first
     # failing gate, which may be the step it slowed)
     result.stdout.fnmatch_lines(
         ["*test_decode ctx=2048 kv=contiguous*verify/rest +*SLOWER [[]injected[]]*"]
     )
-    assert report is not None
     (case,) = report["cases"]
     assert case["verdict"] == "SLOWER"
     # blamed on verify; on a loaded box verify's own change may stay within its noise and the

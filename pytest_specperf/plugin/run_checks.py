@@ -8,14 +8,16 @@ a failed test report, ``specperf::canary`` (``::baselines``, ``::json-report``,
 ``::markdown``), with the summary's ERROR line as its reason:
 
 - ``--junitxml`` holds a failed testcase (classname ``specperf``, name ``canary``);
-- pytest's summary line counts it ("7 passed, 1 failed"), its short test summary names it
+- pytest's summary line counts it ("1 failed, 7 passed"), its short test summary names it
   (``FAILED specperf::canary - canary not detected: ...``) and FAILURES shows the reason;
 - every other ``pytest_runtest_logreport`` implementation (reportlog, pytest-html, ...)
   sees it as it sees any failed test.
 
 It is not a collected item: the terminal gets it in its counts only (no progress letter
-after "[100%]"), and pytest's last-failed and stepwise caches do not get it (``--lf`` and
-``--sw`` select collected tests; a name no test has would stay in them for good).
+after "[100%]"); pytest's last-failed and stepwise caches do not get it (``--lf`` and
+``--sw`` select collected tests; a name no test has would stay in them for good), nor does
+its session's failure count (``-x`` would say "stopping after 1 failures" of a run that
+stopped nowhere).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ if TYPE_CHECKING:
 PREFIX = "specperf"
 
 #: pytest's plugins that are given the report some other way, or not at all: the terminal
-#: reporter (counted through its ``stats``), the last-failed and stepwise caches.
-_NOT_TOLD = ("terminalreporter", "lfplugin", "stepwiseplugin")
+#: reporter (counted through its ``stats``), the last-failed and stepwise caches, the
+#: session's failure count (``--maxfail``).
+_NOT_TOLD = ("terminalreporter", "lfplugin", "stepwiseplugin", "session")
 
 
 class CheckFailure(TerminalRepr):
@@ -84,4 +87,14 @@ def report_run_failures(config: pytest.Config, failures: Sequence[RunFailure]) -
         for report in (call, teardown):
             logreport(report=report)
         if terminal is not None:
-            terminal.stats.setdefault("failed", []).append(call)
+            _count(terminal, call)
+
+
+def _count(terminal: Any, report: pytest.TestReport) -> None:
+    """The terminal reporter's count of failed tests, and its closing line's colour (which
+    pytest before 8.3 may not work out again at the end when progress is not shown)."""
+    add = getattr(terminal, "_add_stats", None)
+    if callable(add):
+        add("failed", [report])
+    else:
+        terminal.stats.setdefault("failed", []).append(report)
