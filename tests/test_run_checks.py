@@ -90,6 +90,44 @@ def test_maxfail_does_not_say_the_run_stopped(pytester: pytest.Pytester) -> None
     assert "stopping after" not in result.stdout.str()
 
 
+CHOKES = """
+def pytest_runtest_logreport(report):
+    if report.nodeid.startswith("specperf::"):
+        raise RuntimeError("this plugin chokes on it")
+"""
+
+
+def test_the_real_end_of_a_run_and_a_plugin_that_chokes_on_the_report(
+    pytester: pytest.Pytester,
+) -> None:
+    """The plugin's own hook, no server: a canary with no specperf test is missed ("no case
+    was measured"). A plugin that raises on the check's report fails the run with the
+    reason said, and junitxml still writes its file."""
+    pytester.makepyfile(test_p="def test_x():\n    pass\n")
+    result = pytester.runpytest_inprocess("--specperf-inject=verify=1.1", "--junitxml=j.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED specperf::canary - canary not detected: verify=1.1*"])
+
+    pytester.makeconftest(CHOKES)
+    result = pytester.runpytest_inprocess("--specperf-inject=verify=1.1", "--junitxml=j.xml")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["ERROR: the failed checks could not be reported as tests: "
+                                 "RuntimeError('this plugin chokes on it')"])  # fmt: skip
+    root = ET.parse(pytester.path / "j.xml").getroot()
+    assert {tc.get("name") for tc in root.iter("testcase")} >= {"test_x"}
+
+
+def test_a_run_that_collected_nothing_is_not_given_the_checks_as_tests(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_p="")
+    result = pytester.runpytest_inprocess("--specperf-inject=verify=1.1")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED  # the missed canary still fails the run
+    assert "specperf::canary" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["ERROR: canary not detected: verify=1.1*"])
+
+
 def test_a_check_report_is_a_failed_call_closed_by_a_passed_teardown() -> None:
     call, teardown = run_check_reports(RunFailure("baselines", "baselines not written: full"))
     assert (call.nodeid, call.when, call.outcome) == ("specperf::baselines", "call", "failed")

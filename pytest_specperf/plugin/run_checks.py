@@ -76,8 +76,6 @@ def run_check_reports(failure: RunFailure) -> tuple[pytest.TestReport, pytest.Te
 def report_run_failures(config: pytest.Config, failures: Sequence[RunFailure]) -> None:
     """Report each failed run check as a failed test (the module's doc). Call it before
     junitxml writes its file, in ``pytest_sessionfinish`` (``tryfirst``)."""
-    if not failures:
-        return
     pm = config.pluginmanager
     skip = [p for p in (pm.get_plugin(name) for name in _NOT_TOLD) if p is not None]
     logreport = pm.subset_hook_caller("pytest_runtest_logreport", remove_plugins=skip)
