@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,28 @@ def test_blocks_of_a_case(server: ModelServer) -> None:
         decoder.close()
     assert run.steps == 8 and len(set(run.blocks)) == 4  # blocks of 2 steps
     assert run.telemetry is None and run.utilizations == {}
+
+
+def test_a_block_runs_its_wanted_steps_only(server: ModelServer) -> None:
+    """The server ends a measured request on its last wanted step (the dropped first
+    step and the block's), not a few steps later at its token ceiling; the warm-up runs
+    the warm-up steps asked for."""
+    steps_run: list[int] = []
+    decoder = Decoder(server, lambda done, total, note: None)
+    request = decoder._request
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        recs, metas = request(*args, **kwargs)
+        steps_run.append(max(int(m["spec_verify_ct"]) for m in metas))
+        return recs, metas
+
+    decoder._request = counting  # type: ignore[method-assign]
+    try:
+        run = decode_run(decoder.decode(CaseSpec(1024, 1, 8, 3, KVLayout("contiguous", 0.0), "t")))
+    finally:
+        decoder.close()
+    assert run.steps == 8
+    assert steps_run == [3, 3, 3, 3, 3]  # warm-up 3; blocks of 1 dropped + 2 measured
 
 
 def test_telemetry_samples_one_long_decode_after_the_blocks(server: ModelServer) -> None:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from pytest_specperf.engines.reference.attention import MIN_VIEW_PAGES, plan_reads
-from pytest_specperf.engines.reference.engine import GenRequest
+from pytest_specperf.engines.reference.engine import (
+    SYNTH_BANK_TOKENS,
+    GenRequest,
+    _Live,
+    bank_pieces,
+)
 from pytest_specperf.engines.reference.kv import AllocatorError, PageAllocator, fragmentation
 
 
@@ -73,6 +78,45 @@ def test_engine_measures_requested_fragmentation(tiny_engine_factory):
     eng.set_kv_layout("contiguous")
     r = eng.generate([GenRequest(rid="c", max_new_tokens=8, context_len=32000, ignore_eos=True)])[0]
     assert r.kv_fragmentation == 0.0
+
+
+def test_bank_pieces_cover_the_positions_once_in_bank_order():
+    assert bank_pieces(3, 4, 10) == [(0, 4, 3)]
+    assert bank_pieces(8, 5, 10) == [(0, 2, 8), (2, 5, 0)]
+    assert bank_pieces(9, 25, 10) == [(0, 1, 9), (1, 11, 0), (11, 21, 0), (21, 25, 0)]
+    assert bank_pieces(0, 0, 10) == []
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "fragmented"])
+def test_synthetic_fill_writes_the_seeded_bank_rows_at_the_request_slots(
+    tiny_engine_factory, layout
+):
+    """Every layer's K and V hold bank row ``(start + i) % bank size`` at position ``i``,
+    ``start`` drawn from the request's seed per layer, K then V; the bank wraps (the
+    context is longer than it)."""
+    import random
+    import zlib
+
+    import torch
+
+    eng = tiny_engine_factory("DFLASH", 8)
+    eng.flush_cache()
+    eng.set_kv_layout(layout, 1.0, 4)
+    eng._apply_pending_layout()
+    n = SYNTH_BANK_TOKENS + 1000
+    lr = _Live(req=GenRequest(rid="f", max_new_tokens=1, context_len=n + 1, seed=11), pages=[])
+    try:
+        eng._synthetic_fill(lr, n)
+        bank = eng._synth_bank()
+        p = eng.cfg.page_size
+        slots = torch.tensor([lr.pages[i // p] * p + i % p for i in range(n)])
+        rng = random.Random(zlib.crc32(b"11:synthetic"))
+        for layer in range(len(eng.kv.k)):
+            for pool in (eng.kv.k[layer], eng.kv.v[layer]):
+                rows = (torch.arange(n) + rng.randrange(bank.shape[0])) % bank.shape[0]
+                assert torch.equal(pool.index_select(1, slots), bank[rows].transpose(0, 1))
+    finally:
+        eng.allocator.free(lr.pages)
 
 
 def test_contiguous_pages_are_read_without_a_copy():

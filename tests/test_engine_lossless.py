@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pytest_specperf.engines.reference.engine import GenRequest
+from pytest_specperf.engines.reference.engine import GenRequest, GenResult, RequestError
 
 
 def _prompt(seed: int, n: int = 96) -> list[int]:
@@ -117,6 +117,31 @@ def test_eos_stops_unless_ignored(tiny_engine_factory):
     stopped = eng.generate([GenRequest(rid="e", max_new_tokens=64, input_ids=ids)])[0]
     assert stopped.output_ids == free[: free.index(EOS_TOKEN_ID) + 1]
     assert stopped.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "NONE"])
+def test_max_decode_steps_ends_a_request_on_its_step(tiny_engine_factory, algorithm):
+    """A step limit ends the request after that many decode steps, whatever the
+    acceptance, and what it produced is the start of the unlimited continuation."""
+    eng = tiny_engine_factory(algorithm)
+
+    def run(steps: int | None) -> GenResult:
+        req = GenRequest(rid="s", max_new_tokens=200, context_len=4096, ignore_eos=True,
+                         seed=3, max_decode_steps=steps)  # fmt: skip
+        return eng.generate([req])[0]
+
+    free = run(None)
+    assert free.spec_verify_ct > 5
+    for steps in (1, 5):
+        capped = run(steps)
+        assert capped.spec_verify_ct == steps and capped.finish_reason == "length"
+        assert capped.output_ids == free.output_ids[: len(capped.output_ids)]
+    # max_new_tokens still ends a request before its step limit
+    short = eng.generate([GenRequest(rid="t", max_new_tokens=3, context_len=4096,
+                                     ignore_eos=True, seed=3, max_decode_steps=50)])[0]  # fmt: skip
+    assert short.completion_tokens == 3 and short.spec_verify_ct < 50
+    with pytest.raises(RequestError, match="max_decode_steps must be at least 1, got 0"):
+        run(0)
 
 
 def test_graph_mode_forward_matches_eager(tiny_engine_factory):

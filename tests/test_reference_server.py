@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from rawhttp import launch_reference, run_reference
 
+from pytest_specperf.engines import get_backend
 from pytest_specperf.probe import read_records
 from pytest_specperf.server.client import ServerClient, ServerHTTPError
 
@@ -51,6 +52,34 @@ def test_server_info_has_config_device_fingerprint_counters(server):
     assert "decode_steps" in info["counters"]
     assert info["run_dir"] == str(run_dir)
     assert "avg_spec_accept_length" in info["internal_states"][0]
+    assert "max_decode_steps" in info["sampling_params"]  # what a decoder may ask of it
+
+
+def test_generate_ends_on_max_decode_steps(server):
+    """The limit a measured block sends: exactly that many decode steps and records."""
+    client, run_dir, _ = server
+    out = client.generate(
+        {
+            "context_len": 2048,
+            "rid": "steps-1",
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, "max_decode_steps": 3},
+        }
+    )
+    meta = out["meta_info"]
+    assert meta["spec_verify_ct"] == 3 and meta["completion_tokens"] < 200
+    assert len(read_records(run_dir, rids={"steps-1"})) == 3
+
+
+def test_a_step_limit_is_sent_only_to_a_server_that_lists_it() -> None:
+    """A server of an older build (an A/B reference side) would refuse the unknown
+    parameter: the decoder then sends none, and the request ends on its tokens; SGLang
+    has no such parameter at all."""
+    ref = get_backend("reference")
+    info = {"sampling_params": ["ignore_eos", "max_decode_steps", "max_new_tokens"]}
+    assert ref.step_limit_fields(info, 5) == {"max_decode_steps": 5}
+    assert ref.step_limit_fields({"sampling_params": ["max_new_tokens"]}, 5) == {}
+    assert ref.step_limit_fields({}, 5) == {}
+    assert get_backend("sglang").step_limit_fields(info, 5) == {}
 
 
 def test_generate_input_ids(server):

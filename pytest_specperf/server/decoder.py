@@ -4,9 +4,12 @@ A case is measured as blocks: one warm-up request (graphs captured, caches warm;
 measured), then requests of about ``block_steps`` decode steps each, every one starting
 from a fresh prefill of ``context_len`` tokens in the requested KV layout, until
 ``steps`` measured steps are collected: the first round. The first step after each
-prefill is dropped (transient). Blocks are the unit of evidence for the noise estimate
-(``judging.noise``). The decoder hands back what it measured as a frozen ``Measured``;
-the run pipeline (``run.measure``) turns it into the ``DecodeRun`` that is judged.
+prefill is dropped (transient). A request asks for the steps it keeps and the dropped
+one, which a server that can (``Backend.step_limit_fields``) ends it on; elsewhere it runs
+on to its token ceiling, sized for more acceptance than seen, a few steps past them.
+Blocks are the unit of evidence for the noise estimate (``judging.noise``). The decoder
+hands back what it measured as a frozen ``Measured``; the run pipeline (``run.measure``)
+turns it into the ``DecodeRun`` that is judged.
 
 More rounds (the automatic extension) repeat the first round's requests exactly: block
 ``j`` of every round has block ``j``'s prompt, layout seed and length, so that every
@@ -287,7 +290,11 @@ class Decoder:
             raise MeasurementError(str(e)) from None
         return [r for r in records if r.mode == "decode" and rids & set(r.rids)]
 
-    def _body(self, case: CaseSpec, max_new_tokens: int, seed: int, rids: list[str]) -> Any:
+    def _body(
+        self, case: CaseSpec, max_new_tokens: int, seed: int, rids: list[str], steps: int | None
+    ) -> Any:
+        """The ``/generate`` body; ``steps``: the decode steps the request is for (the
+        server ends it there where it can, ``Backend.step_limit_fields``)."""
         srv = self.server
         body: dict[str, Any] = dict(srv.backend.prompt_fields(case.context_len, len(rids), seed))
         body["sampling_params"] = {
@@ -295,6 +302,8 @@ class Decoder:
             "temperature": 0,
             "ignore_eos": True,
         }
+        if steps is not None:
+            body["sampling_params"].update(srv.backend.step_limit_fields(srv.server_info, steps))
         body["rid"] = rids[0] if len(rids) == 1 else rids
         return body
 
@@ -305,10 +314,11 @@ class Decoder:
 
     def _request(
         self, case: CaseSpec, *, max_new_tokens: int, seed: int, tag: str, counted: int,
-        what: str,
+        what: str, steps: int | None = None,
     ) -> tuple[list[StepRecord], list[dict[str, Any]]]:  # fmt: skip
-        """One request (``what`` names it in a failure); its decode records (rank 0) and
-        the responses' ``meta_info``."""
+        """One request (``what`` names it in a failure) of at most ``max_new_tokens`` and,
+        where the server can end it there, ``steps`` decode steps; its decode records
+        (rank 0) and the responses' ``meta_info``."""
         srv = self.server
         deadline_s = self.pace.deadline_s(max_new_tokens)
         t0 = time.monotonic()
@@ -325,7 +335,7 @@ class Decoder:
             layout.result()
         except (ServerUnreachable, ServerHTTPError) as e:
             raise self._failure(e, rids[0], deadline_s) from None
-        body = self._body(case, max_new_tokens, seed, rids)
+        body = self._body(case, max_new_tokens, seed, rids, steps)
         left = max(deadline_s - (time.monotonic() - t0), 1.0)
         fut = self._pool.submit(client.generate, body, timeout=left)
         follow.sent = True
@@ -434,6 +444,7 @@ class Decoder:
             tag=f"{case.tag}-warmup",
             counted=0,
             what="the case's first request (its warm-up)",
+            steps=case.warmup_steps,
         )
         return _accept_estimate(recs, 1.0)
 
@@ -448,6 +459,7 @@ class Decoder:
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=b, tag=f"{case.tag}-b{b}",
                 counted=len(got.records), what=f"measured block {b + 1}",
+                steps=DISCARD_PER_BLOCK + want,
             )  # fmt: skip
             accept = _accept_estimate(recs, accept)
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
@@ -542,6 +554,7 @@ class Decoder:
             recs, metas = self._request(
                 case, max_new_tokens=max_new, seed=seed, tag=f"{case.tag}-r{got.rounds}b{j}",
                 counted=done + len(extra.records), what=f"round {got.rounds + 1}, block {j + 1}",
+                steps=DISCARD_PER_BLOCK + want,
             )  # fmt: skip
             kept = recs[DISCARD_PER_BLOCK : DISCARD_PER_BLOCK + want]
             if not kept:

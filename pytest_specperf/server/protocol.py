@@ -86,6 +86,11 @@ class Backend(Protocol):
     def prompt_fields(self, context_len: int, batch_size: int, seed: int) -> dict[str, Any]:
         """``/generate`` body fields that give each request ``context_len`` prompt tokens."""
 
+    def step_limit_fields(self, server_info: dict[str, Any], steps: int) -> dict[str, Any]:
+        """``sampling_params`` fields that end a request after ``steps`` decode steps
+        whatever its acceptance; empty where the server has no such limit (a request then
+        ends on ``max_new_tokens`` alone, a few steps past the wanted ones)."""
+
     def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
         """Put the server's KV allocator in ``layout`` for the next request."""
 

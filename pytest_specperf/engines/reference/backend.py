@@ -114,6 +114,13 @@ class ReferenceBackend(RunDirBinding):
         seeds: int | list[int] = seed if batch_size == 1 else [seed + i for i in range(batch_size)]
         return {"context_len": ctx, "synthetic_seed": seeds}
 
+    def step_limit_fields(self, server_info: dict[str, Any], steps: int) -> dict[str, Any]:
+        # a server of an older build (an A/B reference side) lists no such parameter
+        known = server_info.get("sampling_params")
+        if isinstance(known, list) and "max_decode_steps" in known:
+            return {"max_decode_steps": steps}
+        return {}
+
     def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
         client.flush_cache()
         client.post("/specperf/kv_layout", {"layout": layout, "level": level, "seed": seed})

@@ -82,6 +82,8 @@ class GenRequest:
     context_len: int | None = None
     ignore_eos: bool = False
     seed: int = 0
+    #: most decode steps (draft and verify), or None: ``max_new_tokens`` alone ends it
+    max_decode_steps: int | None = None
 
 
 @dataclass
@@ -301,6 +303,8 @@ class Engine:
                 raise RequestError(f"context_len must be at least 1, got {n}")
         if req.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be at least 1, got {req.max_new_tokens}")
+        if req.max_decode_steps is not None and req.max_decode_steps < 1:
+            raise RequestError(f"max_decode_steps must be at least 1, got {req.max_decode_steps}")
         need = n + req.max_new_tokens + self.block
         if need > cfg.max_context_len:
             raise RequestError(
@@ -362,6 +366,10 @@ class Engine:
             except BaseException:
                 self.probe.abort_step()  # no half record; later steps are recorded again
                 raise
+            for lr in active:
+                cap = lr.req.max_decode_steps
+                if not lr.finish and cap is not None and lr.steps >= cap:
+                    lr.finish = "length"
             active = [lr for lr in active if not lr.finish]
 
     def _result(self, lr: _Live, latency: float) -> GenResult:
@@ -465,7 +473,9 @@ class Engine:
         written through the page table exactly where a real prefill would put them. The
         values are copied from a bank of ``SYNTH_BANK_TOKENS`` seeded random tokens,
         starting at an offset drawn from the request's seed and wrapping around, with a
-        different offset per layer, K and V: O(n) copying, no per-token generation.
+        different offset per layer, K and V: O(n) copying, no per-token generation. The
+        bank is copied in its contiguous pieces (``bank_pieces``), straight into the pool:
+        no gathered copy of it is made first.
         """
         import torch
 
@@ -479,12 +489,9 @@ class Engine:
         slots = (pages[:, None] * p + torch.arange(p, device=self.device)[None, :]).reshape(-1)[:n]
         rng = random.Random(zlib.crc32(f"{lr.req.seed}:synthetic".encode()))
         for layer in range(len(self.kv.k)):
-            kv = []
-            for _ in range(2):
-                start = rng.randrange(size)
-                idx = (torch.arange(n, device=self.device) + start) % size
-                kv.append(bank.index_select(0, idx))
-            self.kv.write(layer, slots, kv[0], kv[1])
+            for pool in (self.kv.k[layer], self.kv.v[layer]):
+                for a, b, src in bank_pieces(rng.randrange(size), n, size):
+                    pool.index_copy_(1, slots[a:b], bank[src : src + b - a].transpose(0, 1))
         lr.seq_len = n
 
     def _synth_bank(self) -> torch.Tensor:
@@ -785,6 +792,19 @@ class Engine:
             "kv_total_pages": self.allocator.num_pages,
             "fingerprint": self.fingerprint(),
         }
+
+
+def bank_pieces(start: int, n: int, size: int) -> list[tuple[int, int, int]]:
+    """Positions ``[0, n)`` read from a bank of ``size`` rows from row ``start`` on,
+    wrapping around, as contiguous pieces: ``(first, end, bank row of first)``."""
+    pieces = []
+    pos = 0
+    while pos < n:
+        src = (start + pos) % size
+        take = min(n - pos, size - src)
+        pieces.append((pos, pos + take, src))
+        pos += take
+    return pieces
 
 
 def _check_settings(algorithm: str, block: int, simulate: float | None) -> None:

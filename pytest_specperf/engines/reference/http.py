@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from pytest_specperf import __version__
 from pytest_specperf.engines.reference.engine import Engine, GenRequest, RequestError
 from pytest_specperf.engines.reference.schema import (
+    SAMPLING_KEYS,
     HTTPError,
     bad,
     error_json,
@@ -637,6 +638,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "uptime_s": round(time.time() - srv.started, 3),
                 "http_counters": srv.counters(),
                 "internal_states": [{"avg_spec_accept_length": eng.mean_accept_length()}],
+                "sampling_params": sorted(SAMPLING_KEYS),
             }
         )
         self._send(200, info)

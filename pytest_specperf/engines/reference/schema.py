@@ -43,7 +43,9 @@ GENERATE_KEYS = frozenset(
         "text",
     }
 )
-SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "ignore_eos"})
+#: ``max_decode_steps`` is this engine's own: the most decode steps a request runs (a
+#: measured block ends on its last wanted step whatever the acceptance; SGLang has none)
+SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "ignore_eos", "max_decode_steps"})
 KV_LAYOUT_KEYS = frozenset({"layout", "level", "seed"})
 PROFILE_ACTIONS = ("start", "stop")
 
@@ -263,6 +265,9 @@ def _request(prompt: _Prompt, sp: Any, rid: Any, seed: Any, engine: Engine) -> G
     ignore_eos = sp.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad(f"ignore_eos must be true or false, got {ignore_eos!r:.40}")
+    steps = sp.get("max_decode_steps")
+    if steps is not None:
+        steps = _int(steps, "max_decode_steps", lo=1, hi=MAX_NEW_TOKENS_LIMIT)
     if rid is None:
         rid = uuid.uuid4().hex
     if not isinstance(rid, str) or not 0 < len(rid) <= MAX_RID_CHARS:
@@ -274,6 +279,7 @@ def _request(prompt: _Prompt, sp: Any, rid: Any, seed: Any, engine: Engine) -> G
         context_len=prompt[1],
         ignore_eos=ignore_eos,
         seed=_int(seed, "synthetic_seed", lo=0, hi=MAX_SEED),
+        max_decode_steps=steps,
     )
     try:
         engine.validate(req)

@@ -310,6 +310,11 @@ class SGLangBackend(RunDirBinding):
         rows = [random.Random(seed + i).choices(ids, k=context_len) for i in range(batch_size)]
         return {"input_ids": rows[0] if batch_size == 1 else rows}
 
+    def step_limit_fields(self, server_info: dict[str, Any], steps: int) -> dict[str, Any]:
+        """No fields: SGLang ends a request on its tokens only (a block runs a few steps past
+        the wanted ones, which on a GPU cost milliseconds)."""
+        return {}
+
     def set_kv_layout(self, client: ServerClient, layout: str, level: float, seed: int) -> None:
         rd = self.run_dir
         if layout == "contiguous":
