@@ -57,6 +57,20 @@ def test_the_control_file_switches_the_injection_within_one_period(tmp_path: Pat
     assert [p.name for p in tmp_path.iterdir()] == [CONTROL_FILE]  # no temporary file left
 
 
+def test_a_new_request_looks_at_the_file_before_its_first_step(tmp_path: Path) -> None:
+    """A canary switched between two requests holds from the second one's first step,
+    however few steps the first ran since the last look (a 2-step warm-up, a 5-step
+    block: the period alone would leave it stale for up to 15 steps)."""
+    probe = StepProbe(None, control=InjectControl(tmp_path, device="cpu"))
+    write_control(tmp_path, STALL)
+    probe.new_request()
+    assert all(_injected(r) == "host_stall=2" for r in _steps(probe, 2))
+    write_control(tmp_path, None)
+    assert all(_injected(r) == "host_stall=2" for r in _steps(probe, 2))  # mid-request: later
+    probe.new_request()
+    assert all(_injected(r) is None for r in _steps(probe, 2))
+
+
 def test_without_a_file_the_environment_spec_applies_again(tmp_path: Path) -> None:
     setup = probe_setup(device="cpu", environ={"SPECPERF_INJECT": "host_stall=1"}, run_dir=tmp_path)
     probe = setup.build(None, use_cuda=False)  # no sink: the no-op probe

@@ -25,9 +25,10 @@ incident asked.
 
 The spec travels to server processes in the ``SPECPERF_INJECT`` environment variable, or
 reaches a running server through the control file ``inject.control`` in its run directory
-(:class:`InjectControl`: the probe looks at it once every ``CONTROL_EVERY_STEPS`` steps,
-at a step boundary, and a spec there replaces the environment's; ``none`` turns injection
-off). Records of injected steps carry the label ``inject=<spec>``.
+(:class:`InjectControl`: the probe looks at it once every ``CONTROL_EVERY_STEPS`` steps
+and before a request's first step, at a step boundary, and a spec there replaces the
+environment's; ``none`` turns injection off). Records of injected steps carry the label
+``inject=<spec>``.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ decode step also runs under the kineto profiler (:mod:`.kernel_sampler`), whose 
 the device's active time inside each phase.
 
 With an ``InjectControl`` the probe looks at its run directory's control file once every
-``CONTROL_EVERY_STEPS`` steps, before the step's clock starts, and switches the canary
+``CONTROL_EVERY_STEPS`` steps and before the first step of every request the engine
+announces (``new_request``), before the step's clock starts, and switches the canary
 injection (and the records' ``inject`` label) when the file changed.
 """
 
@@ -177,6 +178,9 @@ class NullProbe:
         return None
 
     def abort_step(self) -> None:
+        return None
+
+    def new_request(self) -> None:
         return None
 
     def count_graph(self, runner: str, *, replay: bool, capture: bool = False) -> None:
@@ -348,6 +352,13 @@ class StepProbe:
         elif self._cpu_on:  # the CPU clock is read on decode steps only
             self._cpu_on = False
             self._cpu = [0] * len(_NAMES)
+
+    def new_request(self) -> None:
+        """A request begins: the control file is looked at before its first step, so a
+        canary switched between requests holds from the request's first step, however
+        few steps came since the last look."""
+        if self._control is not None:
+            self._control_due = True
 
     def unnamed(self) -> _Span:
         """A span whose own time is ``unaccounted``: a step method's inline work nested in

@@ -335,6 +335,7 @@ class Engine:
 
     def _generate(self, reqs: list[GenRequest]) -> list[GenResult]:
         t0 = time.perf_counter()
+        self.probe.new_request()
         self._apply_pending_layout()
         live = [_Live(req=r, pages=[], row=i) for i, r in enumerate(reqs)]
         self._row_index.clear()
