@@ -9,7 +9,6 @@ from pytest_specperf.engines.reference.engine import (
     SYNTH_BANK_TOKENS,
     GenRequest,
     _Live,
-    bank_pieces,
 )
 from pytest_specperf.engines.reference.kv import AllocatorError, PageAllocator, fragmentation
 
@@ -78,13 +77,6 @@ def test_engine_measures_requested_fragmentation(tiny_engine_factory):
     eng.set_kv_layout("contiguous")
     r = eng.generate([GenRequest(rid="c", max_new_tokens=8, context_len=32000, ignore_eos=True)])[0]
     assert r.kv_fragmentation == 0.0
-
-
-def test_bank_pieces_cover_the_positions_once_in_bank_order():
-    assert bank_pieces(3, 4, 10) == [(0, 4, 3)]
-    assert bank_pieces(8, 5, 10) == [(0, 2, 8), (2, 5, 0)]
-    assert bank_pieces(9, 25, 10) == [(0, 1, 9), (1, 11, 0), (11, 21, 0), (21, 25, 0)]
-    assert bank_pieces(0, 0, 10) == []
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "fragmented"])

@@ -3,8 +3,10 @@
 python request_costs.py            # run from a checkout with the package installed
 
 1. The parts of one request at 32768 and 131072 tokens, both layouts, 5 interleaved
-   repetitions (medians): the KV fill as of ``01e80b9`` (the bank's pieces) and as before
-   it (``old_fill`` below, a gathered copy of the bank first), side by side.
+   repetitions (medians): the KV fill of ``01e80b9``-``31e89d2`` (``fill_new``: the bank's
+   contiguous pieces straight into the pool, ``pieces_fill`` below; taken back after it
+   split the fragmented cases' processes) and the engine's (``fill_old``: a gathered copy
+   of the bank first), side by side. ``request_costs.txt`` was measured at ``31e89d2``.
 2. The decode steps a request ran without a step limit, as the decoder sized it before
    ``01e80b9``: the warm-up (1 + 8 x 8 tokens) and 8 measured blocks of 4 kept steps
    (1 + ceil(5 x accept x 1.25) + 1 tokens).
@@ -29,8 +31,8 @@ torch.set_num_threads(1)
 eng = Engine(get_config("tiny"), device="cpu")
 
 
-def old_fill(self: Engine, lr: _Live, n: int) -> None:
-    """The synthetic fill before ``01e80b9``."""
+def pieces_fill(self: Engine, lr: _Live, n: int) -> None:
+    """The synthetic fill of ``01e80b9``-``31e89d2``: the bank's contiguous pieces."""
     self._ensure_pages(lr, n)
     p = self.cfg.page_size
     bank = self._synth_bank()
@@ -39,12 +41,15 @@ def old_fill(self: Engine, lr: _Live, n: int) -> None:
     slots = (pages[:, None] * p + torch.arange(p)[None, :]).reshape(-1)[:n]
     rng = random.Random(zlib.crc32(f"{lr.req.seed}:synthetic".encode()))
     for layer in range(len(self.kv.k)):
-        kv = []
-        for _ in range(2):
+        for pool in (self.kv.k[layer], self.kv.v[layer]):
+            pos = 0
             start = rng.randrange(size)
-            idx = (torch.arange(n) + start) % size
-            kv.append(bank.index_select(0, idx))
-        self.kv.write(layer, slots, kv[0], kv[1])
+            while pos < n:
+                src = (start + pos) % size
+                take = min(n - pos, size - src)
+                piece = bank[src : src + take].transpose(0, 1)
+                pool.index_copy_(1, slots[pos : pos + take], piece)
+                pos += take
     lr.seq_len = n
 
 
@@ -64,8 +69,8 @@ def parts(ctx: int, layout: str) -> str:
     names = ("layout", "fill_new", "fill_old", "prefill1", "ref_read", "request")
     got: dict[str, list[float]] = {k: [] for k in names}
     fills: list[tuple[str, Callable[[Engine, _Live, int], None]]] = [
-        ("fill_new", Engine._synthetic_fill),
-        ("fill_old", old_fill),
+        ("fill_new", pieces_fill),
+        ("fill_old", Engine._synthetic_fill),
     ]
     for rep in range(5):
         got["layout"].append(timed(new_layout, layout, rep))

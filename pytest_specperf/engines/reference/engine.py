@@ -474,9 +474,12 @@ class Engine:
         written through the page table exactly where a real prefill would put them. The
         values are copied from a bank of ``SYNTH_BANK_TOKENS`` seeded random tokens,
         starting at an offset drawn from the request's seed and wrapping around, with a
-        different offset per layer, K and V: O(n) copying, no per-token generation. The
-        bank is copied in its contiguous pieces (``bank_pieces``), straight into the pool:
-        no gathered copy of it is made first.
+        different offset per layer, K and V: O(n) copying, no per-token generation.
+
+        The gathered copy of the bank is kept on purpose. A fill without it (the bank's
+        contiguous pieces straight into the pool, 2-2.7 times as fast) split the fragmented
+        cases' server processes by 5-28% in A/A runs where this one did not, for a reason
+        not yet found (``docs/calibration.md``, "a faster KV fill splits the processes").
         """
         import torch
 
@@ -490,9 +493,12 @@ class Engine:
         slots = (pages[:, None] * p + torch.arange(p, device=self.device)[None, :]).reshape(-1)[:n]
         rng = random.Random(zlib.crc32(f"{lr.req.seed}:synthetic".encode()))
         for layer in range(len(self.kv.k)):
-            for pool in (self.kv.k[layer], self.kv.v[layer]):
-                for a, b, src in bank_pieces(rng.randrange(size), n, size):
-                    pool.index_copy_(1, slots[a:b], bank[src : src + b - a].transpose(0, 1))
+            kv = []
+            for _ in range(2):
+                start = rng.randrange(size)
+                idx = (torch.arange(n, device=self.device) + start) % size
+                kv.append(bank.index_select(0, idx))
+            self.kv.write(layer, slots, kv[0], kv[1])
         lr.seq_len = n
 
     def _synth_bank(self) -> torch.Tensor:
@@ -793,19 +799,6 @@ class Engine:
             "kv_total_pages": self.allocator.num_pages,
             "fingerprint": self.fingerprint(),
         }
-
-
-def bank_pieces(start: int, n: int, size: int) -> list[tuple[int, int, int]]:
-    """Positions ``[0, n)`` read from a bank of ``size`` rows from row ``start`` on,
-    wrapping around, as contiguous pieces: ``(first, end, bank row of first)``."""
-    pieces = []
-    pos = 0
-    while pos < n:
-        src = (start + pos) % size
-        take = min(n - pos, size - src)
-        pieces.append((pos, pos + take, src))
-        pos += take
-    return pieces
 
 
 def _check_settings(algorithm: str, block: int, simulate: float | None) -> None:
