@@ -477,9 +477,10 @@ class Engine:
         different offset per layer, K and V: O(n) copying, no per-token generation.
 
         The gathered copy of the bank is kept on purpose. A fill without it (the bank's
-        contiguous pieces straight into the pool, 2-2.7 times as fast) split the fragmented
-        cases' server processes by 5-28% in A/A runs where this one did not, for a reason
-        not yet found (``docs/calibration.md``, "a faster KV fill splits the processes").
+        contiguous pieces straight into the pool, 2-2.7 times as fast) put a fragmented
+        case's two server processes 16-28% apart in 3 of 6 A/A runs, this one in none of 4,
+        for a reason not yet found (``docs/calibration.md``, "a faster KV fill splits the
+        processes").
         """
         import torch
 
