@@ -477,7 +477,7 @@ class Engine:
         different offset per layer, K and V: O(n) copying, no per-token generation.
 
         The gathered copy of the bank is kept on purpose. A fill without it (the bank's
-        contiguous pieces straight into the pool, 2-2.7 times as fast) put a fragmented
+        contiguous pieces straight into the pool, 1.8-2.7 times as fast) put a fragmented
         case's two server processes 16-28% apart in 3 of 6 A/A runs, this one in none of 4,
         for a reason not yet found (``docs/calibration.md``, "a faster KV fill splits the
         processes").
