@@ -24,6 +24,12 @@ from pytest_specperf.engines.sglang.hooks import (
     make_hook,
 )
 from pytest_specperf.engines.sglang.phase_map import HookEntry, load_builtin
+from pytest_specperf.probe.inject import (
+    CONTROL_EVERY_STEPS,
+    InjectControl,
+    parse_inject,
+    write_control,
+)
 from pytest_specperf.probe.record import GraphCount, StepRecord
 from pytest_specperf.probe.sink import read_records
 
@@ -258,6 +264,10 @@ def rt(tmp_path: Path) -> ProbeRuntime:
 @pytest.fixture
 def hooked(rt: ProbeRuntime, monkeypatch: pytest.MonkeyPatch) -> ProbeRuntime:
     """Install hooks from the built-in map on the test doubles (undone after the test)."""
+    return _install_hooks(rt, monkeypatch)
+
+
+def _install_hooks(rt: ProbeRuntime, monkeypatch: pytest.MonkeyPatch) -> ProbeRuntime:
     g = globals()
     for name, suffix in (
         ("build_eagle_verify_input", "speculative.eagle_worker_common.build_eagle_verify_input"),
@@ -321,6 +331,31 @@ def test_unit_decode_steps_recorded_with_phases_accept_and_schedule(
         everything = read_records(tmp_path)
         assert len(everything) == 5 and everything[-1].rids == []
     assert hooked.errors == {}
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_unit_a_canary_switched_between_requests_holds_from_the_next_prefill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """The scheduler's probe looks at the control file at each prefill, not only every
+    CONTROL_EVERY_STEPS decode steps: a canary switched between two short requests holds
+    from the second one's first decode step (the period alone would leave it stale)."""
+    rt = ProbeRuntime(tmp_path, rank=0, labels={"engine": "sglang"}, use_cuda=False,
+                      control=InjectControl(tmp_path, device="cpu"))  # fmt: skip
+    _install_hooks(rt, monkeypatch)
+    FakeSchedulerLoop(rt, FakeEagleWorker(accept=3), [FakeReq("r1", 100)], {"r1": 9}).run(
+        overlap=overlap)  # fmt: skip
+    first = read_records(tmp_path, rids={"r1"})
+    assert 0 < len(first) < CONTROL_EVERY_STEPS
+    write_control(tmp_path, parse_inject("host_stall=2"))
+    FakeSchedulerLoop(rt, FakeEagleWorker(accept=3), [FakeReq("r2", 100)], {"r2": 9}).run(
+        overlap=overlap)  # fmt: skip
+    second = read_records(tmp_path, rids={"r2"})
+    assert len(second) == len(first)
+    assert all(r.labels.get("inject") is None for r in first)
+    assert all(r.labels.get("inject") == "host_stall=2" for r in second)
+    assert all(r.step_ns >= 2_000_000 for r in second)  # really stalled
+    assert rt.errors == {}
 
 
 def test_unit_records_are_on_disk_when_the_request_finishes(hooked: ProbeRuntime,

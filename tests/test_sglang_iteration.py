@@ -635,3 +635,36 @@ def test_unit_host_stall_canary_lands_in_unaccounted_inside_the_iteration(make_r
     for r in recs:
         assert r.unaccounted_ns >= 4.5e6, r
         assert r.host_ns["launch"] < 2e6, r
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_unit_a_canary_switched_between_requests_holds_from_the_next_prefill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """With the iteration as the record, the prefill's iteration is described after its
+    clock started: the control file is looked at when the next iteration (the request's
+    first decode step) starts, so a canary switched between two short requests holds from
+    the second one's first decode step."""
+    from pytest_specperf.probe.inject import (
+        CONTROL_EVERY_STEPS,
+        InjectControl,
+        parse_inject,
+        write_control,
+    )
+
+    rt = ProbeRuntime(tmp_path, rank=0, use_cuda=False,
+                      control=InjectControl(tmp_path, device="cpu"))  # fmt: skip
+    _install(rt, monkeypatch)
+    FakeScheduler(FakeEagleWorker(accept=3), [FakeReq("r1", 100)], {"r1": 9},
+                  overlap=overlap).run()  # fmt: skip
+    first = _records(rt, "r1")
+    assert 0 < len(first) < CONTROL_EVERY_STEPS
+    write_control(tmp_path, parse_inject("host_stall=2"))
+    FakeScheduler(FakeEagleWorker(accept=3), [FakeReq("r2", 100)], {"r2": 9},
+                  overlap=overlap).run()  # fmt: skip
+    second = _records(rt, "r2")
+    assert len(second) == len(first)
+    assert all(r.labels.get("inject") is None for r in first)
+    assert all(r.labels.get("inject") == "host_stall=2" for r in second)
+    assert all(r.unaccounted_ns >= 2_000_000 for r in second)  # really stalled
+    assert rt.errors == {}

@@ -330,6 +330,8 @@ class ProbeRuntime:
             while len(self._late_ctx) > 64:
                 self._late_ctx.discard(min(self._late_ctx))
         self.probe.describe(context_len=ctx, batch_size=len(rids), rids=rids, mode=mode)
+        if mode == "extend":  # this iteration's clock runs: the next one looks at the file
+            self.probe.new_request()
         self.cur_mode = mode
         self.worker_seen = True
         return True
@@ -355,6 +357,11 @@ class ProbeRuntime:
             self._late_ctx.add(self.step_no)
             while len(self._late_ctx) > 64:
                 self._late_ctx.discard(min(self._late_ctx))
+        if mode == "extend":
+            # a prefill (a new request, or a chunk of one) precedes the request's first
+            # decode step: the canary's control file is looked at before this step's clock
+            # starts, so a canary switched between requests holds from the request's start
+            self.probe.new_request()
         self.probe.begin_step(context_len=ctx, batch_size=len(rids), rids=rids, mode=mode)
         self.step_depth = 1
         self.cur_mode = mode
