@@ -30,10 +30,12 @@ def run(f: str) -> tuple[float, float, str]:
 
 
 for label, pat in (
-    ("old build (3d652e5), 20 rounds", os.path.join(CAL, "cpu-intel-xeon-2c-ab-thp-64", "rep*-A_A.json")),
+    ("old build (3d652e5), 20 rounds",
+     os.path.join(CAL, "cpu-intel-xeon-2c-ab-thp-64", "rep*-A_A.json")),
     ("new build (41dbe26), this series", os.path.join(HERE, "rep*-A_A.json")),
 ):
     print(label)
-    rows = sorted(run(f) + (os.path.basename(f)[:5],) for f in glob.glob(pat))
+    rows = sorted((*run(f), os.path.basename(f)[:5]) for f in glob.glob(pat))
     for tol, steps, name, rep in sorted(rows, key=lambda r: r[1]):
-        print(f"  {rep}  step medians {steps:5.0f} ms  least deciding phase tolerance {100 * tol:4.1f}%  ({name})")
+        print(f"  {rep}  step medians {steps:5.0f} ms  "
+              f"least deciding phase tolerance {100 * tol:4.1f}%  ({name})")

@@ -31,7 +31,8 @@ def spreads(f: str) -> tuple[float, float] | None:
 
 
 for label, pat in (
-    ("old build (3d652e5), 20 rounds", os.path.join(CAL, "cpu-intel-xeon-2c-ab-thp-64", "rep*-A_A.json")),
+    ("old build (3d652e5), 20 rounds",
+     os.path.join(CAL, "cpu-intel-xeon-2c-ab-thp-64", "rep*-A_A.json")),
     ("new build (41dbe26), this series", os.path.join(HERE, "rep*-A_A.json")),
     ("same-day control", os.path.join(HERE, "same-day", "*.json")),
 ):
